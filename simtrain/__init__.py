@@ -1,0 +1,18 @@
+"""simtrain: a discrete-event simulator of distributed LLM training.
+
+``simulate(config) -> StepResult`` predicts step time, throughput, MFU and per-stage memory of one
+training step for a model, a cluster and a parallel layout.
+"""
+
+from simtrain.config import HardwareConfig, LayoutConfig, RunConfig, SimConfig, TrainConfig, load_config
+from simtrain.errors import ConfigError, InfeasibleLayout, SimtrainError
+from simtrain.model import ModelSpec, from_hf_config, list_presets, preset
+from simtrain.results import StepResult
+from simtrain.simulate import simulate
+
+__all__ = [
+    "ConfigError", "HardwareConfig", "InfeasibleLayout", "LayoutConfig", "ModelSpec", "RunConfig", "SimConfig",
+    "SimtrainError", "StepResult", "TrainConfig", "from_hf_config", "list_presets", "load_config", "preset",
+    "simulate",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,212 @@
+"""Collective algorithms lowered to flows over the cluster graph, chosen as NCCL would.
+
+A plan is a latency plus phases of flows (src GPU, path of directed edges, bytes on the wire).
+Algorithms (reference Table B, B2):
+
+- ring: each GPU sends 2(p-1)/p*S (all-reduce) or (p-1)/p*S (all-gather/reduce-scatter) to its ring
+  successor. Across nodes NCCL runs one ring per channel, rotated so each node boundary is crossed on
+  every NIC: a GPU sends (k-1)/k of its traffic over NVLink and 1/k through its own NIC to its rail
+  peer in the next node, which yields the busbw = min(NVLink, k*NIC) bound of the reference (note 4).
+- tree (all-reduce, several nodes): the ring's traffic at NCCL's tree derate (x0.92, x0.85 for the
+  TREE pattern) with log-depth latency.
+- nvls (all-reduce in one NVSwitch node, p >= nvls_min_gpus): each GPU sends S to the switch and
+  receives S back at the calibrated NVLS algbw (note 1: t = a + S/B_nvls_alg).
+- hier2d (all-reduce over m nodes x k GPUs): reduce-scatter in the node, all-reduce S/k across nodes
+  on each rail, all-gather in the node (Table B "Hierarchical (2D)").
+- pairwise all-to-all: S/p to every peer. send: one flow.
+
+Protocol (LL, LL128, Simple) multiplies the wire bytes (LL carries 4 data bytes per 8; LL128 120 per
+128) and sets the latency constants of NCCL's tuning model (``src/graph/tuning.cc``, Table B2).
+NCCL picks the (algorithm, protocol) with the lowest predicted time; so do we, with the prediction
+computed from our own flows on an idle network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from simtrain.hardware import GpuSpec, Topology
+
+US = 1e-6
+# NCCL tuning.cc (Hopper), microseconds: base latency and per-hop latency by (algo, proto).
+BASE_LAT_US = {"ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}, "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
+               "nvls": {"Simple": 0.0}}
+INTRA_LAT_US = {"ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}, "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+                "nvls": {"Simple": 25.0}}
+INTER_LAT_US = {"ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}, "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0}}
+WIRE_FACTOR = {"LL": 2.0, "LL128": 128.0 / 120.0, "Simple": 1.0}
+TREE_DERATE = 0.92 * 0.85
+
+Edge = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Bytes a GPU puts on a path; ``cap_Bps`` bounds its rate (NVLS), else the links do."""
+
+    src: int
+    path: tuple[Edge, ...]
+    nbytes: float
+    cap_Bps: float = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """An algorithm's flows for the whole group: latency, then phases run one after another."""
+
+    algorithm: str
+    protocol: str
+    latency_s: float
+    phases: tuple[tuple[Flow, ...], ...]
+    estimate_s: float = 0.0
+
+    def for_source(self, gpu: int) -> tuple[tuple[Flow, ...], ...]:
+        """The phases restricted to the flows one GPU sends."""
+        return tuple(tuple(f for f in ph if f.src == gpu) for ph in self.phases)
+
+
+def _nodes(topo: Topology, gpus: tuple[int, ...]) -> dict[int, list[int]]:
+    by_node: dict[int, list[int]] = {}
+    for g in gpus:
+        by_node.setdefault(topo.node_of(g), []).append(g)
+    return by_node
+
+
+def _flow(topo: Topology, src: int, dst: int, nbytes: float, cap: float = math.inf) -> Flow:
+    return Flow(src, topo.route(src, dst), nbytes, cap)
+
+
+def ring_flows(topo: Topology, gpus: tuple[int, ...], per_gpu: float) -> tuple[Flow, ...]:
+    """Ring traffic of ``per_gpu`` bytes per GPU, with NCCL's rotated multi-channel rings across nodes."""
+    p = len(gpus)
+    if p < 2 or per_gpu <= 0:
+        return ()
+    by_node = _nodes(topo, gpus)
+    nodes = list(by_node)
+    k = len(by_node[nodes[0]])
+    regular = all(len(v) == k for v in by_node.values())
+    if len(nodes) == 1 or not regular:
+        return tuple(_flow(topo, g, gpus[(i + 1) % p], per_gpu) for i, g in enumerate(gpus))
+    flows = []
+    for ni, n in enumerate(nodes):
+        local = by_node[n]
+        nxt = by_node[nodes[(ni + 1) % len(nodes)]]
+        for j, g in enumerate(local):
+            if k > 1:
+                flows.append(_flow(topo, g, local[(j + 1) % k], per_gpu * (k - 1) / k))
+            flows.append(_flow(topo, g, nxt[j], per_gpu / k))
+    return tuple(flows)
+
+
+def _ring_latency(kind: str, p: int, n_nodes: int, proto: str, algo: str, net_lat: float) -> float:
+    """NCCL's ring latency: base + intra hops + inter-node hops (tuning.cc, Table B2)."""
+    steps = {"all_reduce": 2 * (p - 1), "all_gather": p - 1, "reduce_scatter": p - 1}.get(kind, p)
+    inter = {"all_reduce": 2 * (n_nodes - 1)}.get(kind, n_nodes - 1)
+    inter_lat = INTER_LAT_US[algo][proto] * US + net_lat * (2 if proto == "Simple" else 1)
+    return BASE_LAT_US[algo][proto] * US + (steps - inter) * INTRA_LAT_US[algo][proto] * US + inter * inter_lat
+
+
+def _tree_latency(p: int, n_nodes: int, proto: str, net_lat: float) -> float:
+    ppn = max(p // max(n_nodes, 1), 1)
+    inter_lat = INTER_LAT_US["tree"][proto] * US + net_lat
+    return BASE_LAT_US["tree"][proto] * US + 2 * ((ppn - 1) * INTRA_LAT_US["tree"][proto] * US
+                                                  + math.log2(max(n_nodes, 1)) * inter_lat)
+
+
+def idle_time(topo: Topology, gpu: GpuSpec, phases: tuple[tuple[Flow, ...], ...]) -> float:
+    """Time of the phases on an otherwise idle network: per phase, the slowest flow at its fair share."""
+    total = 0.0
+    for ph in phases:
+        load: Counter[Edge] = Counter(e for f in ph for e in f.path)
+        worst = 0.0
+        for f in ph:
+            rate = f.cap_Bps
+            for e in f.path:
+                rate = min(rate, effective_bandwidth(topo, gpu, e) / load[e])
+            worst = max(worst, f.nbytes / rate if f.nbytes else 0.0)
+        total += worst
+    return total
+
+
+def effective_bandwidth(topo: Topology, gpu: GpuSpec, e: Edge) -> float:
+    """Achievable bandwidth of an edge: link rate x the protocol efficiency of its class (Table D)."""
+    attrs = topo.edge(*e)
+    eff = {"nvlink": gpu.nvlink_efficiency, "net": gpu.nic_efficiency}.get(attrs.link_class, 0.8)
+    return attrs.bandwidth_Bps * eff
+
+
+def _scaled(phases: tuple[tuple[Flow, ...], ...], factor: float) -> tuple[tuple[Flow, ...], ...]:
+    return tuple(tuple(Flow(f.src, f.path, f.nbytes * factor, f.cap_Bps) for f in ph) for ph in phases)
+
+
+def _candidates(kind: str, topo: Topology, gpu: GpuSpec, gpus: tuple[int, ...], size: float):  # type: ignore[no-untyped-def]
+    p = len(gpus)
+    by_node = _nodes(topo, gpus)
+    n_nodes = len(by_node)
+    net_lat = topo.cluster.net_hop_latency_s * 2 if n_nodes > 1 else 0.0
+    if kind == "all_to_all":
+        flows = tuple(_flow(topo, g, h, size / p) for g in gpus for h in gpus if g != h)
+        yield "pairwise", "Simple", _ring_latency(kind, p, n_nodes, "Simple", "ring", net_lat), (flows,)
+        return
+    per_gpu = (2.0 if kind == "all_reduce" else 1.0) * (p - 1) / p * size
+    ring = (ring_flows(topo, gpus, per_gpu),)
+    for proto in ("LL", "LL128", "Simple"):
+        yield "ring", proto, _ring_latency(kind, p, n_nodes, proto, "ring", net_lat), _scaled(ring, WIRE_FACTOR[proto])
+    if kind != "all_reduce":
+        return
+    if n_nodes > 1:
+        for proto in ("LL", "LL128", "Simple"):
+            yield ("tree", proto, _tree_latency(p, n_nodes, proto, net_lat),
+                   _scaled(ring, WIRE_FACTOR[proto] / TREE_DERATE))
+        k = len(next(iter(by_node.values())))
+        if k > 1 and all(len(v) == k for v in by_node.values()):
+            yield "hier2d", "Simple", _hier_latency(p, k, n_nodes, net_lat), _hier_phases(topo, by_node, size)
+    elif topo.cluster.node.scaleup == "nvswitch" and gpu.has_nvls and p >= gpu.nvls_min_gpus:
+        sw = f"nvsw{topo.node_of(gpus[0])}"
+        up = tuple(Flow(g, ((f"gpu{g}", sw),), size, gpu.nvls_algbw_Bps) for g in gpus)
+        down = tuple(Flow(g, ((sw, f"gpu{g}"),), size, gpu.nvls_algbw_Bps) for g in gpus)
+        yield "nvls", "Simple", (BASE_LAT_US["nvls"]["Simple"] + INTRA_LAT_US["nvls"]["Simple"]) * US, (up + down,)
+
+
+def _hier_latency(p: int, k: int, m: int, net_lat: float) -> float:
+    return (_ring_latency("reduce_scatter", k, 1, "Simple", "ring", 0.0) * 2
+            + _ring_latency("all_reduce", m, m, "Simple", "ring", net_lat))
+
+
+def _hier_phases(topo: Topology, by_node: dict[int, list[int]], size: float) -> tuple[tuple[Flow, ...], ...]:
+    nodes = list(by_node.values())
+    k, m = len(nodes[0]), len(nodes)
+    intra = tuple(f for local in nodes for f in ring_flows(topo, tuple(local), (k - 1) / k * size))
+    inter = tuple(f for j in range(k) for f in ring_flows(topo, tuple(n[j] for n in nodes),
+                                                          2.0 * (m - 1) / m * size / k))
+    return (intra, inter, intra)
+
+
+def plan_collective(kind: str, gpus: tuple[int, ...], size_bytes: float, topo: Topology, gpu: GpuSpec) -> Plan:
+    """The (algorithm, protocol) NCCL would pick for this group and size, with its flows.
+
+    Args:
+        kind: "all_reduce", "all_gather", "reduce_scatter" or "all_to_all".
+        gpus: the group's GPUs in rank order.
+        size_bytes: nccl-tests size S (all-gather/reduce-scatter: the whole gathered array).
+    """
+    if len(gpus) < 2 or size_bytes <= 0:
+        return Plan("none", "none", 0.0, ())
+    best: Plan | None = None
+    for algo, proto, lat, phases in _candidates(kind, topo, gpu, gpus, size_bytes):
+        est = lat + idle_time(topo, gpu, phases)
+        if best is None or est < best.estimate_s:
+            best = Plan(algo, proto, lat, phases, est)
+    assert best is not None
+    return best
+
+
+def plan_send(src: int, dst: int, size_bytes: float, topo: Topology) -> Plan:
+    """Point-to-point send (PP activations/gradients): alpha + S/B over the route (Table B)."""
+    path = topo.route(src, dst)
+    n_net = sum(1 for e in path if topo.edge(*e).link_class == "net")
+    lat = (BASE_LAT_US["ring"]["Simple"] + (INTER_LAT_US["ring"]["Simple"] if n_net else
+                                             INTRA_LAT_US["ring"]["Simple"])) * US + topo.path_latency_s(path)
+    return Plan("p2p", "Simple", lat, ((Flow(src, path, size_bytes),),))

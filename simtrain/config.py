@@ -1,0 +1,253 @@
+"""User-facing run configuration: one pydantic schema for files, dicts and Python code.
+
+``load_config`` accepts a ``RunConfig``, a dict or a path (YAML/JSON) plus dotted ``--set``
+overrides, and returns a validated ``RunConfig``. Every problem is collected with its dotted path
+into one ``ConfigError``: pydantic's schema errors first, then the cross-field checks of
+``check_run`` (TP divides heads, world size equals the product of degrees, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from simtrain.errors import ConfigError, Problem
+from simtrain.model import ModelSpec, from_hf_config, preset
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+Axis = Literal["tp", "cp", "ep", "dp", "pp"]
+
+
+class HardwareConfig(BaseModel):
+    """Which cluster to simulate: a node preset times ``n_nodes`` on a rail-optimised fat tree."""
+
+    model_config = _STRICT
+    node: str = "dgx-h100"
+    """Node preset name (``simtrain hardware`` lists them)."""
+    gpu: str | None = None
+    """GPU preset overriding the node's own GPU."""
+    n_nodes: int = Field(1, gt=0)
+    nics_per_node: int | None = Field(None, gt=0)
+    nic_Gbps: float | None = Field(None, gt=0)
+    """Bandwidth of one NIC in Gbit/s (as sold)."""
+    oversubscription: float = Field(1.0, ge=1.0)
+    """Leaf-to-spine oversubscription ratio (1 = non-blocking)."""
+    nodes_per_leaf: int | None = Field(None, gt=0)
+    net_hop_latency_us: float | None = Field(None, ge=0)
+    profile: str | None = None
+    """Calibrated profile name (reserved for calibration; not used yet)."""
+
+
+class LayoutConfig(BaseModel):
+    """The parallel layout: degrees, sharding, schedule, recompute and overlap switches."""
+
+    model_config = _STRICT
+    dp: int = Field(1, gt=0)
+    tp: int = Field(1, gt=0)
+    pp: int = Field(1, gt=0)
+    cp: int = Field(1, gt=0)
+    ep: int = Field(1, gt=0)
+    vpp: int = Field(1, gt=0)
+    """Virtual pipeline stages (model chunks) per pipeline rank; > 1 means interleaved 1F1B."""
+    sequence_parallel: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    fsdp: Literal["none", "full", "hybrid"] = "none"
+    """FSDP sharding: ``full`` is ZeRO-3 over all of dp; ``hybrid`` shards within ``fsdp_shard_size``."""
+    fsdp_shard_size: int | None = Field(None, gt=0)
+    order: tuple[Axis, ...] = ("tp", "cp", "ep", "dp", "pp")
+    """Rank-grid axes from innermost (fastest-varying rank) to outermost; TP innermost lands on NVLink."""
+    schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b"] = "auto"
+    recompute: Literal["none", "selective", "full"] = "none"
+    recompute_layers: int | None = Field(None, ge=0)
+    """With ``full``: how many layers per stage chunk recompute (None = all)."""
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    grad_bucket_MiB: float = Field(40.0, gt=0)
+    fsdp_prefetch_layers: int = Field(1, ge=0)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks: the product of the degrees (ep folds over dp x cp x tp)."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_stage(self) -> int:
+        """Effective ZeRO stage: FSDP full/hybrid shard parameters, like ZeRO-3."""
+        return 3 if self.fsdp != "none" else self.zero_stage
+
+    @property
+    def resolved_schedule(self) -> str:
+        """The pipeline schedule actually used (``auto``: interleaved when vpp > 1)."""
+        if self.schedule != "auto":
+            return self.schedule
+        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+
+
+class TrainConfig(BaseModel):
+    """The batch: sequence length, micro-batch and the global batch in tokens (or sequences)."""
+
+    model_config = _STRICT
+    seq_len: int = Field(4096, gt=0)
+    micro_batch_size: int = Field(1, gt=0)
+    global_batch_tokens: int | None = Field(None, gt=0)
+    global_batch_seqs: int | None = Field(None, gt=0)
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    precision: Literal["bf16", "fp16"] = "bf16"
+    grad_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Gradient accumulation buffer dtype (Megatron main_grad is fp32)."""
+    attention_kernel: Literal["flash", "unfused"] = "flash"
+    dropout: bool | None = None
+    """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
+
+    @property
+    def global_batch_seqs_resolved(self) -> int:
+        """Sequences per optimizer step (tokens / seq_len when given in tokens)."""
+        if self.global_batch_seqs is not None:
+            return self.global_batch_seqs
+        assert self.global_batch_tokens is not None
+        return self.global_batch_tokens // self.seq_len
+
+
+class SimConfig(BaseModel):
+    """How to simulate: symmetric (one rank per stage) or full (every rank)."""
+
+    model_config = _STRICT
+    mode: Literal["symmetric", "full"] = "symmetric"
+    fragmentation_ratio: float = Field(0.05, ge=0, le=1)
+    """Allocator slack as a fraction of the allocated peak (playbook: a few % to ~15 %)."""
+    seed: int = 0
+
+
+class RunConfig(BaseModel):
+    """Everything needed to simulate one training step."""
+
+    model_config = _STRICT
+    name: str = "run"
+    model: ModelSpec
+    hardware: HardwareConfig = HardwareConfig()
+    layout: LayoutConfig = LayoutConfig()
+    train: TrainConfig = TrainConfig()
+    sim: SimConfig = SimConfig()
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve_model(cls, value: Any) -> Any:
+        """Accept a preset name, ``{preset: name, ...overrides}``, ``{hf_config: path}`` or fields."""
+        if isinstance(value, str):
+            return _unwrap(lambda: preset(value))
+        if isinstance(value, dict) and "preset" in value:
+            base = _unwrap(lambda: preset(str(value["preset"])))
+            extra = {k: v for k, v in value.items() if k != "preset"}
+            return base.model_copy(update=extra) if not extra else ModelSpec(**{**base.model_dump(), **extra})
+        if isinstance(value, dict) and "hf_config" in value:
+            return _unwrap(lambda: from_hf_config(value["hf_config"], name=value.get("name")))
+        return value
+
+
+def _unwrap(build: Any) -> Any:
+    """Turn a ConfigError from a preset/HF lookup into a ValueError pydantic attaches a path to."""
+    try:
+        return build()
+    except ConfigError as exc:
+        raise ValueError("; ".join(p.message if p.path else str(p) for p in exc.problems)) from None
+
+
+def _pydantic_problems(exc: ValidationError) -> list[Problem]:
+    """Convert pydantic errors to dotted-path Problems, quoting the value given."""
+    problems = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not in the schema; check the spelling)"
+        elif err["type"] != "missing" and "input" in err:
+            msg = f"{err['input']!r}: {msg}"
+        problems.append(Problem(path, msg))
+    return problems
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a dict; missing or malformed files raise ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(Problem("config", f"file not found: {str(p)!r}"))
+    try:
+        data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ConfigError(Problem("config", f"{str(p)!r} is not valid YAML/JSON: {exc}")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(Problem("config", f"{str(p)!r} must hold a mapping at the top level"))
+    base = p.resolve().parent
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        hf = Path(model["hf_config"])
+        data["model"] = {**model, "hf_config": str(hf if hf.is_absolute() else base / hf)}
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy."""
+    out = json.loads(json.dumps(data, default=_jsonable))
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(Problem("--set", f"{item!r} is not of the form dotted.key=value"))
+            continue
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {} if node.get(part) is None else node[part]
+            if not isinstance(node[part], dict):
+                problems.append(Problem(key, f"cannot set a field inside {part!r}, which is not a mapping"))
+                break
+            node = node[part]
+        else:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Build and fully validate a RunConfig from a RunConfig, dict or file path, plus overrides.
+
+    Raises:
+        ConfigError: listing every problem, each with its dotted path.
+    """
+    if isinstance(source, RunConfig) and not overrides:
+        data: dict[str, Any] | None = None
+        run = source
+    else:
+        if isinstance(source, RunConfig):
+            data = source.model_dump()
+        elif isinstance(source, dict):
+            data = source
+        else:
+            data = read_config_file(source)
+        data = apply_overrides(data, overrides or [])
+        try:
+            run = RunConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_pydantic_problems(exc)) from None
+    from simtrain.validate import check_run
+
+    problems = check_run(run)
+    if problems:
+        raise ConfigError(problems)
+    return run

@@ -1,0 +1,357 @@
+"""The discrete-event engine (simpy): streams per GPU, flows over links, a memory ledger per rank.
+
+Each simulated rank runs one simpy process per stream; a stream executes its ops in issue order and
+an op starts once its cross-stream and cross-stage dependencies are done (CUDA stream semantics).
+Compute ops take their modelled time, slowed while a communication op of the same GPU is in flight
+(NCCL kernels take SMs and HBM bandwidth: Calculon's processor_usage, reference note 4).
+Communication becomes flows over the graph (``network.FlowNetwork``).
+
+Symmetric mode simulates one representative rank per pipeline stage and gives its flows the weight
+of the symmetric copies the other ranks of the stage put on the same links. Full mode simulates
+every rank: collectives rendezvous across their group and every flow is on the network.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from simtrain.collectives import Flow, Plan, effective_bandwidth, plan_collective, plan_send
+from simtrain.hardware import GpuSpec, Topology
+from simtrain.layout import RankGrid, place
+from simtrain.network import FlowNetwork
+from simtrain.ops import Op, OpKind, Program, Stream
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Memory of one rank over the step: current bytes by tag, the peak and its timeline."""
+
+    current: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    total: float = 0.0
+    peak: float = 0.0
+    at_peak: dict[str, float] = field(default_factory=dict)
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+    min_total: float = 0.0
+
+    def apply(self, now: float, deltas: tuple[tuple[str, float], ...]) -> None:
+        """Apply (tag, bytes) deltas at time ``now``."""
+        for tag, nbytes in deltas:
+            self.current[tag] += nbytes
+            self.total += nbytes
+        self.min_total = min(self.min_total, self.total)
+        self.timeline.append((now, self.total))
+        if self.total > self.peak:
+            self.peak = self.total
+            self.at_peak = dict(self.current)
+
+
+@dataclass(slots=True)
+class RankStats:
+    """What one simulated rank did: stream busy times, idle attribution, end time."""
+
+    end_s: float = 0.0
+    busy: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    exposed: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    bubble_s: float = 0.0
+    flops: float = 0.0
+    last_compute_end_s: float = 0.0
+    last_axis: str = "other"
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    """One executed op: rank, stream, name, category, start and end (seconds)."""
+
+    rank: int
+    stream: str
+    name: str
+    category: str
+    start_s: float
+    end_s: float
+    op: Op
+
+
+@dataclass(slots=True)
+class EngineResult:
+    """Everything the engine measured."""
+
+    step_time_s: float
+    ranks: list[int]
+    stats: dict[int, RankStats]
+    ledgers: dict[int, Ledger]
+    trace: list[TraceEvent]
+    ops_executed: int
+    plans: dict[Any, Plan]
+
+
+class CommPlanner:
+    """Plans collectives and sends for simulated ranks, with symmetric weights where needed."""
+
+    def __init__(self, topo: Topology, gpu: GpuSpec, grid: RankGrid, symmetric: bool):
+        self.topo, self.gpu, self.grid, self.symmetric = topo, gpu, grid, symmetric
+        self.plans: dict[Any, Plan] = {}
+        self._cache: dict[Any, tuple[float, list[list[tuple[Any, ...]]], str]] = {}
+        self._stage_groups: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+
+    def _plan(self, coll: str, group: tuple[int, ...], size: float) -> Plan:
+        key = (coll, group, size)
+        plan = self.plans.get(key)
+        if plan is None:
+            gpus = tuple(place(r) for r in group)
+            plan = self.plans[key] = plan_collective(coll, gpus, size, self.topo, self.gpu)
+        return plan
+
+    def _groups_in_stage(self, axis: str, stage: int) -> list[tuple[int, ...]]:
+        key = (axis, stage)
+        if key not in self._stage_groups:
+            seen: set[int] = set()
+            out = []
+            for r in self.grid.stage_ranks(stage):
+                if r not in seen:
+                    g = self.grid.group(axis, r)
+                    seen.update(g)
+                    out.append(g)
+            self._stage_groups[key] = out
+        return self._stage_groups[key]
+
+    def collective(self, op: Op, rank: int, stage: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
+        """(latency, phases of flows as FlowNetwork tuples, link class) for ``rank``'s op."""
+        key = (op.coll, op.axis, op.comm_bytes, stage if self.symmetric else self.grid.group(op.axis, rank))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        group = self.grid.group(op.axis, rank)
+        plan = self._plan(op.coll, group, op.comm_bytes)
+        if not self.symmetric:
+            phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
+        else:
+            peers = [self._plan(op.coll, g, op.comm_bytes) for g in self._groups_in_stage(op.axis, stage)]
+            phases = _weighted(plan.for_source(place(rank)), [p.phases for p in peers])
+        out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
+        self._cache[key] = out
+        return out
+
+    def send(self, op: Op, rank: int, stage: int, dst_rank: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
+        """A pipeline send from ``rank`` to ``dst_rank`` (symmetric: weighted by the whole stage)."""
+        key = ("send", op.comm_bytes, rank, dst_rank)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        plan = plan_send(place(rank), place(dst_rank), op.comm_bytes, self.topo)
+        if self.symmetric:
+            dst_stage = self.grid.stage_of(dst_rank)
+            peers = [plan_send(place(r), place(self._counterpart(r, dst_stage)), op.comm_bytes, self.topo).phases
+                     for r in self.grid.stage_ranks(stage)]
+            phases = _weighted(plan.phases, peers)
+        else:
+            phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
+        out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
+        self._cache[key] = out
+        return out
+
+    def _counterpart(self, rank: int, stage: int) -> int:
+        c = self.grid.coords(rank)
+        c["pp"] = stage
+        return self.grid.rank_of(**c)
+
+
+def _link_class(topo: Topology, phases: tuple[tuple[Flow, ...], ...]) -> str:
+    for ph in phases:
+        for f in ph:
+            if topo.link_class_of(f.path) == "net":
+                return "net"
+    return "nvlink"
+
+
+def _weighted(mine: tuple[tuple[Flow, ...], ...], all_groups: list[tuple[tuple[Flow, ...], ...]]
+              ) -> list[list[tuple[Any, ...]]]:
+    """Give each of the representative's flows, per edge, the count of symmetric copies on it."""
+    out = []
+    for i, ph in enumerate(mine):
+        total: dict[Any, int] = defaultdict(int)
+        for phases in all_groups:
+            for f in phases[i]:
+                for e in f.path:
+                    total[e] += 1
+        own: dict[Any, int] = defaultdict(int)
+        for f in ph:
+            for e in f.path:
+                own[e] += 1
+        out.append([(f.path, tuple(total[e] / own[e] for e in f.path), f.nbytes, f.cap_Bps) for f in ph])
+    return out
+
+
+class Engine:
+    """Runs stage programs on simulated ranks.
+
+    Args:
+        programs: one program per pipeline stage.
+        grid: the rank grid.
+        topo: the cluster topology; gpu: the GPU spec (interference factors, link efficiencies).
+        symmetric: simulate one representative rank per stage (True) or every rank (False).
+        trace: keep a TraceEvent per executed op.
+    """
+
+    def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
+                 symmetric: bool = True, trace: bool = True):
+        self.programs, self.grid, self.gpu = programs, grid, gpu
+        self.symmetric, self.keep_trace = symmetric, trace
+        self.env = simpy.Environment()
+        self.net = FlowNetwork(self.env, lambda e: effective_bandwidth(topo, gpu, e))
+        self.planner = CommPlanner(topo, gpu, grid, symmetric)
+        if symmetric:
+            self.ranks = [grid.representative(s) for s in range(len(programs))]
+        else:
+            self.ranks = list(range(grid.world_size))
+        self.stage = {r: grid.stage_of(r) for r in self.ranks}
+        self.done: dict[int, dict[int, simpy.Event]] = {}
+        self.started: dict[tuple[int, int], float] = {}
+        self.stats = {r: RankStats() for r in self.ranks}
+        self.ledgers = {r: Ledger() for r in self.ranks}
+        self.trace: list[TraceEvent] = []
+        self.active_comm: dict[int, list[str]] = {r: [] for r in self.ranks}
+        self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
+        self.executed = 0
+        self._needed = [self._needed_ops(p) for p in programs]
+
+    @staticmethod
+    def _needed_ops(prog: Program) -> set[int]:
+        need = {d for op in prog.ops for d in op.deps}
+        need.update(op.idx for op in prog.ops if op.kind == OpKind.SEND)
+        return need
+
+    def run(self) -> EngineResult:
+        """Simulate the step; returns per-rank stats, ledgers and the trace."""
+        for r in self.ranks:
+            prog = self.programs[self.stage[r]]
+            self.done[r] = {i: self.env.event() for i in self._needed[prog.stage]}
+            self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
+        for r in self.ranks:
+            prog = self.programs[self.stage[r]]
+            for stream in Stream:
+                ops = prog.stream_ops(stream)
+                if ops:
+                    self.env.process(self._stream(r, stream, ops))
+        self.env.run()
+        step = max(s.end_s for s in self.stats.values())
+        return EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
+                            self.planner.plans)
+
+    def _remote_rank(self, rank: int, stage: int) -> int:
+        if self.symmetric:
+            return self.grid.representative(stage)
+        c = self.grid.coords(rank)
+        c["pp"] = stage
+        return self.grid.rank_of(**c)
+
+    def _stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
+        env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
+        is_compute = stream == Stream.COMPUTE
+        keep = self.keep_trace
+        for op in ops:
+            ready = env.now
+            blocker: tuple[str, Any] | None = None
+            for d in op.deps:
+                ev = done[d]
+                if not ev.processed:
+                    yield ev
+                    blocker = ("dep", d)
+            if op.remote is not None:
+                src = self._remote_rank(rank, op.remote[0])
+                ev = self.done[src][op.remote[1]]
+                if not ev.processed:
+                    yield ev
+                    blocker = ("remote", (src, op.remote[1]))
+            start = env.now
+            if is_compute and start > ready and blocker is not None:
+                self._attribute(rank, blocker, ready, start)
+            if op.mem_start:
+                ledger.apply(start, op.mem_start)
+            if op.kind == OpKind.COMPUTE:
+                dur = op.duration_s * self._slowdown(rank)
+                yield env.timeout(dur)
+                stats.busy[op.category] += dur
+                stats.flops += op.flops
+            else:
+                yield from self._communicate(rank, op)
+            end = env.now
+            if op.mem_end:
+                ledger.apply(end, op.mem_end)
+            if op.idx in done:
+                self.started[(rank, op.idx)] = start
+                done[op.idx].succeed()
+            if keep:
+                self.trace.append(TraceEvent(rank, stream.name.lower(), op.name, op.category, start, end, op))
+            self.executed += 1
+            if is_compute:
+                stats.last_compute_end_s = end
+            if end >= stats.end_s:
+                stats.end_s = end
+                stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
+
+    def _slowdown(self, rank: int) -> float:
+        active = self.active_comm[rank]
+        if not active:
+            return 1.0
+        g = self.gpu
+        return 1.0 + max(g.comm_interference_net if c == "net" else g.comm_interference_nvlink for c in active)
+
+    def _attribute(self, rank: int, blocker: tuple[str, Any], ready: float, start: float) -> None:
+        """Charge an idle gap of the compute stream to what it waited for."""
+        stats = self.stats[rank]
+        kind, ref = blocker
+        prog = self.programs[self.stage[rank]]
+        if kind == "dep":
+            op = prog.ops[ref]
+            axis = op.axis.split("_")[0] if op.axis else "other"
+            stats.exposed[axis] += start - ready
+            return
+        src, idx = ref
+        send_start = self.started.get((src, idx), start)
+        bubble = max(0.0, min(send_start, start) - ready)
+        stats.bubble_s += bubble
+        stats.exposed["pp"] += (start - ready) - bubble
+
+    def _communicate(self, rank: int, op: Op):  # type: ignore[no-untyped-def]
+        stage = self.stage[rank]
+        if op.kind == OpKind.SEND:
+            dst = self._remote_rank(rank, op.peer_stage)
+            latency, phases, cls = self.planner.send(op, rank, stage, dst)
+            yield from self._transfer(rank, latency, phases, cls)
+            return
+        if self.symmetric:
+            latency, phases, cls = self.planner.collective(op, rank, stage)
+            yield from self._transfer(rank, latency, phases, cls)
+            return
+        group = self.grid.group(op.axis, rank)
+        key = (group, op.idx)
+        count, ev = self.rendezvous.get(key, (0, None))  # type: ignore[assignment]
+        if ev is None:
+            ev = self.env.event()
+        count += 1
+        self.rendezvous[key] = (count, ev)
+        if count < len(group):
+            self.active_comm[rank].append("nvlink")
+            yield ev
+            self.active_comm[rank].remove("nvlink")
+            return
+        del self.rendezvous[key]
+        latency, phases, cls = self.planner.collective(op, rank, stage)
+        yield from self._transfer(rank, latency, phases, cls)
+        ev.succeed()
+
+    def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str):  # type: ignore[no-untyped-def]
+        active = self.active_comm[rank]
+        active.append(cls)
+        if latency > 0:
+            yield self.env.timeout(latency)
+        for ph in phases:
+            if ph:
+                yield self.net.transfer(ph)
+        active.remove(cls)

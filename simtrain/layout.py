@@ -1,0 +1,120 @@
+"""The rank grid: coordinates of every rank on every mesh axis, process groups and placement.
+
+One numpy reshape gives the grid (the nanotron/torchtitan approach): ranks are numbered with the
+first axis of ``order`` varying fastest, so with TP innermost a TP group is consecutive ranks and
+lands inside one NVLink node. EP is not its own grid axis: as in torchtitan and Megatron-core it
+folds over the dp x cp ranks (an EP group is ``ep`` consecutive members of the dp x cp plane).
+Placement maps rank r to GPU r (nodes filled in rank order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simtrain.config import LayoutConfig
+
+GRID_AXES = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class RankGrid:
+    """Rank <-> coordinate math for a layout. Pure; no work beyond shapes on construction."""
+
+    layout: LayoutConfig
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.layout.world_size
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Grid axes innermost first (``ep`` dropped: it folds over dp x cp)."""
+        return tuple(a for a in self.layout.order if a in GRID_AXES)
+
+    def degree(self, axis: str) -> int:
+        """Degree of a mesh axis."""
+        return int(getattr(self.layout, axis))
+
+    def stride(self, axis: str) -> int:
+        """Rank distance between neighbours along ``axis``."""
+        s = 1
+        for a in self.order:
+            if a == axis:
+                return s
+            s *= self.degree(a)
+        raise KeyError(axis)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Coordinates of ``rank`` on every grid axis."""
+        return {a: (rank // self.stride(a)) % self.degree(a) for a in self.order}
+
+    def rank_of(self, **coords: int) -> int:
+        """Rank at the given coordinates (missing axes are 0)."""
+        return sum(coords.get(a, 0) * self.stride(a) for a in self.order)
+
+    def stage_of(self, rank: int) -> int:
+        """Pipeline stage of ``rank``."""
+        return (rank // self.stride("pp")) % self.layout.pp
+
+    def group(self, axis: str, rank: int) -> tuple[int, ...]:
+        """Ranks of ``rank``'s process group on ``axis`` (tp, cp, dp, pp, ep, dp_shard, dp_replicate)."""
+        if axis in GRID_AXES:
+            base = rank - self.coords(rank)[axis] * self.stride(axis)
+            return tuple(base + i * self.stride(axis) for i in range(self.degree(axis)))
+        if axis in ("ep", "dp_shard", "dp_replicate", "dpcp"):
+            return self._folded_group(axis, rank)
+        raise KeyError(axis)
+
+    def _folded_group(self, axis: str, rank: int) -> tuple[int, ...]:
+        """Groups carved out of the dp x cp plane (EP) or the dp axis (hybrid-shard FSDP)."""
+        members = self.group("dp", rank) if axis.startswith("dp_") else self._dpcp_plane(rank)
+        size = {"ep": self.layout.ep, "dpcp": len(members)}.get(axis, self.shard_size)
+        if axis == "dp_replicate":
+            pos = members.index(rank) % size
+            return tuple(members[pos::size])
+        pos = members.index(rank) // size
+        return tuple(members[pos * size:(pos + 1) * size])
+
+    def _dpcp_plane(self, rank: int) -> tuple[int, ...]:
+        c = self.coords(rank)
+        return tuple(sorted(self.rank_of(tp=c["tp"], pp=c["pp"], dp=d, cp=k)
+                            for d in range(self.layout.dp) for k in range(self.layout.cp)))
+
+    @property
+    def shard_size(self) -> int:
+        """Size of the parameter-sharding group (dp, or fsdp_shard_size for hybrid shard)."""
+        if self.layout.fsdp == "hybrid" and self.layout.fsdp_shard_size:
+            return self.layout.fsdp_shard_size
+        return self.layout.dp
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """Every group of ``axis``: a partition of all ranks."""
+        seen: set[int] = set()
+        out = []
+        for r in range(self.world_size):
+            if r not in seen:
+                g = self.group(axis, r)
+                seen.update(g)
+                out.append(g)
+        return out
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        """All ranks of pipeline stage ``stage``."""
+        return [r for r in range(self.world_size) if self.stage_of(r) == stage]
+
+    def representative(self, stage: int) -> int:
+        """The rank simulated for ``stage`` in symmetric mode (all other coordinates 0)."""
+        return self.rank_of(pp=stage)
+
+    def table(self) -> np.ndarray:
+        """Ranks as an array indexed by the axes outermost first (one numpy reshape)."""
+        shape = tuple(self.degree(a) for a in reversed(self.order))
+        return np.arange(self.world_size).reshape(shape)
+
+
+def place(rank: int) -> int:
+    """GPU index that hosts ``rank`` (ranks fill nodes in order, as torchrun assigns them)."""
+    return rank

@@ -1,0 +1,163 @@
+"""Flows over graph edges with max-min fair bandwidth sharing (a fluid model).
+
+Each flow crosses a path of directed edges; an edge's capacity is shared max-min fairly among the
+flows on it (progressive filling), and a flow that stands for ``w`` identical flows (symmetric mode:
+the representative's flow and its symmetric copies) counts ``w`` times on that edge. Rates are
+recomputed, for the connected set of flows touched, whenever a flow starts or ends, and each flow's
+completion is rescheduled from its remaining bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+
+Edge = tuple[str, str]
+EPS = 1e-12
+
+
+class _Flow:
+    __slots__ = ("edges", "weights", "remaining", "rate", "cap", "updated", "version", "group")
+
+    def __init__(self, edges: tuple[Edge, ...], weights: tuple[float, ...], nbytes: float, cap: float,
+                 now: float, group: _Group):
+        self.edges = edges
+        self.weights = weights
+        self.remaining = nbytes
+        self.rate = 0.0
+        self.cap = cap
+        self.updated = now
+        self.version = 0
+        self.group = group
+
+
+class _Group:
+    __slots__ = ("left", "event")
+
+    def __init__(self, n: int, event: simpy.Event):
+        self.left = n
+        self.event = event
+
+
+class FlowNetwork:
+    """Fluid network on a simpy environment.
+
+    Args:
+        env: the simpy environment.
+        capacity: achievable bandwidth of an edge, bytes/s.
+    """
+
+    def __init__(self, env: simpy.Environment, capacity: Callable[[Edge], float]):
+        self.env = env
+        self._capacity = capacity
+        self._cap_cache: dict[Edge, float] = {}
+        self._on_edge: dict[Edge, set[_Flow]] = {}
+
+    def capacity(self, e: Edge) -> float:
+        """Cached achievable capacity of edge ``e`` in bytes/s."""
+        c = self._cap_cache.get(e)
+        if c is None:
+            c = self._cap_cache[e] = self._capacity(e)
+        return c
+
+    def transfer(self, flows: list[tuple[tuple[Edge, ...], tuple[float, ...], float, float]]) -> simpy.Event:
+        """Start flows ``(path, weights per edge, bytes, rate cap)``; the event fires when all finish."""
+        event = self.env.event()
+        live = [f for f in flows if f[2] > 0 and f[0]]
+        if not live:
+            event.succeed()
+            return event
+        group = _Group(len(live), event)
+        now = self.env.now
+        new = []
+        for path, weights, nbytes, cap in live:
+            fl = _Flow(path, weights, nbytes, cap, now, group)
+            for e in path:
+                self._on_edge.setdefault(e, set()).add(fl)
+            new.append(fl)
+        self._rebalance(self._component(new))
+        return event
+
+    def _component(self, seeds: list[_Flow]) -> list[_Flow]:
+        """All flows connected to ``seeds`` through shared edges."""
+        seen = set(seeds)
+        stack = list(seeds)
+        edges_seen: set[Edge] = set()
+        while stack:
+            f = stack.pop()
+            for e in f.edges:
+                if e in edges_seen:
+                    continue
+                edges_seen.add(e)
+                for g in self._on_edge.get(e, ()):
+                    if g not in seen:
+                        seen.add(g)
+                        stack.append(g)
+        return list(seen)
+
+    def _rebalance(self, flows: list[_Flow]) -> None:
+        now = self.env.now
+        for f in flows:
+            f.remaining = max(f.remaining - f.rate * (now - f.updated), 0.0)
+            f.updated = now
+        rates = _max_min_rates(flows, self.capacity)
+        for f in flows:
+            r = rates[f]
+            if f.version and math.isclose(r, f.rate, rel_tol=1e-12):
+                continue
+            f.rate = r
+            f.version += 1
+            timer = self.env.timeout(f.remaining / r if r > 0 else math.inf)
+            timer.callbacks.append(self._finisher(f, f.version))
+
+    def _finisher(self, f: _Flow, version: int) -> Callable[[Any], None]:
+        def done(_: Any) -> None:
+            if f.version != version:
+                return
+            f.version = -1
+            neighbours: set[_Flow] = set()
+            for e in f.edges:
+                s = self._on_edge[e]
+                s.discard(f)
+                neighbours.update(s)
+                if not s:
+                    del self._on_edge[e]
+            if neighbours:
+                self._rebalance(self._component(list(neighbours)))
+            f.group.left -= 1
+            if f.group.left == 0:
+                f.group.event.succeed()
+        return done
+
+
+def _max_min_rates(flows: list[_Flow], capacity: Callable[[Edge], float]) -> dict[_Flow, float]:
+    """Progressive filling: raise all unfrozen rates equally until an edge or a cap saturates."""
+    if len(flows) == 1:
+        f = flows[0]
+        r = min((capacity(e) / w for e, w in zip(f.edges, f.weights, strict=True)), default=math.inf)
+        return {f: min(r, f.cap)}
+    rate = {f: 0.0 for f in flows}
+    left: dict[Edge, float] = {}
+    for f in flows:
+        for e in f.edges:
+            left[e] = capacity(e)
+    active = set(flows)
+    while active:
+        load: dict[Edge, float] = {}
+        for f in active:
+            for e, w in zip(f.edges, f.weights, strict=True):
+                load[e] = load.get(e, 0.0) + w
+        inc = min(left[e] / w for e, w in load.items())
+        inc = min(inc, min(f.cap - rate[f] for f in active))
+        for f in active:
+            rate[f] += inc
+        full = set()
+        for e, w in load.items():
+            left[e] -= inc * w
+            if left[e] <= EPS * capacity(e):
+                full.add(e)
+        active = {f for f in active if f.cap - rate[f] > EPS * max(rate[f], 1.0) and not any(e in full for e in f.edges)}
+    return rate

@@ -1,0 +1,64 @@
+"""StepResult: what one simulated training step gives the user, and its JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(slots=True)
+class StageMemory:
+    """Peak memory of one pipeline stage's ranks, with its components (bytes)."""
+
+    stage: int
+    peak_bytes: float
+    components: dict[str, float]
+    capacity_bytes: float
+    closed_form_peak_bytes: float
+    fits: bool
+    timeline: list[tuple[float, float]] = field(default_factory=list, repr=False)
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One simulated optimizer step.
+
+    Times in seconds, throughput in tokens/s, FLOP rates in TFLOP/s per GPU (1e12), memory in bytes.
+    MFU uses model FLOPs (``simtrain.flops``); HFU uses the hardware FLOPs the kernels execute.
+    """
+
+    name: str
+    mode: str
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    n_gpus: int
+    global_batch_tokens: int
+    microbatches: int
+    breakdown_s: dict[str, Any]
+    memory: list[StageMemory]
+    fits: bool
+    layout: dict[str, Any]
+    ops_executed: int
+    trace: list[Any] = field(default_factory=list, repr=False)
+    stage_of: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        """JSON-ready dict with the documented keys (memory timelines only when asked)."""
+        skip = ("trace", "stage_of", "memory")
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        out["memory"] = []
+        for m in self.memory:
+            d = {"stage": m.stage, "peak_bytes": m.peak_bytes, "components": m.components,
+                 "capacity_bytes": m.capacity_bytes, "closed_form_peak_bytes": m.closed_form_peak_bytes,
+                 "fits": m.fits}
+            if timeline:
+                d["timeline"] = m.timeline
+            out["memory"].append(d)
+        return out
