@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from simtrain.hardware import GpuSpec, Topology
@@ -115,7 +116,7 @@ def _tree_latency(p: int, n_nodes: int, proto: str, net_lat: float) -> float:
                                                   + math.log2(max(n_nodes, 1)) * inter_lat)
 
 
-def idle_time(topo: Topology, gpu: GpuSpec, phases: tuple[tuple[Flow, ...], ...]) -> float:
+def idle_time(capacity: Callable[[Edge], float], phases: tuple[tuple[Flow, ...], ...]) -> float:
     """Time of the phases on an otherwise idle network: per phase, the slowest flow at its fair share."""
     total = 0.0
     for ph in phases:
@@ -124,7 +125,7 @@ def idle_time(topo: Topology, gpu: GpuSpec, phases: tuple[tuple[Flow, ...], ...]
         for f in ph:
             rate = f.cap_Bps
             for e in f.path:
-                rate = min(rate, effective_bandwidth(topo, gpu, e) / load[e])
+                rate = min(rate, capacity(e) / load[e])
             worst = max(worst, f.nbytes / rate if f.nbytes else 0.0)
         total += worst
     return total
@@ -184,19 +185,27 @@ def _hier_phases(topo: Topology, by_node: dict[int, list[int]], size: float) -> 
     return (intra, inter, intra)
 
 
-def plan_collective(kind: str, gpus: tuple[int, ...], size_bytes: float, topo: Topology, gpu: GpuSpec) -> Plan:
+def plan_collective(kind: str, gpus: tuple[int, ...], size_bytes: float, topo: Topology, gpu: GpuSpec,
+                    capacity: Callable[[Edge], float] | None = None, choice: tuple[str, str] | None = None) -> Plan:
     """The (algorithm, protocol) NCCL would pick for this group and size, with its flows.
 
     Args:
         kind: "all_reduce", "all_gather", "reduce_scatter" or "all_to_all".
         gpus: the group's GPUs in rank order.
         size_bytes: nccl-tests size S (all-gather/reduce-scatter: the whole gathered array).
+        capacity: achievable bandwidth per edge (default: ``effective_bandwidth``).
+        choice: (algorithm, protocol) to use instead of choosing (symmetric peers of a planned group).
     """
     if len(gpus) < 2 or size_bytes <= 0:
         return Plan("none", "none", 0.0, ())
+    cap = capacity or (lambda e: effective_bandwidth(topo, gpu, e))
     best: Plan | None = None
     for algo, proto, lat, phases in _candidates(kind, topo, gpu, gpus, size_bytes):
-        est = lat + idle_time(topo, gpu, phases)
+        if choice is not None:
+            if (algo, proto) == choice:
+                return Plan(algo, proto, lat, phases)
+            continue
+        est = lat + idle_time(cap, phases)
         if best is None or est < best.estimate_s:
             best = Plan(algo, proto, lat, phases, est)
     assert best is not None

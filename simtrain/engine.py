@@ -96,28 +96,41 @@ class CommPlanner:
     def __init__(self, topo: Topology, gpu: GpuSpec, grid: RankGrid, symmetric: bool):
         self.topo, self.gpu, self.grid, self.symmetric = topo, gpu, grid, symmetric
         self.plans: dict[Any, Plan] = {}
+        self._caps: dict[Any, float] = {}
         self._cache: dict[Any, tuple[float, list[list[tuple[Any, ...]]], str]] = {}
         self._stage_groups: dict[tuple[str, int], list[tuple[int, ...]]] = {}
 
-    def _plan(self, coll: str, group: tuple[int, ...], size: float) -> Plan:
+    def capacity(self, e: Any) -> float:
+        """Achievable bandwidth of edge ``e`` (cached)."""
+        c = self._caps.get(e)
+        if c is None:
+            c = self._caps[e] = effective_bandwidth(self.topo, self.gpu, e)
+        return c
+
+    def _plan(self, coll: str, group: tuple[int, ...], size: float, choice: tuple[str, str] | None = None) -> Plan:
         key = (coll, group, size)
         plan = self.plans.get(key)
         if plan is None:
             gpus = tuple(place(r) for r in group)
-            plan = self.plans[key] = plan_collective(coll, gpus, size, self.topo, self.gpu)
+            plan = plan_collective(coll, gpus, size, self.topo, self.gpu, self.capacity, choice)
+            if choice is None:
+                self.plans[key] = plan
         return plan
+
+    def _sharing_groups(self, plan: Plan, group: tuple[int, ...], axis: str, stage: int) -> list[tuple[int, ...]]:
+        """Groups of the stage whose flows can share an edge with ``group``'s: those with a member in
+        one of its nodes (NVLink, PCIe and NIC edges are per node), or all if it crosses the spine."""
+        groups = self._groups_in_stage(axis, stage)
+        if any(v == "spine" for ph in plan.phases for f in ph for e in f.path for v in e):
+            return groups
+        node_of = self.topo.node_of
+        nodes = {node_of(place(r)) for r in group}
+        return [g for g in groups if any(node_of(place(r)) in nodes for r in g)]
 
     def _groups_in_stage(self, axis: str, stage: int) -> list[tuple[int, ...]]:
         key = (axis, stage)
         if key not in self._stage_groups:
-            seen: set[int] = set()
-            out = []
-            for r in self.grid.stage_ranks(stage):
-                if r not in seen:
-                    g = self.grid.group(axis, r)
-                    seen.update(g)
-                    out.append(g)
-            self._stage_groups[key] = out
+            self._stage_groups[key] = self.grid.stage_groups(axis, stage)
         return self._stage_groups[key]
 
     def collective(self, op: Op, rank: int, stage: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
@@ -131,7 +144,9 @@ class CommPlanner:
         if not self.symmetric:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
         else:
-            peers = [self._plan(op.coll, g, op.comm_bytes) for g in self._groups_in_stage(op.axis, stage)]
+            choice = (plan.algorithm, plan.protocol)
+            peers = [plan if g == group else self._plan(op.coll, g, op.comm_bytes, choice)
+                     for g in self._sharing_groups(plan, group, op.axis, stage)]
             phases = _weighted(plan.for_source(place(rank)), [p.phases for p in peers])
         out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
         self._cache[key] = out
@@ -139,14 +154,15 @@ class CommPlanner:
 
     def send(self, op: Op, rank: int, stage: int, dst_rank: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         """A pipeline send from ``rank`` to ``dst_rank`` (symmetric: weighted by the whole stage)."""
-        key = ("send", op.comm_bytes, rank, dst_rank)
+        key = ("send", op.comm_bytes, rank, dst_rank)  # symmetric: rank is the stage's representative
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         plan = plan_send(place(rank), place(dst_rank), op.comm_bytes, self.topo)
         if self.symmetric:
             dst_stage = self.grid.stage_of(dst_rank)
-            peers = [plan_send(place(r), place(self._counterpart(r, dst_stage)), op.comm_bytes, self.topo).phases
+            route = self.topo.route
+            peers = [((Flow(place(r), route(place(r), place(self._counterpart(r, dst_stage))), op.comm_bytes),),)
                      for r in self.grid.stage_ranks(stage)]
             phases = _weighted(plan.phases, peers)
         else:
@@ -156,9 +172,8 @@ class CommPlanner:
         return out
 
     def _counterpart(self, rank: int, stage: int) -> int:
-        c = self.grid.coords(rank)
-        c["pp"] = stage
-        return self.grid.rank_of(**c)
+        """The rank with ``rank``'s coordinates on pipeline stage ``stage``."""
+        return rank + (stage - self.grid.stage_of(rank)) * self.grid.stride("pp")
 
 
 def _link_class(topo: Topology, phases: tuple[tuple[Flow, ...], ...]) -> str:
@@ -203,8 +218,8 @@ class Engine:
         self.programs, self.grid, self.gpu = programs, grid, gpu
         self.symmetric, self.keep_trace = symmetric, trace
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, lambda e: effective_bandwidth(topo, gpu, e))
         self.planner = CommPlanner(topo, gpu, grid, symmetric)
+        self.net = FlowNetwork(self.env, self.planner.capacity)
         if symmetric:
             self.ranks = [grid.representative(s) for s in range(len(programs))]
         else:
@@ -246,9 +261,7 @@ class Engine:
     def _remote_rank(self, rank: int, stage: int) -> int:
         if self.symmetric:
             return self.grid.representative(stage)
-        c = self.grid.coords(rank)
-        c["pp"] = stage
-        return self.grid.rank_of(**c)
+        return rank + (stage - self.stage[rank]) * self.grid.stride("pp")
 
     def _stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]

@@ -9,7 +9,6 @@ Placement maps rank r to GPU r (nodes filled in rank order).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,34 +17,32 @@ from simtrain.config import LayoutConfig
 GRID_AXES = ("tp", "cp", "dp", "pp")
 
 
-@dataclass(frozen=True, slots=True)
 class RankGrid:
-    """Rank <-> coordinate math for a layout. Pure; no work beyond shapes on construction."""
+    """Rank <-> coordinate math for a layout. Construction only records degrees and strides."""
 
-    layout: LayoutConfig
+    def __init__(self, layout: LayoutConfig):
+        self.layout = layout
+        self.order: tuple[str, ...] = tuple(a for a in layout.order if a in GRID_AXES)
+        """Grid axes innermost first (``ep`` dropped: it folds over dp x cp)."""
+        self._degree = {a: int(getattr(layout, a)) for a in GRID_AXES}
+        self._stride: dict[str, int] = {}
+        s = 1
+        for a in self.order:
+            self._stride[a] = s
+            s *= self._degree[a]
 
     @property
     def world_size(self) -> int:
         """Number of ranks."""
         return self.layout.world_size
 
-    @property
-    def order(self) -> tuple[str, ...]:
-        """Grid axes innermost first (``ep`` dropped: it folds over dp x cp)."""
-        return tuple(a for a in self.layout.order if a in GRID_AXES)
-
     def degree(self, axis: str) -> int:
         """Degree of a mesh axis."""
-        return int(getattr(self.layout, axis))
+        return self._degree[axis]
 
     def stride(self, axis: str) -> int:
         """Rank distance between neighbours along ``axis``."""
-        s = 1
-        for a in self.order:
-            if a == axis:
-                return s
-            s *= self.degree(a)
-        raise KeyError(axis)
+        return self._stride[axis]
 
     def coords(self, rank: int) -> dict[str, int]:
         """Coordinates of ``rank`` on every grid axis."""
@@ -102,8 +99,27 @@ class RankGrid:
         return out
 
     def stage_ranks(self, stage: int) -> list[int]:
-        """All ranks of pipeline stage ``stage``."""
-        return [r for r in range(self.world_size) if self.stage_of(r) == stage]
+        """All ranks of pipeline stage ``stage`` (ascending)."""
+        ranks = np.arange(self.world_size)
+        return [int(r) for r in ranks[(ranks // self.stride("pp")) % self.layout.pp == stage]]
+
+    def stage_groups(self, axis: str, stage: int) -> list[tuple[int, ...]]:
+        """The groups of ``axis`` whose members are in ``stage`` (a partition of its ranks)."""
+        if axis not in GRID_AXES:
+            seen: set[int] = set()
+            out = []
+            for r in self.stage_ranks(stage):
+                if r not in seen:
+                    g = self.group(axis, r)
+                    seen.update(g)
+                    out.append(g)
+            return out
+        t = self.table()  # axes outermost first
+        pos = {a: i for i, a in enumerate(reversed(self.order))}
+        sub = np.take(t, stage, axis=pos["pp"]) if axis != "pp" else t
+        order_wo_pp = [a for a in reversed(self.order) if a != "pp" or axis == "pp"]
+        sub = np.moveaxis(sub, order_wo_pp.index(axis), -1)
+        return [tuple(int(x) for x in row) for row in sub.reshape(-1, self.degree(axis))]
 
     def representative(self, stage: int) -> int:
         """The rank simulated for ``stage`` in symmetric mode (all other coordinates 0)."""

@@ -1,0 +1,132 @@
+"""Command line: ``simtrain simulate | models | hardware``.
+
+Bad input prints every problem with its dotted path and exits with code 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from simtrain.errors import ConfigError, InfeasibleLayout
+from simtrain.results import StepResult
+
+GiB = 1024.0**3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simtrain", description="Simulate distributed LLM training steps.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="simulate one training step of a config (YAML/JSON)")
+    sim.add_argument("config", help="path to a run config (YAML or JSON)")
+    sim.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field by dotted path, e.g. --set layout.tp=4 (repeatable)")
+    sim.add_argument("--json", action="store_true", help="print the result as JSON")
+    sim.add_argument("--mode", choices=["symmetric", "full"], help="simulation mode (default: sim.mode)")
+    sim.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the step")
+    sim.add_argument("--timeline", action="store_true", help="include memory timelines in --json output")
+    sub.add_parser("models", help="list model presets")
+    sub.add_parser("hardware", help="list GPU and node profiles")
+    return p
+
+
+def _fmt_bytes(b: float) -> str:
+    return f"{b / GiB:8.2f} GiB"
+
+
+def render_summary(r: StepResult) -> str:
+    """Human-readable summary of a StepResult."""
+    bd = r.breakdown_s
+    lay = r.layout
+    lines = [
+        f"simtrain: {r.name}  ({r.n_gpus} GPUs, {r.mode} mode)",
+        f"  layout        dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} vpp={lay['vpp']} sp={lay['sequence_parallel']} "
+        f"zero={lay['zero_stage']} fsdp={lay['fsdp']} recompute={lay['recompute']} "
+        f"schedule={lay['schedule']}; {r.microbatches} micro-batches per step",
+        f"  step time     {r.step_time_s:.4f} s   ({r.global_batch_tokens:,} tokens per step)",
+        f"  throughput    {r.tokens_per_s:,.0f} tokens/s, {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
+        f"  FLOP rate     {r.model_tflops_per_gpu:.1f} model TFLOP/s/GPU (MFU {100 * r.mfu:.1f} %), "
+        f"{r.hardware_tflops_per_gpu:.1f} hardware TFLOP/s/GPU (HFU {100 * r.hfu:.1f} %)",
+        "  breakdown (critical rank):",
+        f"    compute     {bd['compute']:.4f} s",
+        f"    optimizer   {bd['optimizer']:.4f} s",
+        f"    bubble      {bd['bubble']:.4f} s",
+    ]
+    for axis, t in bd["exposed_comm"].items():
+        if t > 0:
+            lines.append(f"    exposed {axis:<4}{t:.4f} s")
+    lines.append(f"    other       {bd['other']:.4f} s")
+    lines.append("  memory per pipeline stage (peak, capacity):")
+    for m in r.memory:
+        verdict = "fits" if m.fits else "DOES NOT FIT"
+        top = sorted(m.components.items(), key=lambda kv: -kv[1])[:4]
+        parts = ", ".join(f"{k} {v / GiB:.1f}" for k, v in top)
+        lines.append(f"    stage {m.stage:>3}: {_fmt_bytes(m.peak_bytes)} of {_fmt_bytes(m.capacity_bytes)}  "
+                     f"{verdict}  ({parts} GiB)")
+    lines.append("  verdict: " + ("fits in memory" if r.fits else "DOES NOT FIT in GPU memory"))
+    return "\n".join(lines)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from simtrain.simulate import simulate
+    from simtrain.trace import write_chrome_trace
+
+    result = simulate(args.config, args.overrides, mode=args.mode, trace=bool(args.trace))
+    if args.trace:
+        write_chrome_trace(args.trace, result.trace, result.stage_of)
+    if args.json:
+        print(json.dumps(result.to_dict(timeline=args.timeline), indent=2))
+    else:
+        print(render_summary(result))
+        if args.trace:
+            print(f"  trace written to {args.trace}")
+    return 0
+
+
+def _cmd_models() -> int:
+    from simtrain.model import preset_table
+
+    rows = preset_table()
+    print(f"{'preset':<16}{'params':>10}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>5}{'ffn':>8}{'vocab':>9}")
+    for r in rows:
+        print(f"{r['name']:<16}{r['params_B']:>9.2f}B{r['layers']:>8}{r['hidden']:>8}{r['heads']:>7}"
+              f"{r['kv_heads']:>5}{r['ffn']:>8}{r['vocab']:>9}")
+    return 0
+
+
+def _cmd_hardware() -> int:
+    from simtrain.hardware import gpu_table, node_table
+
+    print("GPUs:")
+    for row in gpu_table():
+        print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    print("Nodes:")
+    for row in node_table():
+        print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``simtrain`` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "simulate":
+            return _cmd_simulate(args)
+        if args.command == "models":
+            return _cmd_models()
+        return _cmd_hardware()
+    except ConfigError as exc:
+        print(f"simtrain: {exc}", file=sys.stderr)
+        return 2
+    except InfeasibleLayout as exc:
+        print(f"simtrain: cannot simulate this layout: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"simtrain: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
