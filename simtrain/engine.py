@@ -22,7 +22,7 @@ import simpy
 from simtrain.collectives import Flow, Plan, effective_bandwidth, plan_collective, plan_send
 from simtrain.hardware import GpuSpec, Topology
 from simtrain.layout import RankGrid, place
-from simtrain.network import FlowNetwork
+from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -90,11 +90,31 @@ class EngineResult:
     plans: dict[Any, Plan]
 
 
+class _RouteCache:
+    """A Topology whose routes are memoised (routes are pure functions of the endpoints)."""
+
+    def __init__(self, topo: Topology):
+        self._topo = topo
+        self._routes: dict[tuple[int, int], Any] = {}
+
+    def route(self, src: int, dst: int) -> Any:
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self._topo.route(src, dst)
+        return r
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._topo, name)
+
+
 class CommPlanner:
     """Plans collectives and sends for simulated ranks, with symmetric weights where needed."""
 
     def __init__(self, topo: Topology, gpu: GpuSpec, grid: RankGrid, symmetric: bool):
-        self.topo, self.gpu, self.grid, self.symmetric = topo, gpu, grid, symmetric
+        self.topo: Topology = _RouteCache(topo)  # type: ignore[assignment]
+        self.gpu, self.grid, self.symmetric = gpu, grid, symmetric
+        self._weights: dict[Any, list[list[tuple[float, ...]]]] = {}
         self.plans: dict[Any, Plan] = {}
         self._caps: dict[Any, float] = {}
         self._cache: dict[Any, tuple[float, list[list[tuple[Any, ...]]], str]] = {}
@@ -118,14 +138,16 @@ class CommPlanner:
         return plan
 
     def _sharing_groups(self, plan: Plan, group: tuple[int, ...], axis: str, stage: int) -> list[tuple[int, ...]]:
-        """Groups of the stage whose flows can share an edge with ``group``'s: those with a member in
-        one of its nodes (NVLink, PCIe and NIC edges are per node), or all if it crosses the spine."""
+        """Groups of the stage whose flows can share an edge with ``group``'s: NVLink, PCIe and NIC
+        edges belong to one node, and leaf/spine edges to one rail, so a group shares edges only
+        with groups that have a member in one of its nodes or (over the network) on one of its rails."""
         groups = self._groups_in_stage(axis, stage)
-        if any(v == "spine" for ph in plan.phases for f in ph for e in f.path for v in e):
-            return groups
-        node_of = self.topo.node_of
-        nodes = {node_of(place(r)) for r in group}
-        return [g for g in groups if any(node_of(place(r)) in nodes for r in g)]
+        topo = self.topo
+        nodes = {topo.node_of(place(r)) for r in group}
+        net = any(topo.edge(*e).link_class == "net" for ph in plan.phases for f in ph for e in f.path[:3])
+        rails = {topo.rail_of(place(r)) for r in group} if net else set()
+        return [g for g in groups
+                if any(topo.node_of(place(r)) in nodes or (net and topo.rail_of(place(r)) in rails) for r in g)]
 
     def _groups_in_stage(self, axis: str, stage: int) -> list[tuple[int, ...]]:
         key = (axis, stage)
@@ -144,10 +166,18 @@ class CommPlanner:
         if not self.symmetric:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
         else:
-            choice = (plan.algorithm, plan.protocol)
-            peers = [plan if g == group else self._plan(op.coll, g, op.comm_bytes, choice)
-                     for g in self._sharing_groups(plan, group, op.axis, stage)]
-            phases = _weighted(plan.for_source(place(rank)), [p.phases for p in peers])
+            # Which edges the symmetric copies share does not depend on the size: cache the weights.
+            mine = plan.for_source(place(rank))
+            wkey = (op.coll, op.axis, stage, plan.algorithm, plan.protocol)
+            weights = self._weights.get(wkey)
+            if weights is None:
+                choice = (plan.algorithm, plan.protocol)
+                peers = [plan if g == group else self._plan(op.coll, g, op.comm_bytes, choice)
+                         for g in self._sharing_groups(plan, group, op.axis, stage)]
+                weights = self._weights[wkey] = [[w for _, w, _, _ in ph]
+                                                 for ph in _weighted(mine, [p.phases for p in peers])]
+            phases = [[(f.path, w, f.nbytes, f.cap_Bps) for f, w in zip(ph, wph, strict=True)]
+                      for ph, wph in zip(mine, weights, strict=True)]
         out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
         self._cache[key] = out
         return out
@@ -234,6 +264,46 @@ class Engine:
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
         self._needed = [self._needed_ops(p) for p in programs]
+        self._comm: dict[tuple[int, int], tuple[float, list[list[tuple[Any, ...]]], str, float | None]] = {}
+
+    def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
+        stage = self.stage[rank]
+        if op.kind == OpKind.SEND:
+            return self.planner.send(op, rank, stage, self._remote_rank(rank, op.peer_stage))
+        return self.planner.collective(op, rank, stage)
+
+    def _owner(self, rank: int, op: Op) -> tuple[Any, ...]:
+        if self.symmetric or op.kind == OpKind.SEND:
+            return (op.stream, rank)
+        return (op.stream, self.grid.group(op.axis, rank))
+
+    def _prepare_comm(self) -> None:
+        """Plan every communication op once; mark those whose edges no other stream ever uses as
+        private, so their time is computed offline by the same fluid model (no contention possible:
+        one stream runs one op at a time)."""
+        owners: dict[Any, set[Any]] = defaultdict(set)
+        pending = []
+        memo: dict[tuple[int, Any], set[Any]] = {}
+        for r in self.ranks:
+            for op in self.programs[self.stage[r]].ops:
+                if op.kind == OpKind.COMPUTE:
+                    continue
+                entry = self._comm_entry(r, op)
+                owner = self._owner(r, op)
+                key = (id(entry), owner)
+                if key not in memo:
+                    edges = {e for ph in entry[1] for f in ph for e in f[0]}
+                    memo[key] = edges
+                    for e in edges:
+                        owners[e].add(owner)
+                pending.append((r, op, entry, owner, key))
+        durations: dict[tuple[int, Any], float | None] = {}
+        for r, op, entry, owner, key in pending:
+            if key not in durations:
+                private = all(owners[e] == {owner} for e in memo[key])
+                durations[key] = (entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
+                                  if private else None)
+            self._comm[(r, op.idx)] = (*entry, durations[key])
 
     @staticmethod
     def _needed_ops(prog: Program) -> set[int]:
@@ -243,6 +313,7 @@ class Engine:
 
     def run(self) -> EngineResult:
         """Simulate the step; returns per-rank stats, ledgers and the trace."""
+        self._prepare_comm()
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
             self.done[r] = {i: self.env.event() for i in self._needed[prog.stage]}
@@ -332,15 +403,9 @@ class Engine:
         stats.exposed["pp"] += (start - ready) - bubble
 
     def _communicate(self, rank: int, op: Op):  # type: ignore[no-untyped-def]
-        stage = self.stage[rank]
-        if op.kind == OpKind.SEND:
-            dst = self._remote_rank(rank, op.peer_stage)
-            latency, phases, cls = self.planner.send(op, rank, stage, dst)
-            yield from self._transfer(rank, latency, phases, cls)
-            return
-        if self.symmetric:
-            latency, phases, cls = self.planner.collective(op, rank, stage)
-            yield from self._transfer(rank, latency, phases, cls)
+        latency, phases, cls, private = self._comm[(rank, op.idx)]
+        if op.kind == OpKind.SEND or self.symmetric:
+            yield from self._transfer(rank, latency, phases, cls, private)
             return
         group = self.grid.group(op.axis, rank)
         key = (group, op.idx)
@@ -350,18 +415,22 @@ class Engine:
         count += 1
         self.rendezvous[key] = (count, ev)
         if count < len(group):
-            self.active_comm[rank].append("nvlink")
+            self.active_comm[rank].append(cls)
             yield ev
-            self.active_comm[rank].remove("nvlink")
+            self.active_comm[rank].remove(cls)
             return
         del self.rendezvous[key]
-        latency, phases, cls = self.planner.collective(op, rank, stage)
-        yield from self._transfer(rank, latency, phases, cls)
+        yield from self._transfer(rank, latency, phases, cls, private)
         ev.succeed()
 
-    def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str):  # type: ignore[no-untyped-def]
+    def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str,
+                  private: float | None = None):  # type: ignore[no-untyped-def]
         active = self.active_comm[rank]
         active.append(cls)
+        if private is not None:
+            yield self.env.timeout(private)
+            active.remove(cls)
+            return
         if latency > 0:
             yield self.env.timeout(latency)
         for ph in phases:

@@ -161,3 +161,22 @@ def _max_min_rates(flows: list[_Flow], capacity: Callable[[Edge], float]) -> dic
                 full.add(e)
         active = {f for f in active if f.cap - rate[f] > EPS * max(rate[f], 1.0) and not any(e in full for e in f.edges)}
     return rate
+
+
+def fluid_duration(flows: list[tuple[tuple[Edge, ...], tuple[float, ...], float, float]],
+                   capacity: Callable[[Edge], float]) -> float:
+    """Time for ``flows`` to finish on a network carrying nothing else (same fluid model, offline).
+
+    Used when no other stream can ever touch these edges, so the event loop need not track them.
+    """
+    now = 0.0
+    dummy = _Group(0, None)  # type: ignore[arg-type]
+    live = [_Flow(p, w, b, c, 0.0, dummy) for p, w, b, c in flows if b > 0 and p]
+    while live:
+        rates = _max_min_rates(live, capacity)
+        dt = min(f.remaining / rates[f] for f in live)
+        now += dt
+        for f in live:
+            f.remaining -= rates[f] * dt
+        live = [f for f in live if f.remaining > 1e-9 * max(f.remaining + rates[f] * dt, 1.0)]
+    return now

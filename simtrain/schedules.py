@@ -59,6 +59,8 @@ def _virtual(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
 
 def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
     """Interleaved 1F1B with ``v`` chunks per stage; requires ``m`` to be a multiple of ``p``."""
+    if m % p:
+        raise ValueError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of p={p}")
     total = m * v
     out = []
     for s in range(p):

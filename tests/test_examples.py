@@ -1,0 +1,47 @@
+"""Every config under examples/ runs through the CLI and gives a sane result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simtrain.cli import main
+from simtrain.config import load_config
+from simtrain.hardware import build_cluster
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
+
+# GPU counts stated in the examples' comments (nodes x 8 GPUs); the 405B one is the Llama 3 paper's 16,384.
+EXPECTED_GPUS: dict[str, int] = {
+    "llama3_8b_h100_fsdp.yaml": 8,
+    "llama3_70b_h100.yaml": 64,
+    "gpt3_175b_a100.yaml": 1024,
+    "llama3_405b_h100.yaml": 16384,
+}
+
+
+def test_examples_found() -> None:
+    assert EXAMPLES, "no examples/*.yaml found"
+    assert set(EXPECTED_GPUS) <= {p.name for p in EXAMPLES}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_simulates(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", str(path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+
+    assert result["step_time_s"] > 0
+    assert 0 < result["mfu"] <= 1
+    assert 0 < result["hfu"] <= 1
+
+    run = load_config(path)
+    hw = run.hardware
+    cluster_gpus = build_cluster(hw.node, hw.n_nodes, gpu=hw.gpu).n_gpus
+    assert result["n_gpus"] == run.layout.world_size == cluster_gpus
+    if path.name in EXPECTED_GPUS:
+        assert result["n_gpus"] == EXPECTED_GPUS[path.name]
+
