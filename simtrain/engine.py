@@ -191,9 +191,14 @@ class CommPlanner:
         plan = plan_send(place(rank), place(dst_rank), op.comm_bytes, self.topo)
         if self.symmetric:
             dst_stage = self.grid.stage_of(dst_rank)
-            route = self.topo.route
+            route, topo = self.topo.route, self.topo
+            src_gpu, dst_gpu = place(rank), place(dst_rank)
+            nodes = {topo.node_of(src_gpu), topo.node_of(dst_gpu)}
+            rails = {topo.rail_of(src_gpu), topo.rail_of(dst_gpu)}
+            # only ranks on the same nodes or rails can share an edge with this send (see _sharing_groups)
             peers = [((Flow(place(r), route(place(r), place(self._counterpart(r, dst_stage))), op.comm_bytes),),)
-                     for r in self.grid.stage_ranks(stage)]
+                     for r in self.grid.stage_ranks(stage)
+                     if topo.node_of(place(r)) in nodes or topo.rail_of(place(r)) in rails]
             phases = _weighted(plan.phases, peers)
         else:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
