@@ -14,6 +14,7 @@ every rank: collectives rendezvous across their group and every flow is on the n
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,7 +220,7 @@ def _link_class(topo: Topology, phases: tuple[tuple[Flow, ...], ...]) -> str:
     return "nvlink"
 
 
-def _weighted(mine: tuple[tuple[Flow, ...], ...], all_groups: list[tuple[tuple[Flow, ...], ...]]
+def _weighted(mine: tuple[tuple[Flow, ...], ...], all_groups: Sequence[Sequence[Sequence[Flow]]]
               ) -> list[list[tuple[Any, ...]]]:
     """Give each of the representative's flows, per edge, the count of symmetric copies on it."""
     out = []

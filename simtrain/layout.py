@@ -9,7 +9,6 @@ Placement maps rank r to GPU r (nodes filled in rank order).
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from simtrain.config import LayoutConfig

@@ -10,7 +10,7 @@ from simtrain.hardware import build_cluster
 def check_run(run: RunConfig) -> list[Problem]:
     """Problems that pydantic's per-field schema cannot see (divisibility, sizes, hardware)."""
     out: list[Problem] = []
-    m, lay, tr, hw = run.model, run.layout, run.train, run.hardware
+    m, lay, tr, _hw = run.model, run.layout, run.train, run.hardware
     t = lay.tp
     for name, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
                         ("model.ffn_hidden", m.ffn_hidden)):
@@ -36,10 +36,9 @@ def check_run(run: RunConfig) -> list[Problem]:
         out.append(Problem("layout.order", f"{list(lay.order)!r} must name each of tp, cp, ep, dp, pp once"))
     if lay.fsdp != "none" and lay.zero_stage not in (0, 3):
         out.append(Problem("layout.fsdp", f"{lay.fsdp!r} conflicts with layout.zero_stage={lay.zero_stage}"))
-    if lay.fsdp == "hybrid":
-        if not lay.fsdp_shard_size or lay.dp % lay.fsdp_shard_size:
-            out.append(Problem("layout.fsdp_shard_size", f"{lay.fsdp_shard_size!r} must be set and divide "
-                                                         f"layout.dp={lay.dp} for hybrid shard"))
+    if lay.fsdp == "hybrid" and (not lay.fsdp_shard_size or lay.dp % lay.fsdp_shard_size):
+        out.append(Problem("layout.fsdp_shard_size", f"{lay.fsdp_shard_size!r} must be set and divide "
+                                                     f"layout.dp={lay.dp} for hybrid shard"))
     if (lay.dp * lay.cp) % lay.ep:
         out.append(Problem("layout.ep", f"{lay.ep} must divide dp*cp={lay.dp * lay.cp} (EP folds over them)"))
     if tr.seq_len % lay.cp:
