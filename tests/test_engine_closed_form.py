@@ -1,0 +1,182 @@
+"""The engine against closed forms: pipeline bubbles on hand-built programs, op accounting, ordering."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from simtrain.config import LayoutConfig, load_config
+from simtrain.costs import ComputeCostModel
+from simtrain.engine import Engine
+from simtrain.hardware import Topology, build_cluster
+from simtrain.layout import RankGrid
+from simtrain.lowering import lower
+from simtrain.ops import OpKind, Program, Stream
+from simtrain.schedules import Action, build_schedule
+from simtrain.simulate import cluster_of, simulate
+
+TF, TB = 1.0, 2.0
+HOP_SLACK = 1e-3  # s: pipeline-send latencies (~13 us per hop, a few dozen hops) on a >10 s step; any
+# scheduling error would be a multiple of TF / v >= 0.25 s
+
+
+def _programs(kind: str, p: int, m: int, v: int, tf: float = TF, tb: float = TB) -> list[Program]:
+    """One compute op per action (F: tf/v, B: tb/v) plus a 1-byte send to the next virtual stage."""
+    sched = build_schedule(kind, p, m, v)
+    progs = [Program(s) for s in range(p)]
+    sends: dict[tuple[int, Action], int] = {}
+    computes: dict[tuple[int, Action], int] = {}
+    n_virtual = p * v
+    for s in range(p):
+        for a in sched[s]:
+            vs = a.chunk * p + s
+            op = progs[s].add(OpKind.COMPUTE, Stream.COMPUTE, f"{a.kind}{a.microbatch}.{a.chunk}",
+                              category="fwd" if a.kind == "F" else "bwd",
+                              duration_s=(tf if a.kind == "F" else tb) / v, microbatch=a.microbatch, chunk=a.chunk)
+            computes[(s, a)] = op.idx
+            dst = vs + 1 if a.kind == "F" else vs - 1
+            if 0 <= dst < n_virtual:
+                send = progs[s].add(OpKind.SEND, Stream.PP, f"send.{a.kind}", category="comm", deps=(op.idx,),
+                                    coll="send", axis="pp", comm_bytes=1.0, peer_stage=dst % p,
+                                    microbatch=a.microbatch, chunk=a.chunk)
+                sends[(s, a)] = send.idx
+    for s in range(p):
+        for a in sched[s]:
+            vs = a.chunk * p + s
+            src = vs - 1 if a.kind == "F" else vs + 1
+            if 0 <= src < n_virtual:
+                ss = src % p
+                progs[s].ops[computes[(s, a)]].remote = (ss, sends[(ss, Action(a.kind, a.microbatch, src // p))])
+    return progs
+
+
+def _engine(progs: list[Program], p: int, symmetric: bool = True) -> Engine:
+    cl = build_cluster("dgx-h100", 1)
+    # no compute slowdown while a send is in flight, so compute times are exact
+    gpu = cl.gpu.model_copy(update={"comm_interference_nvlink": 0.0, "comm_interference_net": 0.0})
+    grid = RankGrid(LayoutConfig(pp=p, dp=8 // p))
+    return Engine(progs, grid, Topology(cl), gpu, symmetric=symmetric)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (4, 16), (8, 8), (2, 1)])
+def test_pipeline_step_closed_form(kind: str, p: int, m: int) -> None:
+    res = _engine(_programs(kind, p, m, 1), p).run()
+    assert res.step_time_s == pytest.approx((m + p - 1) * (TF + TB), abs=HOP_SLACK)
+    assert res.step_time_s >= (m + p - 1) * (TF + TB)
+    first = res.stats[res.ranks[0]]
+    assert first.bubble_s == pytest.approx((p - 1) * (TF + TB), abs=HOP_SLACK)
+    assert first.busy["fwd"] == pytest.approx(m * TF)
+    assert first.busy["bwd"] == pytest.approx(m * TB)
+    frac = first.bubble_s / res.step_time_s
+    assert frac == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 12, 3), (4, 4, 4), (8, 16, 2)])
+def test_interleaved_bubble_shrinks_by_v(p: int, m: int, v: int) -> None:
+    res = _engine(_programs("interleaved_1f1b", p, m, v), p).run()
+    bubble = (p - 1) / v * (TF + TB)
+    assert res.step_time_s == pytest.approx(m * (TF + TB) + bubble, abs=HOP_SLACK)
+    assert res.step_time_s >= m * (TF + TB) + bubble
+    assert res.stats[res.ranks[0]].bubble_s == pytest.approx(bubble, abs=HOP_SLACK)
+
+
+def test_full_mode_matches_symmetric_on_hand_built_programs() -> None:
+    p, m = 4, 8
+    sym = _engine(_programs("1f1b", p, m, 1), p, symmetric=True).run()
+    full = _engine(_programs("1f1b", p, m, 1), p, symmetric=False).run()
+    assert full.step_time_s == pytest.approx(sym.step_time_s, rel=1e-9)
+    assert full.ops_executed == 2 * sym.ops_executed  # dp=2: every stage has two ranks
+
+
+def test_every_hand_built_op_runs_once() -> None:
+    progs = _programs("interleaved_1f1b", 4, 8, 2)
+    eng = _engine(progs, 4)
+    res = eng.run()
+    assert res.ops_executed == sum(len(pr.ops) for pr in progs)
+    assert len(res.trace) == res.ops_executed
+    seen = defaultdict(int)
+    for ev in res.trace:
+        seen[(ev.rank, ev.op.idx)] += 1
+    assert set(seen.values()) == {1}
+
+
+# -- through simulate() --------------------------------------------------------------------------
+
+TINY = dict(name="tiny", n_layers=8, hidden=512, n_heads=8, ffn_hidden=2048, activation="gelu",
+            norm="layernorm", position="rope", vocab=4096, tied_embeddings=False, linear_bias=False)
+
+SIM_CASES = [
+    dict(layout=dict(pp=4, dp=2), train=dict(seq_len=1024, global_batch_seqs=16)),
+    dict(layout=dict(pp=2, dp=2, tp=2, vpp=2, sequence_parallel=True, zero_stage=1),
+         train=dict(seq_len=1024, global_batch_seqs=8)),
+    dict(layout=dict(pp=2, dp=4, fsdp="full", recompute="full"), train=dict(seq_len=512, global_batch_seqs=16)),
+    dict(layout=dict(pp=1, dp=4, tp=2, zero_stage=2, tp_comm_overlap=True), train=dict(seq_len=512,
+                                                                                      global_batch_seqs=8)),
+    dict(layout=dict(pp=2, dp=4, schedule="gpipe", zero_stage=3, overlap_grad_reduce=False),
+         train=dict(seq_len=512, global_batch_seqs=8)),
+]
+
+
+def _cfg(case: dict) -> dict:
+    return dict(model=TINY, hardware=dict(n_nodes=1), **case)
+
+
+@pytest.mark.parametrize("mode", ["symmetric", "full"])
+@pytest.mark.parametrize("case", SIM_CASES, ids=lambda c: str(c["layout"]))
+def test_simulate_runs_every_op_once_and_f_before_b(case: dict, mode: str) -> None:
+    cfg = _cfg(case)
+    run = load_config(cfg)
+    lowered = lower(run, ComputeCostModel(cluster_of(run).gpu, run.train.precision))
+    res = simulate(cfg, mode=mode, trace=True)
+    per_stage = [len(pr.ops) for pr in lowered.programs]
+    ranks_per_stage = 1 if mode == "symmetric" else run.layout.world_size // run.layout.pp
+    assert res.ops_executed == ranks_per_stage * sum(per_stage)
+    assert len(res.trace) == res.ops_executed
+    seen = defaultdict(int)
+    for ev in res.trace:
+        seen[(ev.rank, ev.op.idx)] += 1
+        assert ev.end_s >= ev.start_s >= 0.0
+        assert ev.end_s <= res.step_time_s * (1 + 1e-12)
+    assert set(seen.values()) == {1}
+    assert len({r for r, _ in seen}) == ranks_per_stage * run.layout.pp
+    # per rank and (micro-batch, chunk): every forward compute ends before any backward starts
+    fwd_end: dict[tuple, float] = defaultdict(float)
+    bwd_start: dict[tuple, float] = defaultdict(lambda: float("inf"))
+    for ev in res.trace:
+        if ev.stream != "compute" or ev.op.microbatch < 0:
+            continue
+        key = (ev.rank, ev.op.microbatch, ev.op.chunk)
+        if ev.category == "fwd":
+            fwd_end[key] = max(fwd_end[key], ev.end_s)
+        elif ev.category in ("bwd", "recompute"):
+            bwd_start[key] = min(bwd_start[key], ev.start_s)
+    assert fwd_end and set(fwd_end) == set(bwd_start)
+    for key, t in fwd_end.items():
+        assert t <= bwd_start[key] + 1e-12
+    # compute ops of one rank never overlap (one compute stream)
+    by_rank = defaultdict(list)
+    for ev in res.trace:
+        if ev.stream == "compute":
+            by_rank[ev.rank].append((ev.start_s, ev.end_s))
+    for spans in by_rank.values():
+        spans.sort()
+        for (_, e0), (s1, _) in zip(spans, spans[1:], strict=False):
+            assert s1 >= e0 - 1e-12
+
+
+def test_simulated_1f1b_bubble_fraction() -> None:
+    model = dict(TINY, n_layers=16, hidden=2048, n_heads=16, ffn_hidden=8192, vocab=1024)
+    p, m = 4, 16
+    res = simulate(dict(model=model, layout=dict(pp=p, dp=2), train=dict(seq_len=4096, global_batch_seqs=2 * m)))
+    frac = res.breakdown_s["bubble"] / res.step_time_s
+    # embedding and LM head make the end stages slightly heavier than the middle ones
+    assert frac == pytest.approx((p - 1) / (m + p - 1), rel=0.10)
+
+
+def test_breakdown_sums_to_step() -> None:
+    res = simulate(_cfg(SIM_CASES[0]))
+    bd = res.breakdown_s
+    total = bd["compute"] + bd["bubble"] + bd["optimizer"] + bd["other"] + sum(bd["exposed_comm"].values())
+    assert total == pytest.approx(res.step_time_s, rel=1e-6)
