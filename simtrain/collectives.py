@@ -6,7 +6,7 @@ Algorithms (reference Table B, B2):
 - ring: each GPU sends 2(p-1)/p*S (all-reduce) or (p-1)/p*S (all-gather/reduce-scatter) to its ring
   successor. Across nodes NCCL runs one ring per channel, rotated so each node boundary is crossed on
   every NIC: a GPU sends (k-1)/k of its traffic over NVLink and 1/k through its own NIC to its rail
-  peer in the next node, which yields the busbw = min(NVLink, k*NIC) bound of the reference (note 4).
+  peer in the next node: busbw = min(k/(k-1)*NVLink, k*NIC), the k*NIC bound of the reference (note 4).
 - tree (all-reduce, several nodes): the ring's traffic at NCCL's tree derate (x0.92, x0.85 for the
   TREE pattern) with log-depth latency.
 - nvls (all-reduce in one NVSwitch node, p >= nvls_min_gpus): each GPU sends S to the switch and

@@ -30,6 +30,10 @@ def cluster_of(run: RunConfig) -> ClusterSpec:
 
 def _refuse_unsupported(run: RunConfig) -> None:
     lay = run.layout
+    if run.hardware.profile is not None:
+        raise InfeasibleLayout("hardware.profile names a calibrated profile, but calibrated profiles are not "
+                               "supported yet; remove hardware.profile to use the default efficiencies",
+                               profile=run.hardware.profile)
     if lay.cp > 1:
         raise InfeasibleLayout("context parallelism (layout.cp > 1) is in the rank grid but its simulation is "
                                "not implemented yet; simulate with cp=1", cp=lay.cp)
