@@ -162,3 +162,9 @@ def test_unsupported_parallelism_is_infeasible(overrides: list[str], axis: str, 
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "cannot simulate this layout" in err and axis in err
+
+
+def test_calibrated_profile_is_refused_until_calibration_exists(capsys) -> None:
+    assert main(["simulate", EXAMPLE, "--set", "hardware.profile=my-h100"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot simulate this layout" in err and "profile" in err
