@@ -104,10 +104,9 @@ def _breakdown(st: RankStats, step: float) -> dict[str, Any]:
     if tail > 0:
         axis = st.last_axis if st.last_axis in exposed else "dp"
         exposed[axis] += tail
-    other_exposed = st.exposed.get("other", 0.0)
     known = compute + st.busy["optimizer"] + sum(exposed.values()) + st.bubble_s
     return {"compute": compute, "exposed_comm": exposed, "bubble": st.bubble_s, "optimizer": st.busy["optimizer"],
-            "other": max(step - known, 0.0) + other_exposed * 0.0}
+            "other": max(step - known, 0.0)}
 
 
 def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, cluster: ClusterSpec,
