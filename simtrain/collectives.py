@@ -149,26 +149,26 @@ def _candidates(kind: str, topo: Topology, gpu: GpuSpec, gpus: tuple[int, ...], 
     net_lat = topo.cluster.net_hop_latency_s * 2 if n_nodes > 1 else 0.0
     if kind == "all_to_all":
         flows = tuple(_flow(topo, g, h, size / p) for g in gpus for h in gpus if g != h)
-        yield "pairwise", "Simple", _ring_latency(kind, p, n_nodes, "Simple", "ring", net_lat), (flows,)
+        yield "pairwise", "Simple", _ring_latency(kind, p, n_nodes, "Simple", "ring", net_lat), (flows,), 1.0
         return
     per_gpu = (2.0 if kind == "all_reduce" else 1.0) * (p - 1) / p * size
     ring = (ring_flows(topo, gpus, per_gpu),)
     for proto in ("LL", "LL128", "Simple"):
-        yield "ring", proto, _ring_latency(kind, p, n_nodes, proto, "ring", net_lat), _scaled(ring, WIRE_FACTOR[proto])
+        yield "ring", proto, _ring_latency(kind, p, n_nodes, proto, "ring", net_lat), ring, WIRE_FACTOR[proto]
     if kind != "all_reduce":
         return
     if n_nodes > 1:
         for proto in ("LL", "LL128", "Simple"):
-            yield ("tree", proto, _tree_latency(p, n_nodes, proto, net_lat),
-                   _scaled(ring, WIRE_FACTOR[proto] / TREE_DERATE))
+            yield ("tree", proto, _tree_latency(p, n_nodes, proto, net_lat), ring,
+                   WIRE_FACTOR[proto] / TREE_DERATE)
         k = len(next(iter(by_node.values())))
         if k > 1 and all(len(v) == k for v in by_node.values()):
-            yield "hier2d", "Simple", _hier_latency(p, k, n_nodes, net_lat), _hier_phases(topo, by_node, size)
+            yield "hier2d", "Simple", _hier_latency(p, k, n_nodes, net_lat), _hier_phases(topo, by_node, size), 1.0
     elif topo.cluster.node.scaleup == "nvswitch" and gpu.has_nvls and p >= gpu.nvls_min_gpus:
         sw = f"nvsw{topo.node_of(gpus[0])}"
         up = tuple(Flow(g, ((f"gpu{g}", sw),), size, gpu.nvls_algbw_Bps) for g in gpus)
         down = tuple(Flow(g, ((sw, f"gpu{g}"),), size, gpu.nvls_algbw_Bps) for g in gpus)
-        yield "nvls", "Simple", (BASE_LAT_US["nvls"]["Simple"] + INTRA_LAT_US["nvls"]["Simple"]) * US, (up + down,)
+        yield "nvls", "Simple", (BASE_LAT_US["nvls"]["Simple"] + INTRA_LAT_US["nvls"]["Simple"]) * US, (up + down,), 1.0
 
 
 def _hier_latency(p: int, k: int, m: int, net_lat: float) -> float:
@@ -185,6 +185,60 @@ def _hier_phases(topo: Topology, by_node: dict[int, list[int]], size: float) -> 
     return (intra, inter, intra)
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One (algorithm, protocol) for a group. Every flow scales linearly with the collective's size
+    (and with the protocol's wire factor), so a group's flows are planned once, for 1 byte, and the
+    protocols of one algorithm share them: flows of ``size`` bytes are ``base_phases`` x
+    ``wire_factor`` x ``size``."""
+
+    algorithm: str
+    protocol: str
+    latency_s: float
+    base_phases: tuple[tuple[Flow, ...], ...]
+    wire_factor: float
+
+    def phases(self, size_bytes: float) -> tuple[tuple[Flow, ...], ...]:
+        """The flows of a ``size_bytes`` collective."""
+        return _scaled(self.base_phases, self.wire_factor * size_bytes)
+
+
+def collective_candidates(kind: str, gpus: tuple[int, ...], topo: Topology, gpu: GpuSpec) -> tuple[Candidate, ...]:
+    """Every (algorithm, protocol) NCCL could run for this group, planned for a 1-byte collective."""
+    if len(gpus) < 2:
+        return ()
+    return tuple(Candidate(*c) for c in _candidates(kind, topo, gpu, gpus, 1.0))
+
+
+def unit_idle_times(candidates: tuple[Candidate, ...], capacity: Callable[[Edge], float]) -> tuple[float, ...]:
+    """Idle-network time per byte of size of each candidate (base phases evaluated once each)."""
+    base: dict[int, float] = {}
+    out = []
+    for c in candidates:
+        t = base.get(id(c.base_phases))
+        if t is None:
+            t = base[id(c.base_phases)] = idle_time(capacity, c.base_phases)
+        out.append(t * c.wire_factor)
+    return tuple(out)
+
+
+def choose_plan(candidates: tuple[Candidate, ...], idle_s_per_byte: tuple[float, ...] | None, size_bytes: float,
+                choice: tuple[str, str] | None = None) -> Plan:
+    """The candidate with the lowest predicted time (latency + idle-network flow time) at this size,
+    as NCCL's tuner picks the lowest predicted time (tuning.cc); ``choice`` forces one instead (then
+    ``idle_s_per_byte`` may be None)."""
+    if not candidates or size_bytes <= 0:
+        return Plan("none", "none", 0.0, ())
+    if choice is not None:
+        best = next(c for c in candidates if (c.algorithm, c.protocol) == choice)
+        return Plan(best.algorithm, best.protocol, best.latency_s, best.phases(size_bytes))
+    assert idle_s_per_byte is not None
+    est, i = min((c.latency_s + t * size_bytes, i) for i, (c, t) in enumerate(zip(candidates, idle_s_per_byte,
+                                                                                   strict=True)))
+    best = candidates[i]
+    return Plan(best.algorithm, best.protocol, best.latency_s, best.phases(size_bytes), est)
+
+
 def plan_collective(kind: str, gpus: tuple[int, ...], size_bytes: float, topo: Topology, gpu: GpuSpec,
                     capacity: Callable[[Edge], float] | None = None, choice: tuple[str, str] | None = None) -> Plan:
     """The (algorithm, protocol) NCCL would pick for this group and size, with its flows.
@@ -199,17 +253,8 @@ def plan_collective(kind: str, gpus: tuple[int, ...], size_bytes: float, topo: T
     if len(gpus) < 2 or size_bytes <= 0:
         return Plan("none", "none", 0.0, ())
     cap = capacity or (lambda e: effective_bandwidth(topo, gpu, e))
-    best: Plan | None = None
-    for algo, proto, lat, phases in _candidates(kind, topo, gpu, gpus, size_bytes):
-        if choice is not None:
-            if (algo, proto) == choice:
-                return Plan(algo, proto, lat, phases)
-            continue
-        est = lat + idle_time(cap, phases)
-        if best is None or est < best.estimate_s:
-            best = Plan(algo, proto, lat, phases, est)
-    assert best is not None
-    return best
+    cands = collective_candidates(kind, gpus, topo, gpu)
+    return choose_plan(cands, None if choice else unit_idle_times(cands, cap), size_bytes, choice)
 
 
 def plan_send(src: int, dst: int, size_bytes: float, topo: Topology) -> Plan:

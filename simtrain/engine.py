@@ -20,7 +20,16 @@ from typing import Any
 
 import simpy
 
-from simtrain.collectives import Flow, Plan, effective_bandwidth, plan_collective, plan_send
+from simtrain.collectives import (
+    Candidate,
+    Flow,
+    Plan,
+    choose_plan,
+    collective_candidates,
+    effective_bandwidth,
+    plan_send,
+    unit_idle_times,
+)
 from simtrain.hardware import GpuSpec, Topology
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
@@ -120,6 +129,8 @@ class CommPlanner:
         self._caps: dict[Any, float] = {}
         self._cache: dict[Any, tuple[float, list[list[tuple[Any, ...]]], str]] = {}
         self._stage_groups: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+        self._candidates: dict[tuple[str, tuple[int, ...]], tuple[Candidate, ...]] = {}
+        self._idle: dict[tuple[str, tuple[int, ...]], tuple[float, ...]] = {}
 
     def capacity(self, e: Any) -> float:
         """Achievable bandwidth of edge ``e`` (cached)."""
@@ -132,23 +143,27 @@ class CommPlanner:
         key = (coll, group, size)
         plan = self.plans.get(key)
         if plan is None:
-            gpus = tuple(place(r) for r in group)
-            plan = plan_collective(coll, gpus, size, self.topo, self.gpu, self.capacity, choice)
+            ckey = (coll, group)
+            cands = self._candidates.get(ckey)
+            if cands is None:
+                cands = self._candidates[ckey] = collective_candidates(coll, tuple(place(r) for r in group),
+                                                                       self.topo, self.gpu)
+            idle = None
+            if choice is None:
+                idle = self._idle.get(ckey)
+                if idle is None:
+                    idle = self._idle[ckey] = unit_idle_times(cands, self.capacity)
+            plan = choose_plan(cands, idle, size, choice)
             if choice is None:
                 self.plans[key] = plan
         return plan
 
     def _sharing_groups(self, plan: Plan, group: tuple[int, ...], axis: str, stage: int) -> list[tuple[int, ...]]:
-        """Groups of the stage whose flows can share an edge with ``group``'s: NVLink, PCIe and NIC
-        edges belong to one node, and leaf/spine edges to one rail, so a group shares edges only
-        with groups that have a member in one of its nodes or (over the network) on one of its rails."""
+        """Groups of the stage whose flows can share an edge with ``group``'s (``_may_share``)."""
         groups = self._groups_in_stage(axis, stage)
-        topo = self.topo
-        nodes = {topo.node_of(place(r)) for r in group}
-        net = any(topo.edge(*e).link_class == "net" for ph in plan.phases for f in ph for e in f.path[:3])
-        rails = {topo.rail_of(place(r)) for r in group} if net else set()
-        return [g for g in groups
-                if any(topo.node_of(place(r)) in nodes or (net and topo.rail_of(place(r)) in rails) for r in g)]
+        net = any(self.topo.link_class_of(f.path) == "net" for ph in plan.phases for f in ph)
+        rails = {self.topo.rail_of(place(r)) for r in group}
+        return [g for g in groups if g == group or _may_share(self.topo, net, rails, g)]
 
     def _groups_in_stage(self, axis: str, stage: int) -> list[tuple[int, ...]]:
         key = (axis, stage)
@@ -193,13 +208,11 @@ class CommPlanner:
         if self.symmetric:
             dst_stage = self.grid.stage_of(dst_rank)
             route, topo = self.topo.route, self.topo
-            src_gpu, dst_gpu = place(rank), place(dst_rank)
-            nodes = {topo.node_of(src_gpu), topo.node_of(dst_gpu)}
-            rails = {topo.rail_of(src_gpu), topo.rail_of(dst_gpu)}
-            # only ranks on the same nodes or rails can share an edge with this send (see _sharing_groups)
-            peers = [((Flow(place(r), route(place(r), place(self._counterpart(r, dst_stage))), op.comm_bytes),),)
-                     for r in self.grid.stage_ranks(stage)
-                     if topo.node_of(place(r)) in nodes or topo.rail_of(place(r)) in rails]
+            net = topo.link_class_of(plan.phases[0][0].path) == "net"
+            rails = {topo.rail_of(place(rank)), topo.rail_of(place(dst_rank))}
+            pairs = [(r, self._counterpart(r, dst_stage)) for r in self.grid.stage_ranks(stage)]
+            peers = [((Flow(place(r), route(place(r), place(d)), op.comm_bytes),),)
+                     for r, d in pairs if r == rank or _may_share(topo, net, rails, (r, d))]
             phases = _weighted(plan.phases, peers)
         else:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
@@ -210,6 +223,16 @@ class CommPlanner:
     def _counterpart(self, rank: int, stage: int) -> int:
         """The rank with ``rank``'s coordinates on pipeline stage ``stage``."""
         return rank + (stage - self.grid.stage_of(rank)) * self.grid.stride("pp")
+
+
+def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...]) -> bool:
+    """Whether flows of ``ranks`` can share an edge with flows that use ``rails`` (``net``: over the network).
+
+    In the Topology's fabric NVLink, NVLS and PCIe edges belong to one GPU (NVSwitch star) or one GPU
+    pair (mesh), so disjoint groups never share them; NIC, leaf and spine edges belong to one rail.
+    Two disjoint groups can therefore share an edge only over the network, on a common rail.
+    """
+    return net and any(topo.rail_of(place(r)) in rails for r in ranks)
 
 
 def _link_class(topo: Topology, phases: tuple[tuple[Flow, ...], ...]) -> str:
