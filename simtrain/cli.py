@@ -66,6 +66,7 @@ def render_summary(r: StepResult) -> str:
         lines.append(f"    stage {m.stage:>3}: {_fmt_bytes(m.peak_bytes)} of {_fmt_bytes(m.capacity_bytes)}  "
                      f"{verdict}  ({parts} GiB)")
     lines.append("  verdict: " + ("fits in memory" if r.fits else "DOES NOT FIT in GPU memory"))
+    lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ every rank: collectives rendezvous across their group and every flow is on the n
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,6 +223,30 @@ class CommPlanner:
     def _counterpart(self, rank: int, stage: int) -> int:
         """The rank with ``rank``'s coordinates on pipeline stage ``stage``."""
         return rank + (stage - self.grid.stage_of(rank)) * self.grid.stride("pp")
+
+
+def symmetry_violation(grid: RankGrid, topo: Topology) -> str | None:
+    """Why the ranks of some pipeline stage are not interchangeable on the fabric (None if they are).
+
+    Symmetric mode simulates one rank per stage, which is exact when every node hosting a stage holds
+    the same number of its ranks and every group of an axis has the same member count on each of its
+    nodes (e.g. dp=12 on 8-GPU nodes breaks it: one node holds 8 ranks of the group, the next 4).
+    """
+    for s in range(grid.layout.pp):
+        per_node = Counter(topo.node_of(place(r)) for r in grid.stage_ranks(s))
+        if len(set(per_node.values())) > 1:
+            return (f"stage {s} has {min(per_node.values())} ranks on some nodes and {max(per_node.values())} "
+                    "on others")
+        for axis in ("tp", "cp", "dp"):
+            if getattr(grid.layout, axis) == 1:
+                continue
+            shapes = {tuple(sorted(Counter(topo.node_of(place(r)) for r in g).values()))
+                      for g in grid.stage_groups(axis, s)}
+            if len(shapes) > 1:
+                return f"the {axis} groups of stage {s} are spread over nodes unevenly"
+            if len(set(next(iter(shapes)))) > 1:
+                return f"a {axis} group of stage {s} has more members on some nodes than on others"
+    return None
 
 
 def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...]) -> bool:

@@ -46,6 +46,7 @@ class StepResult:
     fits: bool
     layout: dict[str, Any]
     ops_executed: int
+    notes: list[str] = field(default_factory=list)
     trace: list[Any] = field(default_factory=list, repr=False)
     stage_of: dict[int, int] = field(default_factory=dict, repr=False)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from simtrain.config import RunConfig, load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.engine import AXES, Engine, EngineResult, RankStats
+from simtrain.engine import AXES, Engine, EngineResult, RankStats, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology, build_cluster
@@ -67,9 +67,16 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=lowered.microbatches)
     _attach_static_memory(run, lowered, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
     mode = mode or run.sim.mode
-    engine = Engine(lowered.programs, grid, Topology(cluster), gpu, symmetric=mode == "symmetric", trace=trace)
+    topo = Topology(cluster)
+    notes = []
+    if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
+        mode = "full"
+        notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
+    engine = Engine(lowered.programs, grid, topo, gpu, symmetric=mode == "symmetric", trace=trace)
     res = engine.run()
-    return _result(run, mode, lowered, res, cluster, grid)
+    result = _result(run, mode, lowered, res, cluster, grid)
+    result.notes.extend(notes)
+    return result
 
 
 def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float) -> None:

@@ -53,3 +53,14 @@ def test_symmetric_matches_full(name: str) -> None:
     world = sym.n_gpus
     pp = cfg["layout"].get("pp", 1)
     assert full.ops_executed == sym.ops_executed * world // pp
+
+
+def test_irregular_placement_falls_back_to_full_mode() -> None:
+    """dp=12 on 8-GPU nodes: one node holds 8 ranks of the group, the next 4, so ranks are not
+    interchangeable; symmetric mode would simulate the wrong rank, so simulate() runs full mode."""
+    cfg = _cfg(dict(n_nodes=3, nics=4, layout=dict(pp=2, dp=12, zero_stage=1), seqs=24))
+    sym = simulate(cfg, mode="symmetric")
+    full = simulate(cfg, mode="full")
+    assert sym.mode == "full" and sym.notes and "interchangeable" in sym.notes[0]
+    assert sym.step_time_s == full.step_time_s
+    assert simulate(_cfg(CASES["8n-tp4-pp2-dp8"])).notes == []
