@@ -4,9 +4,24 @@ Model FLOPs per step = 3 x forward FLOPs (forward + backward at 2x; Narayanan et
 with forward FLOPs per layer = 2 x (QKV + out-proj + MLP weights) x tokens plus the attention
 scores and attention x V, 2 x 2 x s x d_head x heads per token, counted *causally* (halved), plus
 the LM head 2 x h x V per token. This is Megatron-LM's ``num_floating_point_operations`` (GQA,
-SwiGLU, causal attention; reference Table E). Embedding lookups, norms, activations and recompute are
-not model FLOPs. Hardware FLOPs (what the kernels execute, recompute and FlashAttention's backward
-recomputation included) come from the ops the engine runs.
+SwiGLU, causal attention; reference Table E). Embedding lookups, norms, activations, biases and
+recompute are not model FLOPs. Hardware FLOPs (what the kernels execute, recompute and
+FlashAttention's backward recomputation included) come from the ops the engine runs.
+
+Extensions, each reducing to the dense formula above for a dense model (bit-identical):
+
+- **MoE** (Megatron ``num_floating_point_operations`` MoE branch): a token's MLP FLOPs are those of
+  its top-k routed experts plus the shared experts plus the router GEMM 2·h·E; dense layers of an
+  MoE model (DeepSeek-V3's first three) count their dense MLP.
+- **MLA** (DeepSeek-V3 report §2.1.1): the GEMMs are MLA's projections
+  (``ModelSpec.attention_projections``, the training form without weight absorption); scores use
+  the query/key head width d_h + d_h^R and attention x V the value head width d_v.
+- **Sliding window** w (GPT-OSS, Mistral): a query at position p sees min(p + 1, w) keys. In the
+  same continuous approximation as "causal = half" (mean keys s/2), the mean over a sequence of s
+  tokens is w - w²/(2s) for w < s (≈ w when w << s) and s/2 for w >= s; at w = s both give s/2.
+- **MTP** (DeepSeek-V3 §2.2): each MTP module runs, per token, its projection M_k (2h→h), one
+  transformer block and the shared LM head. Its FLOPs are executed in training, so they count by
+  default (``include_mtp=True``); pass ``include_mtp=False`` for the main-model-only convention.
 """
 
 from __future__ import annotations
@@ -14,17 +29,69 @@ from __future__ import annotations
 from simtrain.model import ModelSpec
 
 
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Training model FLOPs per token (forward + backward), causal attention counted as half."""
-    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+def attention_keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """Mean keys a query of block ``layer`` attends to in a causal sequence of ``seq_len`` tokens.
+
+    Full causal: s/2 (Megatron convention). Sliding window w < s: w - w²/(2s) (the same continuous
+    approximation, exact in the limit; module docstring).
+    """
+    window = model.attention_window(layer)
+    if window is None or window >= seq_len:
+        return seq_len * 0.5
+    return window - window * window / (2.0 * seq_len)
+
+
+def ffn_gemm_params_per_token(model: ModelSpec, layer: int) -> int:
+    """MLP GEMM weights one token multiplies through in block ``layer`` (no biases).
+
+    Dense: (n_in + 1)·h·f. MoE: router h·E + top-k·(n_in + 1)·h·f_e + n_s·(n_in + 1)·h·f_s
+    (Megatron ``num_floating_point_operations``: routed top-k + shared experts; router GEMM added).
+    """
+    h = model.hidden
     n_up = 2 if model.activation == "swiglu" else 1
-    gemm_params = h * (q + 2 * kv) + q * h + h * f * n_up + f * h
-    attention = 2 * 2 * seq_len * model.d_head * model.n_heads * 0.5
-    per_layer = 2 * gemm_params + attention
-    head = 2 * h * model.vocab
-    return 3.0 * (model.n_layers * per_layer + head)
+    if not model.is_moe_layer(layer):
+        f = model.ffn_hidden
+        return h * f * n_up + f * h
+    moe = model.moe
+    assert moe is not None  # is_moe_layer implies it
+    routed = moe.top_k * (n_up + 1) * h * moe.ffn_hidden
+    shared = moe.n_shared_experts * (n_up + 1) * h * moe.shared_ffn
+    return h * moe.n_experts + routed + shared
 
 
-def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch_tokens: int) -> float:
+def layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """Forward model FLOPs of block ``layer`` per token: 2 x GEMM weights + causal attention."""
+    gemm_params = model.attention_gemm_params() + ffn_gemm_params_per_token(model, layer)
+    # QK^T: 2·keys·d_qk per head; AV: 2·keys·d_v per head (d_qk = d_v = d_head without MLA).
+    keys = attention_keys_per_query(model, layer, seq_len)
+    attention = 2 * keys * (model.d_head + model.v_head_dim) * model.n_heads
+    return 2 * gemm_params + attention
+
+
+def mtp_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Forward model FLOPs per token of all MTP modules: M_k (2h→h) + block + shared LM head each."""
+    h = model.hidden
+    total = 0.0
+    for k in range(1, model.mtp_depth + 1):
+        block = layer_forward_flops_per_token(model, model.n_layers + k - 1, seq_len)
+        total += 2 * 2 * h * h + block + 2 * h * model.vocab
+    return total
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = True) -> float:
+    """Training model FLOPs per token (forward + backward), causal attention counted as half.
+
+    ``include_mtp``: count the multi-token-prediction modules (executed in training, DeepSeek-V3
+    §2.2); no effect on models without MTP.
+    """
+    body = sum(layer_forward_flops_per_token(model, i, seq_len) for i in range(model.n_layers))
+    head = 2 * model.hidden * model.vocab
+    mtp = mtp_forward_flops_per_token(model, seq_len) if include_mtp and model.mtp_depth else 0.0
+    return 3.0 * (body + head + mtp)
+
+
+def model_flops_per_step(
+    model: ModelSpec, seq_len: int, global_batch_tokens: int, include_mtp: bool = True
+) -> float:
     """Model FLOPs of one optimizer step over ``global_batch_tokens`` tokens."""
-    return model_flops_per_token(model, seq_len) * global_batch_tokens
+    return model_flops_per_token(model, seq_len, include_mtp) * global_batch_tokens
