@@ -24,13 +24,42 @@ from simtrain.ops import Kernel
 
 @dataclass(frozen=True, slots=True)
 class Comm:
-    """A TP-group collective between compute segments."""
+    """A collective of the ``axis`` group between compute segments (the next compute waits for it)."""
 
     coll: str
     size_bytes: float
+    axis: str = "tp"
 
 
-Segment = tuple[Kernel, ...] | Comm
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """Ring attention (context parallelism, ``cp_comm=p2p``): ``steps`` attention blocks; while block
+    i is computed, KV block i is passed on to the next CP rank (``comm``), and block i+1 waits for it
+    (Liu et al. 2023 "Ring Attention"; Megatron-core ``AttnFuncWithCPAndKVP2P``)."""
+
+    steps: int
+    kernels: tuple[Kernel, ...]
+    comm: Comm
+
+
+Segment = tuple[Kernel, ...] | Comm | Ring
+
+
+def merge(segs: list[Segment | tuple[Kernel | None, ...]]) -> list[Segment]:
+    """Concatenate adjacent kernel tuples (dropping None kernels and empty tuples) into one segment."""
+    out: list[Segment] = []
+    for seg in segs:
+        if isinstance(seg, Comm | Ring):
+            out.append(seg)
+            continue
+        kernels = tuple(k for k in seg if k is not None)
+        if not kernels:
+            continue
+        if out and isinstance(out[-1], tuple):
+            out[-1] = out[-1] + kernels
+        else:
+            out.append(kernels)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +74,8 @@ class BlockBuilder:
     sp: bool
     flash: bool
     dropout: bool
+    cp: int = 1
+    cp_comm: str = "p2p"
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's symbol for tokens
@@ -80,13 +111,12 @@ class BlockBuilder:
         return m.hidden, m.q_dim // self.t, m.kv_dim // self.t, m.ffn_hidden // self.t, n_up
 
     def _attention_core(self, backward: bool) -> tuple[Kernel, ...]:
+        """The attention kernels of this rank's queries against ``s_kv`` keys (no CP exchange)."""
         m = self.model
         heads = m.n_heads // self.t
         kv_heads = max(m.kv_heads // self.t, 1)
         if self.flash:
-            name = "flash_attn.bwd" if backward else "flash_attn.fwd"
-            return (self.cost.flash_attention(name, self.b, self.s, self.s, heads, kv_heads, m.d_head,
-                                              causal=True, backward=backward),)
+            return (self._flash(backward, self.s, self.s, heads, kv_heads),)
         # Unfused (Megatron "core attention"): QK^T, masked softmax (+dropout), attention x V.
         batch = self.b * heads
         scores = 2.0 * batch * self.s * self.s
@@ -97,6 +127,42 @@ class BlockBuilder:
             return (av, av, soft, qk, qk)
         return (qk, soft, av)
 
+    def _flash(self, backward: bool, s_q: int, s_kv: int, heads: int, kv_heads: int) -> Kernel:
+        name = "flash_attn.bwd" if backward else "flash_attn.fwd"
+        return self.cost.flash_attention(name, self.b, s_q, s_kv, heads, kv_heads, self.model.d_head,
+                                         causal=True, backward=backward)
+
+    def _attention_segments(self, backward: bool) -> list[Segment]:
+        """Core attention with its context-parallel exchange (Megatron ``--cp-comm-type``).
+
+        Every CP rank holds s/cp tokens in two balanced chunks (Megatron-core's causal load balancing:
+        chunks i and 2cp-1-i), so each does 1/cp of the causal work:
+        - p2p: cp ring steps; each computes the local queries against one KV block (half of a block
+          of (s/cp)^2 scores, as causal) while that block (K and V; in backward also dK, dV) moves on.
+        - all_gather: K and V all-gathered (backward: gathered again, dK/dV reduce-scattered), then
+          the local queries against all s keys, causal (Llama 3 paper sec. 3.3.2).
+        - a2a: Q, K, V all-to-all from sequence- to head-sharding, full-sequence attention on
+          heads/cp, output all-to-all back (DeepSpeed-Ulysses, Jacobs et al. 2023).
+        """
+        if self.cp == 1:
+            return [self._attention_core(backward)]
+        m = self.model
+        heads, kv_heads = m.n_heads // self.t, max(m.kv_heads // self.t, 1)
+        kv_bytes = 2.0 * 2.0 * self.T * kv_heads * m.d_head  # K and V of the local tokens, bf16
+        if self.cp_comm == "p2p":
+            step = (self._flash(backward, self.s, self.s, heads, kv_heads),)
+            return [Ring(self.cp, step, Comm("ring_shift", kv_bytes * (2 if backward else 1), "cp"))]
+        if self.cp_comm == "all_gather":
+            core: list[Segment] = [Comm("all_gather", kv_bytes * self.cp, "cp"),
+                                   (self._flash(backward, self.s, self.s * self.cp, heads, kv_heads),)]
+            return [*core, Comm("reduce_scatter", kv_bytes * self.cp, "cp")] if backward else core
+        s_full = self.s * self.cp
+        qkv = 2.0 * self.T * (heads + 2 * kv_heads) * m.d_head
+        out = 2.0 * self.T * heads * m.d_head
+        attn = (self._flash(backward, s_full, s_full, heads // self.cp, max(kv_heads // self.cp, 1)),)
+        first, last = (out, qkv) if backward else (qkv, out)
+        return [Comm("all_to_all", first, "cp"), attn, Comm("all_to_all", last, "cp")]
+
     def attention_core_recompute(self) -> tuple[Kernel, ...]:
         """Kernels re-run by selective recompute (unfused attention only)."""
         return self._attention_core(backward=False)
@@ -106,41 +172,38 @@ class BlockBuilder:
         h, q, kv, f, n_up = self._dims
         ln1, ln2 = self._norm("ln1", False), self._norm("ln2", False)
         rope = (self.cost.memory_op("rope", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
-        attn = (self._gemm_fwd("qkv", q + 2 * kv, h), *rope, *self._attention_core(False),
-                self._gemm_fwd("out_proj", h, q))
+        attn: list[Segment] = [(self._gemm_fwd("qkv", q + 2 * kv, h), *rope), *self._attention_segments(False),
+                               (self._gemm_fwd("out_proj", h, q),)]
         act = self.cost.memory_op("act", (n_up + 1) * 2.0 * self.T * f)
         mlp = (self._gemm_fwd("mlp_up", n_up * f, h), act, self._gemm_fwd("mlp_down", h, f))
         res1, res2 = self._residual("residual1", False), self._residual("residual2", False)
         size = 2.0 * self.T * h
-        pre_mlp = tuple(k for k in (res1, ln2) if k is not None)
         if self.t == 1:
-            return [(ln1, *attn, *pre_mlp, *mlp, *(() if res2 is None else (res2,)))]
+            return merge([(ln1,), *attn, (res1, ln2), mlp, (res2,)])
         if not self.sp:
-            return [(ln1, *attn), Comm("all_reduce", size), (*pre_mlp, *mlp), Comm("all_reduce", size),
-                    tuple(k for k in (res2,) if k is not None)]
-        return [(ln1,), Comm("all_gather", size), attn, Comm("reduce_scatter", size), pre_mlp,
-                Comm("all_gather", size), mlp, Comm("reduce_scatter", size),
-                tuple(k for k in (res2,) if k is not None)]
+            return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), mlp, Comm("all_reduce", size),
+                          (res2,)])
+        return merge([(ln1,), Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (res1, ln2),
+                      Comm("all_gather", size), mlp, Comm("reduce_scatter", size), (res2,)])
 
     def layer_backward(self) -> list[Segment]:
         """Backward segments of one transformer layer (reverse order of the forward)."""
         h, q, kv, f, n_up = self._dims
         rope = (self.cost.memory_op("rope.bwd", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
-        attn = (*self._gemm_bwd("out_proj", h, q), *self._attention_core(True), *rope,
-                *self._gemm_bwd("qkv", q + 2 * kv, h))
+        attn: list[Segment] = [self._gemm_bwd("out_proj", h, q), *self._attention_segments(True),
+                               (*rope, *self._gemm_bwd("qkv", q + 2 * kv, h))]
         act = self.cost.memory_op("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
         mlp = (*self._gemm_bwd("mlp_down", h, f), act, *self._gemm_bwd("mlp_up", n_up * f, h))
         res1, res2 = self._residual("residual1.bwd", True), self._residual("residual2.bwd", True)
         ln1, ln2 = self._norm("ln1.bwd", True), self._norm("ln2.bwd", True)
-        r2 = tuple(k for k in (res2,) if k is not None)
-        mid = tuple(k for k in (ln2, res1) if k is not None)
         size = 2.0 * self.T * h
         if self.t == 1:
-            return [(*r2, *mlp, *mid, *attn, ln1)]
+            return merge([(res2,), mlp, (ln2, res1), *attn, (ln1,)])
         if not self.sp:
-            return [(*r2, *mlp), Comm("all_reduce", size), (*mid, *attn), Comm("all_reduce", size), (ln1,)]
-        return [r2, Comm("all_gather", size), mlp, Comm("reduce_scatter", size), mid,
-                Comm("all_gather", size), attn, Comm("reduce_scatter", size), (ln1,)]
+            return merge([(res2,), mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
+                          (ln1,)])
+        return merge([(res2,), Comm("all_gather", size), mlp, Comm("reduce_scatter", size), (ln2, res1),
+                      Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (ln1,)])
 
     def embedding_forward(self) -> list[Segment]:
         """Token (+ learned position) embedding; vocab-parallel embeddings reduce across TP."""

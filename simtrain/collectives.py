@@ -147,6 +147,13 @@ def _candidates(kind: str, topo: Topology, gpu: GpuSpec, gpus: tuple[int, ...], 
     by_node = _nodes(topo, gpus)
     n_nodes = len(by_node)
     net_lat = topo.cluster.net_hop_latency_s * 2 if n_nodes > 1 else 0.0
+    if kind == "ring_shift":
+        # Ring attention's KV exchange: every GPU sends its block to the next rank (P2P send/recv pairs,
+        # Megatron-core p2p context parallelism), at a point-to-point latency (plan_send).
+        flows = tuple(_flow(topo, g, gpus[(i + 1) % p], size) for i, g in enumerate(gpus))
+        hop = INTER_LAT_US["ring"]["Simple"] * US + net_lat if n_nodes > 1 else INTRA_LAT_US["ring"]["Simple"] * US
+        yield "p2p", "Simple", BASE_LAT_US["ring"]["Simple"] * US + hop, (flows,), 1.0
+        return
     if kind == "all_to_all":
         flows = tuple(_flow(topo, g, h, size / p) for g in gpus for h in gpus if g != h)
         yield "pairwise", "Simple", _ring_latency(kind, p, n_nodes, "Simple", "ring", net_lat), (flows,), 1.0
@@ -244,7 +251,8 @@ def plan_collective(kind: str, gpus: tuple[int, ...], size_bytes: float, topo: T
     """The (algorithm, protocol) NCCL would pick for this group and size, with its flows.
 
     Args:
-        kind: "all_reduce", "all_gather", "reduce_scatter" or "all_to_all".
+        kind: "all_reduce", "all_gather", "reduce_scatter", "all_to_all", or "ring_shift" (every GPU
+            sends ``size_bytes`` to the next GPU of the group).
         gpus: the group's GPUs in rank order.
         size_bytes: nccl-tests size S (all-gather/reduce-scatter: the whole gathered array).
         capacity: achievable bandwidth per edge (default: ``effective_bandwidth``).

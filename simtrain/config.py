@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from simtrain.batch import RunSpec
 from simtrain.errors import ConfigError, Problem
 from simtrain.model import ModelSpec, from_hf_config, preset
 
@@ -61,7 +62,7 @@ class LayoutConfig(BaseModel):
     fsdp_shard_size: int | None = Field(None, gt=0)
     order: tuple[Axis, ...] = ("tp", "cp", "ep", "dp", "pp")
     """Rank-grid axes from innermost (fastest-varying rank) to outermost; TP innermost lands on NVLink."""
-    schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b"] = "auto"
+    schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe"] = "auto"
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_layers: int | None = Field(None, ge=0)
     """With ``full``: how many layers per stage chunk recompute (None = all)."""
@@ -70,6 +71,16 @@ class LayoutConfig(BaseModel):
     tp_comm_overlap: bool = False
     grad_bucket_MiB: float = Field(40.0, gt=0)
     fsdp_prefetch_layers: int = Field(1, ge=0)
+    cp_comm: Literal["p2p", "all_gather", "a2a"] = "p2p"
+    """Context-parallel attention (Megatron ``--cp-comm-type``): ``p2p`` ring attention (KV blocks
+    passed around the CP ring, overlapped with attention blocks), ``all_gather`` of K and V before
+    attention (Llama 3 paper sec. 3.3.2), ``a2a`` all-to-all of heads (DeepSpeed-Ulysses)."""
+    etp: int | None = Field(None, gt=0)
+    """Expert tensor parallelism: TP degree inside each expert (Megatron ``--expert-tensor-parallel-size``;
+    None = tp, Megatron's default). Must divide tp."""
+    ep_comm_overlap: bool = False
+    """Overlap MoE token dispatch/combine all-to-alls with computation (shared experts, attention of
+    another micro-batch); DualPipe always overlaps them."""
 
     @property
     def world_size(self) -> int:
@@ -80,6 +91,17 @@ class LayoutConfig(BaseModel):
     def shard_stage(self) -> int:
         """Effective ZeRO stage: FSDP full/hybrid shard parameters, like ZeRO-3."""
         return 3 if self.fsdp != "none" else self.zero_stage
+
+    @property
+    def data_degree(self) -> int:
+        """Ranks holding the same (non-expert) parameters: dp x cp (Megatron reduces gradients and
+        shards the distributed optimizer over the data-parallel-with-CP group)."""
+        return self.dp * self.cp
+
+    @property
+    def data_axis(self) -> str:
+        """Process-group axis of gradient reduction and ZeRO sharding: ``dp``, or ``dp_cp`` with CP."""
+        return "dp_cp" if self.cp > 1 else "dp"
 
     @property
     def resolved_schedule(self) -> str:
@@ -98,7 +120,18 @@ class TrainConfig(BaseModel):
     global_batch_tokens: int | None = Field(None, gt=0)
     global_batch_seqs: int | None = Field(None, gt=0)
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    precision: Literal["bf16", "fp16"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    """Dtype of the linear-layer GEMMs; ``fp8`` keeps attention, norms and the optimizer in BF16."""
+    fp8_recipe: Literal["delayed", "current", "blockwise"] = "delayed"
+    """FP8 scaling (with precision=fp8): per-tensor delayed or current scaling (Transformer Engine), or
+    DeepSeek-V3's block-wise scaling (1x128 activation tiles, 128x128 weight blocks)."""
+    moe_routing: Literal["balanced", "skewed"] = "balanced"
+    """Token routing over experts: balanced (every expert gets top_k*tokens/experts), or skewed (one hot
+    expert gets ``moe_hot_expert_load`` times the mean, the rest share what is left)."""
+    moe_hot_expert_load: float = Field(1.0, ge=1.0)
+    """With skewed routing: the hottest expert's load as a multiple of the mean load."""
+    moe_capacity_factor: float | None = Field(None, gt=0)
+    """Expert capacity as a multiple of the mean load; tokens beyond it are dropped (None = dropless)."""
     grad_dtype: Literal["fp32", "bf16"] = "fp32"
     """Gradient accumulation buffer dtype (Megatron main_grad is fp32)."""
     attention_kernel: Literal["flash", "unfused"] = "flash"
@@ -134,6 +167,8 @@ class RunConfig(BaseModel):
     layout: LayoutConfig = LayoutConfig()
     train: TrainConfig = TrainConfig()
     sim: SimConfig = SimConfig()
+    run: RunSpec | None = None
+    """Whole run: token budget, batch-size schedule, price (``simtrain run``; see ``simtrain.batch``)."""
 
     @field_validator("model", mode="before")
     @classmethod

@@ -56,18 +56,18 @@ class RankGrid:
         return (rank // self.stride("pp")) % self.layout.pp
 
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
-        """Ranks of ``rank``'s process group on ``axis`` (tp, cp, dp, pp, ep, dp_shard, dp_replicate)."""
+        """Ranks of ``rank``'s process group on ``axis`` (tp, cp, dp, pp, ep, dp_shard, dp_replicate, dp_cp)."""
         if axis in GRID_AXES:
             base = rank - self.coords(rank)[axis] * self.stride(axis)
             return tuple(base + i * self.stride(axis) for i in range(self.degree(axis)))
-        if axis in ("ep", "dp_shard", "dp_replicate", "dpcp"):
+        if axis in ("ep", "dp_shard", "dp_replicate", "dp_cp"):
             return self._folded_group(axis, rank)
         raise KeyError(axis)
 
     def _folded_group(self, axis: str, rank: int) -> tuple[int, ...]:
         """Groups carved out of the dp x cp plane (EP) or the dp axis (hybrid-shard FSDP)."""
-        members = self.group("dp", rank) if axis.startswith("dp_") else self._dpcp_plane(rank)
-        size = {"ep": self.layout.ep, "dpcp": len(members)}.get(axis, self.shard_size)
+        members = self.group("dp", rank) if axis in ("dp_shard", "dp_replicate") else self._dpcp_plane(rank)
+        size = {"ep": self.layout.ep, "dp_cp": len(members)}.get(axis, self.shard_size)
         if axis == "dp_replicate":
             pos = members.index(rank) % size
             return tuple(members[pos::size])

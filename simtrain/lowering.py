@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simtrain.blocks import BlockBuilder, Comm, Segment
+from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
 from simtrain.config import RunConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
@@ -30,6 +30,7 @@ from simtrain.ops import Kernel, Op, OpKind, Program, Stream
 from simtrain.schedules import Action, build_schedule
 
 MiB = 1024.0**2
+STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP}
 TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
 
 
@@ -87,14 +88,32 @@ class _Emitter:
         self.extra_deps: list[int] = []
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
-        """A TP collective after the last compute op; the next compute op waits for it."""
-        if self.tp_overlap:
+        """A collective after the last compute op; the next compute op waits for it."""
+        if self.tp_overlap and c.axis == "tp":
             self.pending_comm_spec = (c.coll, c.size_bytes, category, mb, chunk)
             return
-        deps = () if self.last_compute is None else (self.last_compute,)
-        self.pending_comm = self.prog.add(OpKind.COLLECTIVE, Stream.TP, f"tp.{c.coll}", category="comm",
-                                          deps=deps, coll=c.coll, axis="tp", comm_bytes=c.size_bytes,
+        deps = [] if self.last_compute is None else [self.last_compute]
+        if self.pending_comm is not None:  # two collectives in a row: the second follows the first
+            deps.append(self.pending_comm.idx)
+        self.pending_comm = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[c.axis], f"{c.axis}.{c.coll}",
+                                          category="comm", deps=tuple(deps), coll=c.coll, axis=c.axis,
+                                          comm_bytes=c.size_bytes, microbatch=mb, chunk=chunk)
+
+    def ring(self, r: Ring, category: str, mb: int, chunk: int) -> None:
+        """Ring attention: compute block i while KV block i moves on; block i+1 waits for that move."""
+        prev_comm = self.pending_comm
+        for i in range(r.steps):
+            recv = prev_comm
+            if i < r.steps - 1:
+                deps = [d.idx for d in (prev_comm,) if d is not None] or (
+                    [] if self.last_compute is None else [self.last_compute])
+                prev_comm = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[r.comm.axis],
+                                          f"{r.comm.axis}.{r.comm.coll}", category="comm", deps=tuple(deps),
+                                          coll=r.comm.coll, axis=r.comm.axis, comm_bytes=r.comm.size_bytes,
                                           microbatch=mb, chunk=chunk)
+            self.pending_comm = recv
+            self.compute(r.kernels, category, mb, chunk)
+        self.pending_comm = None
 
     def compute(self, kernels: tuple[Kernel, ...], category: str, mb: int, chunk: int,
                 mem_start: float = 0.0, mem_end: float = 0.0, tag: str = "activations") -> Op | None:
@@ -140,10 +159,12 @@ class _Emitter:
     def segments(self, segs: list[Segment], category: str, mb: int, chunk: int,
                  mem_start: float = 0.0, mem_end: float = 0.0, tag: str = "activations") -> None:
         """Emit a segment list; ``mem_start`` goes on its first compute op, ``mem_end`` on its last."""
-        computes = [i for i, s in enumerate(segs) if not isinstance(s, Comm) and s]
+        computes = [i for i, s in enumerate(segs) if isinstance(s, tuple) and s]
         for i, s in enumerate(segs):
             if isinstance(s, Comm):
                 self.comm(s, category, mb, chunk)
+            elif isinstance(s, Ring):
+                self.ring(s, category, mb, chunk)
             elif s:
                 self.compute(s, category, mb, chunk, mem_start if i == computes[0] else 0.0,
                              mem_end if i == computes[-1] else 0.0, tag)
@@ -290,17 +311,17 @@ class _StageLowering:
     def _fsdp_gather(self, kind: str, a: Action, i: int) -> None:
         """ZeRO-3/FSDP: all-gather layer i's parameters (prefetched ``fsdp_prefetch_layers`` ahead)."""
         lay = self.run.layout
-        if lay.shard_stage < 3 or lay.dp == 1:
+        if lay.shard_stage < 3 or lay.data_degree == 1:
             return
         size = 2.0 * self.plan.params_per_rank
-        axis = "dp_shard" if lay.fsdp == "hybrid" else "dp"
+        axis = "dp_shard" if lay.fsdp == "hybrid" else lay.data_axis
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
         op = self.dp_collective("all_gather", axis, size, f"fsdp.all_gather.{kind}", deps)
         self.em.extra_deps = [*self.em.extra_deps, op.idx]
 
     def _fsdp_reduce(self, a: Action, i: int, is_last_mb: bool) -> None:
         lay = self.run.layout
-        if lay.shard_stage < 3 or lay.dp == 1:
+        if lay.shard_stage < 3 or lay.data_degree == 1:
             return
         grad_b = 4.0 if self.run.train.grad_dtype == "fp32" else 2.0
         size = grad_b * self.plan.params_per_rank
@@ -311,7 +332,7 @@ class _StageLowering:
                 self.dp_collective("all_reduce", "dp_replicate", size / lay.fsdp_shard_size,
                                    "fsdp.all_reduce.replicas", (op.idx,))
         else:
-            self.dp_collective("reduce_scatter", "dp", size, "fsdp.reduce_scatter", deps)
+            self.dp_collective("reduce_scatter", lay.data_axis, size, "fsdp.reduce_scatter", deps)
 
 
 @dataclass(slots=True)
@@ -326,7 +347,7 @@ class BucketFiller:
     @property
     def active(self) -> bool:
         lay = self.sl.run.layout
-        if lay.dp == 1 or lay.shard_stage >= 3:
+        if lay.data_degree == 1 or lay.shard_stage >= 3:
             return False
         return self.is_last_mb or lay.shard_stage == 2
 
@@ -349,7 +370,7 @@ class BucketFiller:
         size = self.pending * self._grad_bytes
         last = self.sl.em.last_compute
         if lay.overlap_grad_reduce:
-            self.sl.dp_collective(coll, "dp", size, f"dp.{coll}", () if last is None else (last,))
+            self.sl.dp_collective(coll, lay.data_axis, size, f"dp.{coll}", () if last is None else (last,))
         else:
             self.sl.deferred.append((coll, size))
         self.pending = 0.0
@@ -360,9 +381,9 @@ def _finish_stage(sl: _StageLowering) -> None:
     lay, train = sl.run.layout, sl.run.train
     last = sl.em.last_compute
     for coll, size in sl.deferred:
-        sl.dp_collective(coll, "dp", size, f"dp.{coll}", () if last is None else (last,))
+        sl.dp_collective(coll, lay.data_axis, size, f"dp.{coll}", () if last is None else (last,))
     params = sum(sl.chunk_params(c) for c in range(len(sl.layers)))
-    shard = sl.run.layout.dp if lay.shard_stage >= 1 else 1
+    shard = lay.data_degree if lay.shard_stage >= 1 else 1
     if lay.fsdp == "hybrid" and lay.fsdp_shard_size:
         shard = lay.fsdp_shard_size
     # Fused Adam reads grad, fp32 master, m, v and writes master, m, v and the bf16 weights
@@ -375,8 +396,8 @@ def _finish_stage(sl: _StageLowering) -> None:
     sl.em.extra_deps = list(deps)
     opt = sl.em.compute((kernel,), "optimizer", -1, 0)
     assert opt is not None
-    if lay.shard_stage in (1, 2) and lay.dp > 1 and not lay.overlap_param_gather:
-        sl.dp_collective("all_gather", "dp", 2.0 * params, "dp.param_all_gather", (opt.idx,))
+    if lay.shard_stage in (1, 2) and lay.data_degree > 1 and not lay.overlap_param_gather:
+        sl.dp_collective("all_gather", lay.data_axis, 2.0 * params, "dp.param_all_gather", (opt.idx,))
 
 
 def _param_gathers_at_start(sl: _StageLowering) -> None:
@@ -384,7 +405,7 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
     all-gathered bucket by bucket while this step's forward runs (Megatron --overlap-param-gather);
     each chunk's first forward waits for its buckets."""
     lay = sl.run.layout
-    if lay.shard_stage not in (1, 2) or lay.dp == 1 or not lay.overlap_param_gather:
+    if lay.shard_stage not in (1, 2) or lay.data_degree == 1 or not lay.overlap_param_gather:
         return
     bucket = lay.grad_bucket_MiB * MiB
     for c in range(len(sl.layers)):
@@ -392,7 +413,7 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
         ids = []
         while size > 0:
             part = min(size, bucket)
-            ids.append(sl.dp_collective("all_gather", "dp", part, "dp.param_all_gather", ()).idx)
+            ids.append(sl.dp_collective("all_gather", lay.data_axis, part, "dp.param_all_gather", ()).idx)
             size -= part
         sl.param_gathers[c] = ids
 
@@ -447,7 +468,7 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     m = microbatches(run)
     shape = activation_shape(run.train, lay, run.model)
     block = BlockBuilder(run.model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
-                         shape.dropout)
+                         shape.dropout, lay.cp, lay.cp_comm)
     plan = _layer_plan(run, block)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp)
     schedule = build_schedule(lay.resolved_schedule, lay.pp, m, lay.vpp)

@@ -21,6 +21,8 @@ class Stream(IntEnum):
     TP = 1
     DP = 2
     PP = 3
+    CP = 4
+    EP = 5
 
 
 class OpKind(IntEnum):

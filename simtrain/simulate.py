@@ -34,9 +34,6 @@ def _refuse_unsupported(run: RunConfig) -> None:
         raise InfeasibleLayout("hardware.profile names a calibrated profile, but calibrated profiles are not "
                                "supported yet; remove hardware.profile to use the default efficiencies",
                                profile=run.hardware.profile)
-    if lay.cp > 1:
-        raise InfeasibleLayout("context parallelism (layout.cp > 1) is in the rank grid but its simulation is "
-                               "not implemented yet; simulate with cp=1", cp=lay.cp)
     if lay.ep > 1:
         raise InfeasibleLayout("expert parallelism (layout.ep > 1) needs MoE models, not simulated yet; "
                                "simulate with ep=1", ep=lay.ep)
@@ -80,7 +77,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
 
 
 def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float) -> None:
-    shard = run.layout.dp
+    shard = run.layout.data_degree
     if run.layout.fsdp == "hybrid" and run.layout.fsdp_shard_size:
         shard = run.layout.fsdp_shard_size
     layer_params = run.model.layer_params() / run.layout.tp

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from simtrain.batch import schedule_problems
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
 from simtrain.hardware import build_cluster
@@ -41,14 +42,22 @@ def check_run(run: RunConfig) -> list[Problem]:
                                                      f"layout.dp={lay.dp} for hybrid shard"))
     if (lay.dp * lay.cp) % lay.ep:
         out.append(Problem("layout.ep", f"{lay.ep} must divide dp*cp={lay.dp * lay.cp} (EP folds over them)"))
-    if tr.seq_len % lay.cp:
+    if lay.cp > 1 and lay.cp_comm == "p2p" and tr.seq_len % (2 * lay.cp):
+        # Megatron-core's causal load balancing splits the sequence into 2*cp chunks
+        out.append(Problem("layout.cp", f"{lay.cp}: ring attention needs train.seq_len={tr.seq_len} divisible by "
+                                        f"2*cp={2 * lay.cp} (two balanced chunks per CP rank)"))
+    elif tr.seq_len % lay.cp:
         out.append(Problem("layout.cp", f"{lay.cp} does not divide train.seq_len={tr.seq_len}"))
+    if lay.cp > 1 and lay.cp_comm == "a2a" and run.model.n_heads % (lay.tp * lay.cp):
+        out.append(Problem("layout.cp_comm", f"'a2a' (Ulysses) splits heads over tp*cp={lay.tp * lay.cp}, which must "
+                                             f"divide model.n_heads={run.model.n_heads}; use p2p or all_gather"))
     if m.position == "learned" and tr.seq_len > m.max_position:
         out.append(Problem("train.seq_len", f"{tr.seq_len} exceeds model.max_position={m.max_position} "
                                             "(learned position embeddings)"))
     if lay.sequence_parallel and tr.seq_len % t:
         out.append(Problem("train.seq_len", f"{tr.seq_len} is not divisible by layout.tp={t} (sequence parallel)"))
     out += _batch_problems(run)
+    out += schedule_problems(run)
     out += _hardware_problems(run)
     return out
 

@@ -153,8 +153,7 @@ def test_bad_set_syntax(capsys) -> None:
     assert "--set:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("overrides,axis", [(["layout.cp=2", "layout.dp=2"], "layout.cp"),
-                                            (["layout.ep=2"], "layout.ep")])
+@pytest.mark.parametrize("overrides,axis", [(["layout.ep=2"], "layout.ep")])
 def test_unsupported_parallelism_is_infeasible(overrides: list[str], axis: str, capsys) -> None:
     args = ["simulate", EXAMPLE]
     for o in overrides:

@@ -27,6 +27,9 @@ CASES = {
     "8n-tp4-pp2-dp8": dict(n_nodes=8, layout=dict(tp=4, pp=2, dp=8, zero_stage=1), seqs=16),
     "8n-dp-order": dict(n_nodes=8, layout=dict(tp=2, pp=4, dp=8, order=["dp", "tp", "cp", "ep", "pp"]),
                         seqs=32),
+    "2n-cp2-ring": dict(n_nodes=2, layout=dict(tp=4, cp=2, dp=2, pp=1, zero_stage=1), seqs=8),
+    "2n-cp4-allgather-pp2": dict(n_nodes=2, layout=dict(tp=2, cp=4, pp=2, cp_comm="all_gather"), seqs=8),
+    "1n-cp2-a2a": dict(n_nodes=1, layout=dict(tp=2, cp=2, dp=2, cp_comm="a2a", fsdp="full"), seqs=8),
     # stage stride of 4 GPUs: the stage 1 -> 2 send crosses nodes from local index 4+ to 0+, so rails differ
     "2n-4nic-pp4-dp4-cross-rail": dict(n_nodes=2, nics=4, layout=dict(pp=4, dp=4, zero_stage=1), seqs=16),
 }

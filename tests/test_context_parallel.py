@@ -1,0 +1,74 @@
+"""Context parallelism: ring attention overlap, all-gather and all-to-all variants, memory split by cp."""
+
+from __future__ import annotations
+
+import pytest
+
+from simtrain.blocks import Ring
+from simtrain.config import load_config
+from simtrain.costs import ComputeCostModel
+from simtrain.hardware import load_gpu
+from simtrain.lowering import lower
+from simtrain.simulate import simulate
+
+BASE = dict(model="llama3-8b", hardware=dict(node="dgx-h100", n_nodes=2),
+            layout=dict(tp=8, cp=2, sequence_parallel=True, zero_stage=1),
+            train=dict(seq_len=32768, global_batch_seqs=2))
+
+
+def _exposed_cp(overrides: list[str]) -> tuple[float, float]:
+    r = simulate(BASE, overrides)
+    return r.breakdown_s["exposed_comm"]["cp"], r.step_time_s
+
+
+def test_ring_exchange_hidden_when_shorter_than_attention_block() -> None:
+    # 32k tokens, cp=2 over two nodes: a 16k x 16k causal block of 4 heads takes ~ms, its 2 MiB KV
+    # block ~50 us on a 400 Gb/s NIC, so the ring hides the exchange completely.
+    exposed, step = _exposed_cp([])
+    assert exposed == pytest.approx(0.0, abs=1e-9)
+    assert step > 0
+
+
+def test_ring_exchange_exposed_when_longer_than_attention_block() -> None:
+    # Short blocks (1k tokens per rank) and a 10 Gb/s NIC: each KV hop is far longer than its block.
+    exposed, step = _exposed_cp(["train.seq_len=2048", "hardware.nic_Gbps=10", "train.global_batch_seqs=8"])
+    assert exposed > 0.05 * step
+
+
+@pytest.mark.parametrize("kind", ["p2p", "all_gather", "a2a"])
+def test_attention_work_per_rank_is_one_cp_th(kind: str) -> None:
+    """Causal load balancing: every CP rank does 1/cp of the attention FLOPs of the cp=1 run."""
+    def attention_flops(cp: int) -> float:
+        run = load_config(BASE, [f"layout.cp={cp}", f"layout.cp_comm={kind}", "hardware.n_nodes=" + str(cp)])
+        low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
+        ops = [o for o in low.programs[0].ops if o.kernels]
+        return sum(k.flops for o in ops for k in o.kernels if k.name.startswith("flash_attn"))
+    assert attention_flops(4) == pytest.approx(attention_flops(1) / 4, rel=1e-9)
+
+
+def test_ring_has_cp_steps() -> None:
+    run = load_config(BASE, ["layout.cp=4", "hardware.n_nodes=4"])
+    from simtrain.blocks import BlockBuilder
+    cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16")
+    b = BlockBuilder(run.model, cost, 1, 8192, 8, True, True, False, 4, "p2p")
+    rings = [s for s in b.layer_forward() if isinstance(s, Ring)]
+    assert len(rings) == 1 and rings[0].steps == 4 and rings[0].comm.axis == "cp"
+    assert rings[0].comm.size_bytes == pytest.approx(2 * 2 * 8192 * (8 // 8) * 128)  # K and V, bf16
+    back = [s for s in b.layer_backward() if isinstance(s, Ring)]
+    assert back[0].comm.size_bytes == pytest.approx(2 * rings[0].comm.size_bytes)  # KV and dKV
+
+
+def test_cp_divides_activation_memory() -> None:
+    one = simulate(BASE, ["layout.cp=1", "hardware.n_nodes=1"])
+    two = simulate(BASE, ["layout.zero_stage=0"])
+    one0 = simulate(BASE, ["layout.cp=1", "hardware.n_nodes=1", "layout.zero_stage=0"])
+    act1 = one0.memory[0].components["activations"]
+    act2 = two.memory[0].components["activations"]
+    assert act2 == pytest.approx(act1 / 2, rel=0.02)
+    assert one.step_time_s > 0
+
+
+def test_ring_needs_two_chunks_per_rank() -> None:
+    from simtrain.errors import ConfigError
+    with pytest.raises(ConfigError, match="layout.cp"):
+        load_config(BASE, ["train.seq_len=4098"])
