@@ -35,19 +35,21 @@ if TYPE_CHECKING:
     from simtrain.config import RunConfig
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
-_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
-_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMBGTP]?)\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15,
+           "KI": 2.0**10, "MI": 2.0**20, "GI": 2.0**30, "TI": 2.0**40}
+_COUNT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMBGTP]i?)?\s*$", re.IGNORECASE)
 
 
 def parse_count(value: Any) -> Any:
-    """A count given as a number or a string with a decimal suffix ("469B", "1.4T", "4M", "1e12").
+    """A count given as a number or a string with a suffix: decimal ("469B", "1.4T", "4M", "1e12") or
+    binary ("4Mi" = 4,194,304 tokens, the "4M-token batch" of the Llama papers).
 
     Returns a float for strings it understands; anything else is returned for pydantic to reject.
     """
     if isinstance(value, str):
         match = _COUNT_RE.match(value)
         if match:
-            return float(match.group(1)) * _SUFFIX[match.group(2).upper()]
+            return float(match.group(1)) * _SUFFIX[(match.group(2) or "").upper()]
     return value
 
 
@@ -297,7 +299,8 @@ def schedule_problems(run: RunConfig) -> list[Problem]:
         elif lay.resolved_schedule == "interleaved_1f1b" and (seg.batch_seqs // unit) % lay.pp:
             out.append(Problem(seg.source, f"a batch of {seg.batch_seqs} sequences gives {seg.batch_seqs // unit} "
                                            f"micro-batches; interleaved 1F1B needs a multiple of layout.pp={lay.pp}"))
-        if run.model.position == "learned" and seg.seq_len > run.model.max_position:
+        long = seg.seq_len != run.train.seq_len and seg.seq_len > run.model.max_position
+        if run.model.position == "learned" and long:
             out.append(Problem(seg.source, f"seq_len {seg.seq_len} exceeds model.max_position="
                                            f"{run.model.max_position}"))
     return out

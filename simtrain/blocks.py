@@ -24,11 +24,17 @@ from simtrain.ops import Kernel
 
 @dataclass(frozen=True, slots=True)
 class Comm:
-    """A collective of the ``axis`` group between compute segments (the next compute waits for it)."""
+    """A collective of the ``axis`` group between compute segments. The next compute segment waits for
+    it, or, when ``overlap`` is set, the one after that (the next runs while it is in flight)."""
 
     coll: str
     size_bytes: float
     axis: str = "tp"
+    overlap: bool = False
+
+    def overlapped(self) -> Comm:
+        """This collective, overlapped with the compute segment that follows it."""
+        return Comm(self.coll, self.size_bytes, self.axis, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,11 @@ class BlockBuilder:
     dropout: bool
     cp: int = 1
     cp_comm: str = "p2p"
+    ep: int = 1
+    etp: int = 1
+    ep_overlap: bool = False
+    dispatch_bytes_per_elem: float = 2.0
+    """Bytes per element of the dispatched tokens (DeepSeek-V3 dispatches in FP8: 1; BF16: 2)."""
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's symbol for tokens
@@ -110,6 +121,41 @@ class BlockBuilder:
         n_up = 2 if m.activation == "swiglu" else 1
         return m.hidden, m.q_dim // self.t, m.kv_dim // self.t, m.ffn_hidden // self.t, n_up
 
+    def _projection_dims(self) -> list[tuple[str, int, int]]:
+        """(name, in, out) per rank of each attention projection (MLA: ModelSpec.attention_projections).
+
+        Megatron-core MLA: the low-rank down projections (``*_a_*``) are replicated on every TP rank,
+        the up projections are column-parallel and ``o_proj`` is row-parallel.
+        """
+        out = []
+        for name, d_in, d_out in self.model.attention_projections():
+            if name == "o_proj":
+                out.append((name, d_in // self.t, d_out))
+            elif "_a_" in name:
+                out.append((name, d_in, d_out))
+            else:
+                out.append((name, d_in, d_out // self.t))
+        return out
+
+    def _attn_in_fwd(self) -> tuple[Kernel, ...]:
+        """QKV projection(s) of the forward: one fused GEMM, or MLA's down/up projections."""
+        h, q, kv, _, _ = self._dims
+        if self.model.mla is None:
+            return (self._gemm_fwd("qkv", q + 2 * kv, h),)
+        return tuple(self._gemm_fwd(n, d_out, d_in) for n, d_in, d_out in self._projection_dims() if n != "o_proj")
+
+    def _attn_in_bwd(self) -> tuple[Kernel, ...]:
+        h, q, kv, _, _ = self._dims
+        if self.model.mla is None:
+            return self._gemm_bwd("qkv", q + 2 * kv, h)
+        return tuple(k for n, d_in, d_out in reversed(self._projection_dims()) if n != "o_proj"
+                     for k in self._gemm_bwd(n, d_out, d_in))
+
+    @property
+    def _o_in(self) -> int:
+        """Input width of the output projection on this rank (a*d_v/t)."""
+        return self.model.n_heads * self.model.v_head_dim // self.t
+
     def _attention_core(self, backward: bool) -> tuple[Kernel, ...]:
         """The attention kernels of this rank's queries against ``s_kv`` keys (no CP exchange)."""
         m = self.model
@@ -129,7 +175,11 @@ class BlockBuilder:
 
     def _flash(self, backward: bool, s_q: int, s_kv: int, heads: int, kv_heads: int) -> Kernel:
         name = "flash_attn.bwd" if backward else "flash_attn.fwd"
-        return self.cost.flash_attention(name, self.b, s_q, s_kv, heads, kv_heads, self.model.d_head,
+        m = self.model
+        # scores use the query/key width, attention x V the value width (MLA: 192 and 128): the kernel's
+        # 4*s*s*d FLOPs count both GEMMs, so d is their mean (exact for FLOPs; FA2 convention)
+        d = (m.d_head + m.v_head_dim) // 2
+        return self.cost.flash_attention(name, self.b, s_q, s_kv, heads, kv_heads, d,
                                          causal=True, backward=backward)
 
     def _attention_segments(self, backward: bool) -> list[Segment]:
@@ -167,43 +217,196 @@ class BlockBuilder:
         """Kernels re-run by selective recompute (unfused attention only)."""
         return self._attention_core(backward=False)
 
-    def layer_forward(self) -> list[Segment]:
-        """Forward segments of one transformer layer."""
+    def selective_recompute(self, layer: int | None, modules: tuple[str, ...]) -> tuple[Kernel, ...]:
+        """Kernels selective recompute re-runs before a layer's backward (see memory._selective_recompute)."""
+        out: list[Kernel] = []
+        if "core_attn" in modules and not self.flash:
+            out += self._attention_core(backward=False)
+        if "layernorm" in modules:
+            out += [self._norm("ln1.recompute", False), self._norm("ln2.recompute", False)]
+        if "mla_up_proj" in modules and self.model.mla is not None:
+            out += [self._gemm_fwd(n + ".recompute", d_out, d_in) for n, d_in, d_out in self._projection_dims()
+                    if n != "o_proj" and "_a_" not in n]
+        if "act" in modules:
+            moe = self.model.moe if layer is not None and self.model.is_moe_layer(layer) else None
+            n_up = 2 if self.model.activation == "swiglu" else 1
+            if moe is None:
+                out.append(self.cost.memory_op("act.recompute", (n_up + 1) * 2.0 * self.T * self._dims[3]))
+            else:
+                tokens, k, local, m_e, f_e, f_s = self._moe_dims()
+                out.append(self.cost.memory_op("expert.act.recompute", (n_up + 1) * 2.0 * m_e * local * f_e))
+                if f_s:
+                    out.append(self.cost.memory_op("shared.act.recompute", (n_up + 1) * 2.0 * tokens * f_s))
+        return tuple(out)
+
+    def _mlp_forward(self, moe: bool) -> list[Segment]:
+        h, _, _, f, n_up = self._dims
+        if moe:
+            return self._moe_forward()
+        act = self.cost.memory_op("act", (n_up + 1) * 2.0 * self.T * f)
+        return [(self._gemm_fwd("mlp_up", n_up * f, h), act, self._gemm_fwd("mlp_down", h, f))]
+
+    def _mlp_backward(self, moe: bool) -> list[Segment]:
+        h, _, _, f, n_up = self._dims
+        if moe:
+            return self._moe_backward()
+        act = self.cost.memory_op("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
+        return [(*self._gemm_bwd("mlp_down", h, f), act, *self._gemm_bwd("mlp_up", n_up * f, h))]
+
+    def layer_forward(self, layer: int | None = None) -> list[Segment]:
+        """Forward segments of transformer layer ``layer`` (None: the model's common dense layer)."""
         h, q, kv, f, n_up = self._dims
+        moe = layer is not None and self.model.is_moe_layer(layer)
         ln1, ln2 = self._norm("ln1", False), self._norm("ln2", False)
         rope = (self.cost.memory_op("rope", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
-        attn: list[Segment] = [(self._gemm_fwd("qkv", q + 2 * kv, h), *rope), *self._attention_segments(False),
-                               (self._gemm_fwd("out_proj", h, q),)]
-        act = self.cost.memory_op("act", (n_up + 1) * 2.0 * self.T * f)
-        mlp = (self._gemm_fwd("mlp_up", n_up * f, h), act, self._gemm_fwd("mlp_down", h, f))
+        attn: list[Segment] = [(*self._attn_in_fwd(), *rope), *self._attention_segments(False),
+                               (self._gemm_fwd("out_proj", h, self._o_in),)]
+        mlp = self._mlp_forward(moe)
         res1, res2 = self._residual("residual1", False), self._residual("residual2", False)
         size = 2.0 * self.T * h
         if self.t == 1:
-            return merge([(ln1,), *attn, (res1, ln2), mlp, (res2,)])
+            return merge([(ln1,), *attn, (res1, ln2), *mlp, (res2,)])
         if not self.sp:
-            return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), mlp, Comm("all_reduce", size),
+            return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), *mlp, Comm("all_reduce", size),
                           (res2,)])
+        if moe:  # tokens stay sequence-sharded into the MoE block; dispatch moves them (Megatron-core)
+            return merge([(ln1,), Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (res1, ln2),
+                          *mlp, (res2,)])
         return merge([(ln1,), Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (res1, ln2),
-                      Comm("all_gather", size), mlp, Comm("reduce_scatter", size), (res2,)])
+                      Comm("all_gather", size), *mlp, Comm("reduce_scatter", size), (res2,)])
 
-    def layer_backward(self) -> list[Segment]:
-        """Backward segments of one transformer layer (reverse order of the forward)."""
+    def layer_backward(self, layer: int | None = None) -> list[Segment]:
+        """Backward segments of transformer layer ``layer`` (reverse order of the forward)."""
         h, q, kv, f, n_up = self._dims
+        moe = layer is not None and self.model.is_moe_layer(layer)
         rope = (self.cost.memory_op("rope.bwd", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
-        attn: list[Segment] = [self._gemm_bwd("out_proj", h, q), *self._attention_segments(True),
-                               (*rope, *self._gemm_bwd("qkv", q + 2 * kv, h))]
-        act = self.cost.memory_op("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
-        mlp = (*self._gemm_bwd("mlp_down", h, f), act, *self._gemm_bwd("mlp_up", n_up * f, h))
+        attn: list[Segment] = [self._gemm_bwd("out_proj", h, self._o_in), *self._attention_segments(True),
+                               (*rope, *self._attn_in_bwd())]
+        mlp = self._mlp_backward(moe)
         res1, res2 = self._residual("residual1.bwd", True), self._residual("residual2.bwd", True)
         ln1, ln2 = self._norm("ln1.bwd", True), self._norm("ln2.bwd", True)
         size = 2.0 * self.T * h
         if self.t == 1:
-            return merge([(res2,), mlp, (ln2, res1), *attn, (ln1,)])
+            return merge([(res2,), *mlp, (ln2, res1), *attn, (ln1,)])
         if not self.sp:
-            return merge([(res2,), mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
+            return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
                           (ln1,)])
-        return merge([(res2,), Comm("all_gather", size), mlp, Comm("reduce_scatter", size), (ln2, res1),
+        if moe:
+            return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn,
+                          Comm("reduce_scatter", size), (ln1,)])
+        return merge([(res2,), Comm("all_gather", size), *mlp, Comm("reduce_scatter", size), (ln2, res1),
                       Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (ln1,)])
+
+    # -- mixture of experts ----------------------------------------------------------------------
+    @property
+    def _moe_tokens(self) -> int:
+        """Tokens entering this rank's MoE block: T/t with sequence parallelism (T with t = 1)."""
+        return self.T // self.t if self.t > 1 else self.T
+
+    def _moe_dims(self) -> tuple[int, int, int, int, int, int]:
+        """(tokens, top_k, local experts, tokens per local expert, expert ffn per rank, shared ffn)."""
+        moe = self.model.moe
+        assert moe is not None
+        tokens = self._moe_tokens
+        local = moe.n_experts // self.ep
+        # balanced routing: the EP group's tokens x top_k copies spread evenly over all experts, so
+        # each rank's experts see tokens x top_k copies; expert TP gathers its etp ranks' copies
+        per_expert = max(tokens * moe.top_k * self.etp // local, 1)
+        return tokens, moe.top_k, local, per_expert, moe.ffn_hidden // self.etp, moe.n_shared_experts * moe.shared_ffn
+
+    def _experts(self, backward: bool) -> tuple[Kernel, ...]:
+        """Grouped GEMMs of the local experts (kernels named ``expert.*``: the engine scales them by the
+        rank's routed load, see simtrain.routing)."""
+        h, n_up = self.model.hidden, 2 if self.model.activation == "swiglu" else 1
+        _, _, local, m_e, f_e, _ = self._moe_dims()
+        c = self.cost
+        if not backward:
+            return (c.gemm("expert.up", m_e, n_up * f_e, h, local, grouped=True),
+                    c.memory_op("expert.act", (n_up + 1) * 2.0 * m_e * local * f_e),
+                    c.gemm("expert.down", m_e, h, f_e, local, grouped=True))
+        return (c.gemm("expert.down.dgrad", m_e, f_e, h, local, grouped=True),
+                c.gemm("expert.down.wgrad", f_e, h, m_e, local, grouped=True),
+                c.memory_op("expert.act.bwd", (2 * n_up + 1) * 2.0 * m_e * local * f_e),
+                c.gemm("expert.up.dgrad", m_e, h, n_up * f_e, local, grouped=True),
+                c.gemm("expert.up.wgrad", h, n_up * f_e, m_e, local, grouped=True))
+
+    def _shared(self, backward: bool) -> tuple[Kernel, ...]:
+        h, n_up = self.model.hidden, 2 if self.model.activation == "swiglu" else 1
+        tokens, _, _, _, _, f_s = self._moe_dims()
+        if not f_s:
+            return ()
+        c = self.cost
+        if not backward:
+            return (c.gemm("shared.up", tokens, n_up * f_s, h),
+                    c.memory_op("shared.act", (n_up + 1) * 2.0 * tokens * f_s), c.gemm("shared.down", tokens, h, f_s))
+        return (c.gemm("shared.down.dgrad", tokens, f_s, h), c.gemm("shared.down.wgrad", f_s, h, tokens),
+                c.memory_op("shared.act.bwd", (2 * n_up + 1) * 2.0 * tokens * f_s),
+                c.gemm("shared.up.dgrad", tokens, h, n_up * f_s), c.gemm("shared.up.wgrad", h, n_up * f_s, tokens))
+
+    def _moe_comms(self) -> tuple[Comm, Comm, float]:
+        """Dispatch and combine all-to-alls over the EP group (nccl-tests size: this rank's send buffer,
+        tokens x top_k copies of h), and the expert-TP gather size."""
+        tokens, k, _, _, _, _ = self._moe_dims()
+        copies = float(tokens * k * self.model.hidden)
+        return (Comm("all_to_all", copies * self.dispatch_bytes_per_elem, "ep"),
+                Comm("all_to_all", copies * 2.0, "ep"), copies * 2.0 * self.etp)
+
+    def _moe_forward(self) -> list[Segment]:
+        """Router, permute, dispatch, local experts, combine, unpermute, shared experts.
+
+        Megatron-core MoELayer with the all-to-all token dispatcher (``token_dispatcher.py``); with
+        expert TP the dispatched tokens are all-gathered over the etp group and reduce-scattered after.
+        With ``ep_overlap`` the shared experts run while the dispatch is in flight (Megatron
+        ``--moe-shared-expert-overlap``; DeepSeek-V3 sec. 3.2.2 overlaps all-to-alls with computation).
+        """
+        moe = self.model.moe
+        assert moe is not None
+        h = self.model.hidden
+        tokens, k, _, _, _, _ = self._moe_dims()
+        c = self.cost
+        router = (c.gemm("router", tokens, moe.n_experts, h),
+                  c.memory_op("router.topk", 3 * 4.0 * tokens * moe.n_experts),
+                  c.memory_op("moe.permute", 2 * 2.0 * tokens * k * h))
+        dispatch, combine, gathered = self._moe_comms()
+        experts: list[Segment] = [self._experts(False)]
+        if self.etp > 1:
+            experts = [Comm("all_gather", gathered, "etp"), *experts, Comm("reduce_scatter", gathered, "etp")]
+        unpermute = (c.memory_op("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
+        shared = self._shared(False)
+        if self.ep_overlap:
+            return [router, dispatch.overlapped(), shared, *experts, combine, unpermute]
+        return [router, dispatch, *experts, combine, (*unpermute, *shared)]
+
+    def _moe_backward(self) -> list[Segment]:
+        """Mirror of the forward: combine's backward is a dispatch-sized all-to-all and vice versa."""
+        moe = self.model.moe
+        assert moe is not None
+        h = self.model.hidden
+        tokens, k, _, _, _, _ = self._moe_dims()
+        c = self.cost
+        dispatch, combine, gathered = self._moe_comms()
+        unpermute = (c.memory_op("moe.unpermute.bwd", (k + 1) * 2.0 * tokens * h),)
+        experts: list[Segment] = [self._experts(True)]
+        if self.etp > 1:
+            experts = [Comm("all_gather", gathered, "etp"), *experts, Comm("reduce_scatter", gathered, "etp")]
+        router = (c.memory_op("moe.permute.bwd", 2 * 2.0 * tokens * k * h),
+                  c.memory_op("router.topk.bwd", 3 * 4.0 * tokens * moe.n_experts),
+                  c.gemm("router.dgrad", tokens, h, moe.n_experts), c.gemm("router.wgrad", h, moe.n_experts, tokens))
+        grad_combine = Comm("all_to_all", combine.size_bytes, "ep")
+        grad_dispatch = Comm("all_to_all", combine.size_bytes, "ep")  # gradients travel in BF16
+        shared = self._shared(True)
+        if self.ep_overlap:
+            return [unpermute, grad_combine.overlapped(), shared, *experts, grad_dispatch, router]
+        return [(*unpermute, *shared), grad_combine, *experts, grad_dispatch, router]
+
+    def mtp_projection(self, backward: bool) -> tuple[Kernel, ...]:
+        """The MTP module's projection of the concatenated [norm(h), norm(embedding)] (2h -> h, per TP
+        rank; DeepSeek-V3 sec. 2.2 eq. 21), with its two norms."""
+        h = self.model.hidden
+        norms = (self._norm("mtp.norms", backward),) * 2
+        if backward:
+            return (*self._gemm_bwd("mtp.proj", h // self.t, 2 * h), *norms)
+        return (self._gemm_fwd("mtp.proj", h // self.t, 2 * h), *norms)
 
     def embedding_forward(self) -> list[Segment]:
         """Token (+ learned position) embedding; vocab-parallel embeddings reduce across TP."""

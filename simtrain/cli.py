@@ -1,4 +1,4 @@
-"""Command line: ``simtrain simulate | models | hardware``.
+"""Command line: ``simtrain simulate | validate | models | hardware``.
 
 Bad input prints every problem with its dotted path and exits with code 2; never a traceback.
 """
@@ -10,6 +10,10 @@ import json
 import sys
 from collections.abc import Sequence
 
+from simtrain import cli_calibrate
+from simtrain.cli_run import COMMANDS as RUN_COMMANDS
+from simtrain.cli_run import add_parsers as add_run_parsers
+from simtrain.cli_run import run_command
 from simtrain.errors import ConfigError, InfeasibleLayout
 from simtrain.results import StepResult
 
@@ -29,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--timeline", action="store_true", help="include memory timelines in --json output")
     sub.add_parser("models", help="list model presets")
     sub.add_parser("hardware", help="list GPU and node profiles")
+    val = sub.add_parser("validate", help="predict the measured runs of a CSV and report the error")
+    val.add_argument("runs_csv", help="CSV of measured runs (columns of validation/published_runs.csv)")
+    val.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
+    val.add_argument("--out", metavar="FILE", help="write one row per run (predictions, errors) as CSV")
+    val.add_argument("--report", metavar="FILE", help="write an HTML report with the predicted-vs-measured plot")
+    add_run_parsers(sub)  # run, sweep, search, report (simtrain/cli_run.py)
+    cli_calibrate.add_parser(sub)  # calibrate: the torch suite in calibration/ (simtrain/cli_calibrate.py)
     return p
 
 
@@ -109,14 +120,37 @@ def _cmd_hardware() -> int:
     return 0
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from simtrain.fidelity import render_html, render_table, to_csv_text, to_json_dict, validate_runs
+    from simtrain.trace import write_atomic
+
+    frame, summary = validate_runs(args.runs_csv)
+    if args.out:
+        write_atomic(args.out, to_csv_text(frame))
+    if args.report:
+        write_atomic(args.report, render_html(frame, summary))
+    if args.json:
+        print(json.dumps(to_json_dict(frame, summary), indent=2, default=str))
+    else:
+        print(render_table(frame, summary))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simtrain`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:  # its options belong to the suite (python -m calibration)
+        return cli_calibrate.main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "simulate":
             return _cmd_simulate(args)
+        if args.command == "validate":
+            return _cmd_validate(args)
         if args.command == "models":
             return _cmd_models()
+        if args.command in RUN_COMMANDS:
+            return run_command(args)
         return _cmd_hardware()
     except ConfigError as exc:
         print(f"simtrain: {exc}", file=sys.stderr)

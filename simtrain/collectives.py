@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from simtrain.calibrated import CollectiveTable
 from simtrain.hardware import GpuSpec, Topology
 
 US = 1e-6
@@ -210,11 +211,46 @@ class Candidate:
         return _scaled(self.base_phases, self.wire_factor * size_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class MeasuredCandidate(Candidate):
+    """A calibrated profile's measured curve for this group (``simtrain/profile.py``): the default
+    Simple-protocol flows, each rate-capped so that on an idle network ``latency_s`` plus the flows
+    take the measured time t(S) at every size (links still bound them, and contention still applies)."""
+
+    table: CollectiveTable | None = None
+    key: tuple[str, int, int] = ("", 0, 0)
+
+    def phases(self, size_bytes: float) -> tuple[tuple[Flow, ...], ...]:
+        assert self.table is not None
+        timing = self.table.timing(*self.key, size_bytes)
+        wire_s = timing[1] - self.latency_s if timing else 0.0
+        scale = self.wire_factor * size_bytes
+        return tuple(tuple(Flow(f.src, f.path, f.nbytes * scale, f.nbytes * scale / wire_s if wire_s > 0 else math.inf)
+                           for f in ph) for ph in self.base_phases)
+
+
+def _measured(kind: str, gpus: tuple[int, ...], topo: Topology, gpu: GpuSpec,
+              defaults: tuple[Candidate, ...]) -> MeasuredCandidate | None:
+    """The measured candidate when ``gpu`` carries calibrated curves for (kind, ranks, nodes), else None."""
+    table = getattr(gpu, "collectives", None)
+    key = (kind, len(gpus), len(_nodes(topo, gpus)))
+    if not isinstance(table, CollectiveTable) or key not in table.curves:
+        return None
+    base = next((c for c in defaults if c.protocol == "Simple" and c.algorithm in ("ring", "pairwise", "p2p")), None)
+    timing = table.timing(*key, 1.0)
+    if base is None or timing is None:
+        return None
+    return MeasuredCandidate("measured", "measured", timing[0], base.base_phases, base.wire_factor, table, key)
+
+
 def collective_candidates(kind: str, gpus: tuple[int, ...], topo: Topology, gpu: GpuSpec) -> tuple[Candidate, ...]:
-    """Every (algorithm, protocol) NCCL could run for this group, planned for a 1-byte collective."""
+    """Every (algorithm, protocol) NCCL could run for this group, planned for a 1-byte collective
+    (only the measured one when a calibrated profile has a curve for this group)."""
     if len(gpus) < 2:
         return ()
-    return tuple(Candidate(*c) for c in _candidates(kind, topo, gpu, gpus, 1.0))
+    defaults = tuple(Candidate(*c) for c in _candidates(kind, topo, gpu, gpus, 1.0))
+    measured = _measured(kind, gpus, topo, gpu, defaults)
+    return (measured,) if measured is not None else defaults
 
 
 def unit_idle_times(candidates: tuple[Candidate, ...], capacity: Callable[[Edge], float]) -> tuple[float, ...]:
@@ -271,4 +307,10 @@ def plan_send(src: int, dst: int, size_bytes: float, topo: Topology) -> Plan:
     n_net = sum(1 for e in path if topo.edge(*e).link_class == "net")
     lat = (BASE_LAT_US["ring"]["Simple"] + (INTER_LAT_US["ring"]["Simple"] if n_net else
                                              INTRA_LAT_US["ring"]["Simple"])) * US + topo.path_latency_s(path)
+    table = getattr(topo.cluster.gpu, "collectives", None)  # a calibrated profile's send/recv curve
+    timing = table.timing("send", 2, 2 if n_net else 1, size_bytes) if isinstance(table, CollectiveTable) else None
+    if timing is not None:
+        wire_s = timing[1] - timing[0]
+        cap = size_bytes / wire_s if wire_s > 0 else math.inf
+        return Plan("measured", "measured", timing[0], ((Flow(src, path, size_bytes, cap),),))
     return Plan("p2p", "Simple", lat, ((Flow(src, path, size_bytes),),))

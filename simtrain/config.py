@@ -62,8 +62,15 @@ class LayoutConfig(BaseModel):
     fsdp_shard_size: int | None = Field(None, gt=0)
     order: tuple[Axis, ...] = ("tp", "cp", "ep", "dp", "pp")
     """Rank-grid axes from innermost (fastest-varying rank) to outermost; TP innermost lands on NVLink."""
-    schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe"] = "auto"
+    schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "dualpipev"] = "auto"
+    """Pipeline schedule (simtrain.schedules): GPipe, 1F1B, interleaved 1F1B (vpp > 1), zero-bubble ZB-H1,
+    DualPipe (DeepSeek-V3; two chunks per rank) or DualPipeV; ``auto``: interleaved when vpp > 1."""
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "mla_up_proj", "act"], ...] = ("core_attn",)
+    """With ``selective``: what is recomputed instead of saved (Megatron-core ``--recompute-modules``):
+    unfused attention's softmax (``core_attn``), the norms (``layernorm``), MLA's up-projections
+    (``mla_up_proj``) and the MLP/expert activation (``act``; DeepSeek-V3 sec. 3.3.2 recomputes
+    RMSNorm, the MLA up-projections and SwiGLU)."""
     recompute_layers: int | None = Field(None, ge=0)
     """With ``full``: how many layers per stage chunk recompute (None = all)."""
     overlap_grad_reduce: bool = True
@@ -137,6 +144,18 @@ class TrainConfig(BaseModel):
     attention_kernel: Literal["flash", "unfused"] = "flash"
     dropout: bool | None = None
     """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
+    stack: str = "megatron-te"
+    """Software stack (``simtrain.stacks.STACKS``): kernel fusion, CPU launch cost, FlashAttention 2 or 3:
+    megatron-te, megatron-legacy, torchtitan-eager, torchtitan-compile, composer-fsdp, deepspeed, pytorch-eager."""
+
+    @field_validator("stack")
+    @classmethod
+    def _known_stack(cls, value: str) -> str:
+        from simtrain.stacks import STACKS
+
+        if value.strip().lower() not in STACKS:
+            raise ValueError(f"unknown software stack; known stacks: {', '.join(STACKS)}")
+        return value.strip().lower()
 
     @property
     def global_batch_seqs_resolved(self) -> int:

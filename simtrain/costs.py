@@ -7,6 +7,13 @@ quantisation for the exact shape (NVIDIA *Matrix Multiplication Background User'
 FlashAttention uses the measured fraction of peak of its forward and backward kernels (FA2/FA3
 papers, Table D); its FLOPs follow the FlashAttention convention (Table E): forward
 4*b*s^2*a*d (halved when causal), backward 2.5x forward (it recomputes Q K^T).
+
+A software stack (``simtrain.stacks``) scales memory-bound ops by its fusion (HBM traffic and
+kernels launched), floors each kernel at its CPU launch time, and picks FlashAttention-2 or -3.
+FP8 (``dtype="fp8"``) runs the linear-layer GEMMs at the FP8 peak times the FP8 MAMF fraction,
+plus the quantisation casts of their activation operands (``FP8_CAST_BYTES``); attention, the LM
+head and the router stay BF16 (Transformer Engine and torchtitan float8 convert only the
+transformer blocks' linear layers).
 """
 
 from __future__ import annotations
@@ -14,44 +21,97 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simtrain.calibrated import CalibratedCompute
 from simtrain.hardware import GpuSpec
 from simtrain.ops import Kernel
+from simtrain.stacks import FA2_ON_HOPPER, SoftwareStack
 
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
 
+#: HBM bytes per element to quantise a GEMM operand to FP8 with its transposed copy (read bf16 2 +
+#: write fp8 1 + transposed fp8 1, Transformer Engine ``cast_transpose``); per-tensor current scaling
+#: first reads the tensor once more for its amax (+2) [derived from the kernels' reads and writes].
+FP8_CAST_BYTES = {"delayed": 4.0, "blockwise": 4.0, "current": 6.0}
+#: GEMMs that stay BF16 under FP8 training (name prefixes as ``simtrain.blocks`` emits them).
+BF16_GEMM_PREFIXES = ("lm_head", "attn.", "router", "mtp.proj")
+
 
 @dataclass(frozen=True, slots=True)
 class ComputeCostModel:
-    """Per-kernel time on one GPU for one compute dtype."""
+    """Per-kernel time on one GPU for one compute dtype.
+
+    ``calibration`` (from a calibrated profile, ``simtrain/profile.py``) replaces the roofline for
+    every kernel it covers with the measured/fitted time (``simtrain/calibrated.py``).
+    """
 
     gpu: GpuSpec
     dtype: str = "bf16"
+    calibration: CalibratedCompute | None = None
+    stack: SoftwareStack | None = None
+    """Software stack (fusion, CPU launch cost, attention kernel); None = fused kernels, best attention."""
+    fp8_recipe: str = "delayed"
+    """FP8 scaling recipe (``FP8_CAST_BYTES`` key) when ``dtype == "fp8"``."""
 
     @property
     def peak_flops_per_s(self) -> float:
         """Dense peak of the compute dtype, FLOP/s."""
         return self.gpu.peak_flops_per_s(self.dtype)
 
-    def _roofline(self, name: str, flops: float, nbytes: float, flops_eff: float, mem_eff: float) -> Kernel:
-        t_compute = flops / (self.peak_flops_per_s * flops_eff) if flops else 0.0
+    def _roofline(self, name: str, flops: float, nbytes: float, flops_eff: float, mem_eff: float,
+                  peak_flops_per_s: float | None = None, kernels: int = 1, extra_s: float = 0.0) -> Kernel:
+        """max(compute, memory) + extra + a GPU launch tail per kernel, floored at the stack's CPU launch time."""
+        peak = self.peak_flops_per_s if peak_flops_per_s is None else peak_flops_per_s
+        t_compute = flops / (peak * flops_eff) if flops else 0.0
         t_memory = nbytes / (self.gpu.hbm_Bps * mem_eff) if nbytes else 0.0
-        return Kernel(name, flops, nbytes, max(t_compute, t_memory) + self.gpu.kernel_launch_s)
+        time_s = max(t_compute, t_memory) + extra_s + kernels * self.gpu.kernel_launch_s
+        if self.stack is not None:
+            time_s = max(time_s, kernels * self.stack.cpu_launch_s)
+        return Kernel(name, flops, nbytes, time_s)
 
-    def gemm_efficiency(self, m: int, n: int, k: int) -> float:
-        """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: MAMF x tile x wave quantisation."""
+    def is_fp8_gemm(self, name: str) -> bool:
+        """True when GEMM ``name`` runs in FP8 (fp8 runs, linear layers of the transformer blocks)."""
+        return self.dtype == "fp8" and not name.startswith(BF16_GEMM_PREFIXES)
+
+    def gemm_efficiency(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> float:
+        """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: MAMF x tile x wave quantisation.
+        ``groups``: GEMMs launched as one grouped GEMM (MoE experts), whose tiles fill waves together."""
         tiles_m, tiles_n = math.ceil(m / TILE_M), math.ceil(n / TILE_N)
         tile_q = (m * n) / (tiles_m * TILE_M * tiles_n * TILE_N)
-        tiles = tiles_m * tiles_n
+        tiles = tiles_m * tiles_n * groups
         slots = self.gpu.sm_count
         wave_q = tiles / (math.ceil(tiles / slots) * slots)
-        return self.gpu.gemm_efficiency * tile_q * wave_q
+        best = self.gpu.gemm_efficiency
+        if fp8 and self.gpu.fp8_gemm_efficiency > 0:  # FP8 MAMF differs from BF16's (Table D)
+            best = self.gpu.fp8_gemm_efficiency
+        return best * tile_q * wave_q
 
-    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1) -> Kernel:
-        """A BF16 GEMM C[m,n] = A[m,k] @ B[k,n] (``batch`` independent copies), 2mnk FLOPs each."""
+    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False) -> Kernel:
+        """A BF16 GEMM C[m,n] = A[m,k] @ B[k,n] (``batch`` independent copies), 2mnk FLOPs each;
+        ``grouped``: the copies run as one grouped GEMM (CUTLASS grouped GEMM / TE GroupedLinear)."""
         flops = 2.0 * m * n * k * batch
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
-        return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k), self.gpu.hbm_efficiency)
+        measured = self.calibration.gemm_s(name, m, n, k, batch) if self.calibration else None
+        if measured is not None:
+            return Kernel(name, flops, nbytes, measured)
+        if self.is_fp8_gemm(name):
+            return self._fp8_gemm(name, m, n, k, batch, grouped)
+        return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1),
+                              self.gpu.hbm_efficiency, peak_flops_per_s=self.gpu.bf16_flops_per_s)
+
+    def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool) -> Kernel:
+        """An FP8 GEMM: FP8 peak x FP8 MAMF x quantisation, plus the cast of its A operand (m x k:
+        the activation in forward, the output gradient in dgrad; wgrad reuses both transposed copies)
+        and, with current scaling, of the weight in forward (re-quantised every forward)."""
+        flops = 2.0 * m * n * k * batch
+        nbytes = (m * k + k * n + 2.0 * m * n) * batch
+        cast_elems = 0.0 if name.endswith(".wgrad") else float(m * k)
+        if self.fp8_recipe == "current" and not name.endswith((".wgrad", ".dgrad")):
+            cast_elems += k * n
+        cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (
+            self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
+        return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True),
+                              self.gpu.hbm_efficiency, extra_s=cast_s)
 
     def flash_attention(self, name: str, b: int, s_q: int, s_kv: int, heads: int, kv_heads: int, d: int,
                         causal: bool, backward: bool) -> Kernel:
@@ -63,11 +123,27 @@ class ComputeCostModel:
         fwd = 4.0 * b * s_q * s_kv * heads * d * (0.5 if causal else 1.0)
         qo = 2.0 * b * s_q * heads * d
         kv = 2.0 * 2.0 * b * s_kv * kv_heads * d
+        if self.calibration is not None:
+            flops, nbytes = (2.5 * fwd, 2.0 * (2 * qo + kv)) if backward else (fwd, 2 * qo + kv)
+            measured = self.calibration.attention_s((b, s_q, s_kv, heads, kv_heads, d, causal, backward), flops)
+            if measured is not None:
+                return Kernel(name, flops, nbytes, measured)
+        # FA2 on an FA3-class GPU (FP8 tensor cores: Hopper and later) runs at FA2_ON_HOPPER of FA3's rate
+        scale = FA2_ON_HOPPER if self.stack is not None and self.stack.attention == "fa2" and self.gpu.has_fp8 else 1.0
+        bf16 = self.gpu.bf16_flops_per_s  # attention stays BF16 in FP8 training
         if backward:
-            return self._roofline(name, 2.5 * fwd, 2.0 * (2 * qo + kv), self.gpu.attention_bwd_efficiency,
-                                  self.gpu.hbm_efficiency)
-        return self._roofline(name, fwd, 2 * qo + kv, self.gpu.attention_fwd_efficiency, self.gpu.hbm_efficiency)
+            return self._roofline(name, 2.5 * fwd, 2.0 * (2 * qo + kv), self.gpu.attention_bwd_efficiency * scale,
+                                  self.gpu.hbm_efficiency, peak_flops_per_s=bf16)
+        return self._roofline(name, fwd, 2 * qo + kv, self.gpu.attention_fwd_efficiency * scale,
+                              self.gpu.hbm_efficiency, peak_flops_per_s=bf16)
 
     def memory_op(self, name: str, nbytes: float, flops: float = 0.0) -> Kernel:
         """A memory-bound elementwise/reduction kernel moving ``nbytes`` through HBM."""
-        return self._roofline(name, flops, nbytes, 1.0, self.gpu.memory_op_efficiency)
+        measured = self.calibration.memory_op_s(name, nbytes) if self.calibration else None
+        if measured is not None:
+            return Kernel(name, flops, nbytes, measured)
+        if self.stack is None:
+            return self._roofline(name, flops, nbytes, 1.0, self.gpu.memory_op_efficiency)
+        fusion = self.stack.fusion_of(name)
+        return self._roofline(name, flops, nbytes * fusion.bytes_factor, 1.0, self.gpu.memory_op_efficiency,
+                              kernels=fusion.kernels)

@@ -194,6 +194,9 @@ class CommPlanner:
                                                  for ph in _weighted(mine, [p.phases for p in peers])]
             phases = [[(f.path, w, f.nbytes, f.cap_Bps) for f, w in zip(ph, wph, strict=True)]
                       for ph, wph in zip(mine, weights, strict=True)]
+        if self.symmetric:
+            phases = [self._localise(ph, place(rank)) for ph in phases]
+        phases = [_bundle(ph) for ph in phases]
         out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
         self._cache[key] = out
         return out
@@ -213,11 +216,26 @@ class CommPlanner:
             pairs = [(r, self._counterpart(r, dst_stage)) for r in self.grid.stage_ranks(stage)]
             peers = [((Flow(place(r), route(place(r), place(d)), op.comm_bytes),),)
                      for r, d in pairs if r == rank or _may_share(topo, net, rails, (r, d))]
-            phases = _weighted(plan.phases, peers)
+            phases = [self._localise(ph, place(rank)) for ph in _weighted(plan.phases, peers)]
         else:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
         out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
         self._cache[key] = out
+        return out
+
+    def _localise(self, flows: list[tuple[Any, ...]], gpu: int) -> list[tuple[Any, ...]]:
+        """Symmetric mode: keep, of the representative's flows, the edges at its own GPU, NIC and leaf
+        switch. Every rank of the stage sends and receives the same traffic, so a remote GPU's or
+        NIC's edges carry what the representative's own edges carry (the same capacities, duplex
+        links): they add no constraint, only work for the fluid model."""
+        topo = self.topo
+        node, rail = topo.node_of(gpu), topo.rail_of(gpu)
+        mine = {f"gpu{gpu}", f"nic{node}.{rail}", f"leaf{rail}.{topo.leaf_group_of_node(node)}"}
+        out = []
+        for path, w, nbytes, cap in flows:
+            keep = [(e, x) for e, x in zip(path, w, strict=True) if e[0] in mine or e[1] in mine]
+            if keep:
+                out.append((tuple(e for e, _ in keep), tuple(x for _, x in keep), nbytes, cap))
         return out
 
     def _counterpart(self, rank: int, stage: int) -> int:
@@ -247,6 +265,21 @@ def symmetry_violation(grid: RankGrid, topo: Topology) -> str | None:
             if len(set(next(iter(shapes)))) > 1:
                 return f"a {axis} group of stage {s} has more members on some nodes than on others"
     return None
+
+
+def _bundle(flows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Merge one phase's flows into a single flow when they all carry the same bytes at the same cap
+    (an all-to-all's p-1 flows, NVLS up/down): started together, max-min fairness gives each the rate
+    of its bottleneck, and the phase ends when the slowest ends, which is the merged flow's time at
+    rate min over edges of capacity / (flows on the edge); one flow instead of p-1 keeps the fluid
+    model's rebalancing cheap. Per-edge weights add up."""
+    if len(flows) < 2 or len({(f[2], f[3]) for f in flows}) > 1:
+        return flows
+    weight: dict[Any, float] = {}
+    for path, w, _, _ in flows:
+        for e, x in zip(path, w, strict=True):
+            weight[e] = weight.get(e, 0.0) + x
+    return [(tuple(weight), tuple(weight.values()), flows[0][2], flows[0][3])]
 
 
 def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...]) -> bool:
@@ -297,8 +330,10 @@ class Engine:
     """
 
     def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
-                 symmetric: bool = True, trace: bool = True):
+                 symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None):
         self.programs, self.grid, self.gpu = programs, grid, gpu
+        self.load_factor = load_factor or {}
+        """Routed-expert time factor per rank (simtrain.routing); missing ranks run at 1."""
         self.symmetric, self.keep_trace = symmetric, trace
         self.env = simpy.Environment()
         self.planner = CommPlanner(topo, gpu, grid, symmetric)
@@ -411,7 +446,7 @@ class Engine:
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
             if op.kind == OpKind.COMPUTE:
-                dur = op.duration_s * self._slowdown(rank)
+                dur = (op.duration_s + (self.load_factor.get(rank, 1.0) - 1.0) * op.expert_s) * self._slowdown(rank)
                 yield env.timeout(dur)
                 stats.busy[op.category] += dur
                 stats.flops += op.flops

@@ -95,6 +95,8 @@ class GpuSpec(BaseModel):
     nvlink_Bps: float = Field(gt=0)
     nvlink_domain: int = Field(default=8, ge=1)
     gemm_efficiency: float = Field(gt=0, le=1)
+    fp8_gemm_efficiency: float = Field(default=0.0, ge=0, le=1)
+    """Best-shape FP8 GEMM fraction of the FP8 peak (MAMF); 0.0 = not given, use ``gemm_efficiency``."""
     attention_fwd_efficiency: float = Field(gt=0, le=1)
     attention_bwd_efficiency: float = Field(gt=0, le=1)
     hbm_efficiency: float = Field(gt=0, le=1)
@@ -221,6 +223,7 @@ _GPU_KEYS: dict[str, tuple[str, float, str]] = {
     "nvlink_GBps": ("nvlink_Bps", GB, "f"),
     "nvlink_domain": ("nvlink_domain", 1, "i"),
     "gemm_efficiency": ("gemm_efficiency", 1.0, "f"),
+    "fp8_gemm_efficiency": ("fp8_gemm_efficiency", 1.0, "f0"),
     "attention_fwd_efficiency": ("attention_fwd_efficiency", 1.0, "f"),
     "attention_bwd_efficiency": ("attention_bwd_efficiency", 1.0, "f"),
     "hbm_efficiency": ("hbm_efficiency", 1.0, "f"),

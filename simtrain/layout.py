@@ -3,7 +3,10 @@
 One numpy reshape gives the grid (the nanotron/torchtitan approach): ranks are numbered with the
 first axis of ``order`` varying fastest, so with TP innermost a TP group is consecutive ranks and
 lands inside one NVLink node. EP is not its own grid axis: as in torchtitan and Megatron-core it
-folds over the dp x cp ranks (an EP group is ``ep`` consecutive members of the dp x cp plane).
+folds over the tp x cp x dp ranks of a pipeline stage, as Megatron-core's expert rank generator
+does (``parallel_state.initialize_model_parallel``, expert mesh "tp-ep-dp-pp"): in a stage's ranks in
+ascending order, ``etp`` consecutive ranks form an expert-tensor group, ``ep`` of those blocks (stride
+``etp``) an EP group, and the ranks at the same place in every EP block an expert-data (``edp``) group.
 Placement maps rank r to GPU r (nodes filled in rank order).
 """
 
@@ -25,6 +28,7 @@ class RankGrid:
         """Grid axes innermost first (``ep`` dropped: it folds over dp x cp)."""
         self._degree = {a: int(getattr(layout, a)) for a in GRID_AXES}
         self._stride: dict[str, int] = {}
+        self._stage_ranks: dict[int, list[int]] = {}
         s = 1
         for a in self.order:
             self._stride[a] = s
@@ -60,14 +64,35 @@ class RankGrid:
         if axis in GRID_AXES:
             base = rank - self.coords(rank)[axis] * self.stride(axis)
             return tuple(base + i * self.stride(axis) for i in range(self.degree(axis)))
-        if axis in ("ep", "dp_shard", "dp_replicate", "dp_cp"):
+        if axis in ("dp_shard", "dp_replicate", "dp_cp"):
             return self._folded_group(axis, rank)
+        if axis in ("etp", "ep", "edp"):
+            return self._expert_group(axis, rank)
         raise KeyError(axis)
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel degree (``layout.etp``, default tp as in Megatron)."""
+        return self.layout.etp or self.layout.tp
+
+    def _expert_group(self, axis: str, rank: int) -> tuple[int, ...]:
+        """Expert-tensor, expert-parallel and expert-data groups of ``rank`` (module docstring)."""
+        members = self.stage_ranks(self.stage_of(rank))
+        j = members.index(rank)
+        etp, ep = self.etp, self.layout.ep
+        if axis == "etp":
+            start = j - j % etp
+            return tuple(members[start:start + etp])
+        if axis == "ep":
+            block = etp * ep
+            start = j - j % block + j % etp
+            return tuple(members[start:start - start % block + block:etp])
+        return tuple(members[j % (etp * ep)::etp * ep])
 
     def _folded_group(self, axis: str, rank: int) -> tuple[int, ...]:
         """Groups carved out of the dp x cp plane (EP) or the dp axis (hybrid-shard FSDP)."""
         members = self.group("dp", rank) if axis in ("dp_shard", "dp_replicate") else self._dpcp_plane(rank)
-        size = {"ep": self.layout.ep, "dp_cp": len(members)}.get(axis, self.shard_size)
+        size = len(members) if axis == "dp_cp" else self.shard_size
         if axis == "dp_replicate":
             pos = members.index(rank) % size
             return tuple(members[pos::size])
@@ -98,9 +123,13 @@ class RankGrid:
         return out
 
     def stage_ranks(self, stage: int) -> list[int]:
-        """All ranks of pipeline stage ``stage`` (ascending)."""
-        ranks = np.arange(self.world_size)
-        return [int(r) for r in ranks[(ranks // self.stride("pp")) % self.layout.pp == stage]]
+        """All ranks of pipeline stage ``stage`` (ascending; memoised, as expert groups look them up)."""
+        hit = self._stage_ranks.get(stage)
+        if hit is None:
+            ranks = np.arange(self.world_size)
+            hit = self._stage_ranks[stage] = [int(r) for r in ranks[(ranks // self.stride("pp")) % self.layout.pp
+                                                                    == stage]]
+        return hit
 
     def stage_groups(self, axis: str, stage: int) -> list[tuple[int, ...]]:
         """The groups of ``axis`` whose members are in ``stage`` (a partition of its ranks)."""

@@ -12,6 +12,7 @@ mode runs it on every rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
@@ -25,28 +26,39 @@ from simtrain.memory import (
     head_activation_bytes,
     layer_activation_bytes,
     layer_checkpoint_bytes,
+    weight_grad_input_bytes,
 )
 from simtrain.ops import Kernel, Op, OpKind, Program, Stream
-from simtrain.schedules import Action, build_schedule
+from simtrain.schedules import Action, Route, build_schedule, schedule_route, split_backward_keys
 
 MiB = 1024.0**2
-STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP}
+STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stream.TP}
 TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
 
 
-def split_layers(n_layers: int, pp: int, vpp: int) -> list[list[int]]:
-    """Layers per (stage, chunk). Even when divisible; otherwise (vpp=1) the first and last stages
-    give up layers first, since they also hold the embedding and the LM head (Llama 3 405B removes
-    one layer from each of them; Dubey et al. 2024 sec. 3.3.2)."""
-    if n_layers % (pp * vpp) == 0:
-        return [[n_layers // (pp * vpp)] * vpp for _ in range(pp)]
-    base = -(-n_layers // pp)
-    counts = [base] * pp
-    deficit = pp * base - n_layers
-    order = [i for pair in zip(range(pp), reversed(range(pp)), strict=True) for i in pair]
-    for i in order[:deficit] if deficit <= pp else order:
+def layers_by_position(n_layers: int, positions: int) -> list[int]:
+    """Layers of each model stage (position on the pipeline path). Even when divisible; otherwise the
+    first and last positions give up layers first, since they also hold the embedding and the LM head
+    (Llama 3 405B removes one layer from each of them; Dubey et al. 2024 sec. 3.3.2; Megatron
+    ``--decoder-first/last-pipeline-num-layers``)."""
+    if n_layers % positions == 0:
+        return [n_layers // positions] * positions
+    base = -(-n_layers // positions)
+    counts = [base] * positions
+    deficit = positions * base - n_layers
+    order = [i for pair in zip(range(positions), reversed(range(positions)), strict=True) for i in pair]
+    for i in order[:deficit] if deficit <= positions else order:
         counts[i] -= 1
-    return [[c] for c in counts]
+    return counts
+
+
+def split_layers(n_layers: int, pp: int, vpp: int, route: Route | None = None) -> list[list[int]]:
+    """Layers per (stage, chunk): the positions of ``route`` (default: Megatron's virtual stages,
+    position = chunk * pp + stage) each get ``layers_by_position``'s share."""
+    route = route or Route("interleaved", pp, vpp)
+    counts = layers_by_position(n_layers, route.length)
+    chunks = 2 if route.shape in ("dualpipe", "v") else vpp
+    return [[counts[route.position(0, s, c)] for c in range(chunks)] for s in range(pp)]
 
 
 @dataclass(slots=True)
@@ -60,6 +72,14 @@ class LayerPlan:
     transient_bytes: float
     params_per_rank: float
     selective_kernels: tuple[Kernel, ...] = ()
+    expert_params_per_rank: float = 0.0
+    """Routed-expert parameters of the layer on this rank (sharded by ep x etp, reduced over edp)."""
+    bwd_input: list[Segment] = field(default_factory=list)
+    """Backward without the weight-gradient GEMMs (zero-bubble "B", Qi et al. 2023 sec. 2)."""
+    bwd_weight: tuple[Kernel, ...] = ()
+    """The weight-gradient GEMMs alone (zero-bubble "W")."""
+    weight_bytes: float = 0.0
+    """Activations a split backward keeps from B until W: the linear layers' inputs."""
 
 
 @dataclass(slots=True)
@@ -72,6 +92,11 @@ class Lowered:
     layers: list[list[int]]
     microbatches: int
     stage_params: list[float] = field(default_factory=list)
+    stage_expert_params: list[float] = field(default_factory=list)
+    stage_layer_params: list[float] = field(default_factory=list)
+    """Transformer-layer parameters per stage on one rank (the linear layers FP8 keeps copies of)."""
+    max_layer_params: float = 0.0
+    """Largest per-rank layer (dense part), for ZeRO-3/FSDP gather buffers."""
 
 
 class _Emitter:
@@ -86,6 +111,9 @@ class _Emitter:
         self.recv_key: tuple[str, int, int] | None = None
         self.recv_ops: dict[int, tuple[str, int, int]] = {}
         self.extra_deps: list[int] = []
+        self.overlap_comm: Op | None = None
+        self.overlap_skip = 0
+        self.trailing: list[Op] = []
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
@@ -95,9 +123,13 @@ class _Emitter:
         deps = [] if self.last_compute is None else [self.last_compute]
         if self.pending_comm is not None:  # two collectives in a row: the second follows the first
             deps.append(self.pending_comm.idx)
-        self.pending_comm = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[c.axis], f"{c.axis}.{c.coll}",
-                                          category="comm", deps=tuple(deps), coll=c.coll, axis=c.axis,
-                                          comm_bytes=c.size_bytes, microbatch=mb, chunk=chunk)
+        op = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[c.axis], f"{c.axis}.{c.coll}", category="comm",
+                           deps=tuple(deps), coll=c.coll, axis=c.axis, comm_bytes=c.size_bytes, microbatch=mb,
+                           chunk=chunk)
+        if c.overlap:  # the next compute segment runs beside it; the one after waits for it
+            self.pending_comm, self.overlap_comm, self.overlap_skip = None, op, 1
+        else:
+            self.pending_comm = op
 
     def ring(self, r: Ring, category: str, mb: int, chunk: int) -> None:
         """Ring attention: compute block i while KV block i moves on; block i+1 waits for that move."""
@@ -126,13 +158,20 @@ class _Emitter:
         if self.pending_comm is not None:
             deps.append(self.pending_comm.idx)
             self.pending_comm = None
+        if self.overlap_comm is not None:
+            if self.overlap_skip:
+                self.overlap_skip -= 1
+            else:
+                deps.append(self.overlap_comm.idx)
+                self.overlap_comm = None
         self.extra_deps = []
         op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, kernels[0].name if len(kernels) == 1 else
                            f"{category}:{kernels[0].name}..{kernels[-1].name}", category=category,
                            deps=tuple(deps), duration_s=sum(k.time_s for k in kernels),
                            kernels=kernels, microbatch=mb, chunk=chunk,
                            mem_start=((tag, mem_start),) if mem_start else (),
-                           mem_end=((tag, mem_end),) if mem_end else ())
+                           mem_end=((tag, mem_end),) if mem_end else (),
+                           expert_s=sum(k.time_s for k in kernels if k.name.startswith("expert.")))
         if self.recv_key is not None:
             self.recv_ops[op.idx] = self.recv_key
             self.recv_key = None
@@ -140,34 +179,69 @@ class _Emitter:
         return op
 
     def _overlapped(self, kernels: tuple[Kernel, ...], category: str, mb: int, chunk: int,
-                    mem_start: float, mem_end: float, tag: str) -> Op | None:
-        assert self.pending_comm_spec is not None
-        coll, size, _, _, _ = self.pending_comm_spec
+                    mem_start: float, mem_end: float, tag: str, after: Comm | None = None) -> Op | None:
+        """TP communication overlap (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers):
+        the GEMMs are split in ``TP_OVERLAP_CHUNKS``; chunk i of a preceding all-gather feeds compute
+        chunk i, and compute chunk i feeds chunk i of a following reduce-scatter (``after``), so each
+        collective pipelines with the GEMM that consumes or produces it."""
+        before = self.pending_comm_spec
         self.pending_comm_spec = None
         n = TP_OVERLAP_CHUNKS
         part = tuple(Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n) for k in kernels)
+        producer = () if self.last_compute is None else (self.last_compute,)
+        # the all-gather chunks are issued first: the TP stream runs in order, so a reduce-scatter
+        # chunk waiting for its GEMM chunk must not hold back the next all-gather chunk
+        gathers = [] if before is None else [
+            self.prog.add(OpKind.COLLECTIVE, Stream.TP, f"tp.{before[0]}", category="comm", deps=producer,
+                          coll=before[0], axis="tp", comm_bytes=before[1] / n, microbatch=mb, chunk=chunk)
+            for _ in range(n)]
         op = None
         for i in range(n):
-            deps = () if self.last_compute is None else (self.last_compute,)
-            self.pending_comm = self.prog.add(OpKind.COLLECTIVE, Stream.TP, f"tp.{coll}", category="comm",
-                                              deps=deps, coll=coll, axis="tp", comm_bytes=size / n,
-                                              microbatch=mb, chunk=chunk)
+            if gathers:
+                self.pending_comm = gathers[i]
             op = self.compute(part, category, mb, chunk, mem_start if i == 0 else 0.0,
                               mem_end if i == n - 1 else 0.0, tag)
+            if after is not None and op is not None:
+                self.trailing.append(self.prog.add(
+                    OpKind.COLLECTIVE, Stream.TP, f"tp.{after.coll}", category="comm", deps=(op.idx,),
+                    coll=after.coll, axis="tp", comm_bytes=after.size_bytes / n, microbatch=mb, chunk=chunk))
+        if after is not None and self.trailing:
+            self.pending_comm = self.trailing[-1]  # the next compute waits for the last chunk
+            self.trailing = []
         return op
 
     def segments(self, segs: list[Segment], category: str, mb: int, chunk: int,
                  mem_start: float = 0.0, mem_end: float = 0.0, tag: str = "activations") -> None:
         """Emit a segment list; ``mem_start`` goes on its first compute op, ``mem_end`` on its last."""
+        for _ in self.segment_steps(segs, category, mb, chunk, mem_start, mem_end, tag):
+            pass
+
+    def segment_steps(self, segs: list[Segment], category: str, mb: int, chunk: int,
+                      mem_start: float = 0.0, mem_end: float = 0.0, tag: str = "activations") -> Iterator[None]:
+        """``segments``, pausing after each compute segment (to interleave two chains, as DualPipe)."""
         computes = [i for i, s in enumerate(segs) if isinstance(s, tuple) and s]
+        done = -1
         for i, s in enumerate(segs):
+            if i == done:
+                continue
+            nxt = segs[i + 1] if i + 1 < len(segs) else None
+            if (self.tp_overlap and isinstance(s, tuple) and s and isinstance(nxt, Comm) and nxt.axis == "tp"
+                    and nxt.coll in ("reduce_scatter", "all_reduce")):
+                # a reduce-scatter/all-reduce of this segment's output pipelines with it
+                self._overlapped(s, category, mb, chunk, mem_start if i == computes[0] else 0.0,
+                                 mem_end if i == computes[-1] else 0.0, tag, after=nxt)
+                done = i + 1
+                yield
+                continue
             if isinstance(s, Comm):
                 self.comm(s, category, mb, chunk)
             elif isinstance(s, Ring):
                 self.ring(s, category, mb, chunk)
+                yield
             elif s:
                 self.compute(s, category, mb, chunk, mem_start if i == computes[0] else 0.0,
                              mem_end if i == computes[-1] else 0.0, tag)
+                yield
 
 
 @dataclass(slots=True)
@@ -177,17 +251,27 @@ class _StageLowering:
     run: RunConfig
     stage: int
     layers: list[int]
-    plan: LayerPlan
+    plans: dict[int, LayerPlan]
+    """Plan of every global layer index (layers with the same structure share one plan)."""
+    first_layer: list[int]
+    """Global index of the first layer of each chunk on this stage."""
     block: BlockBuilder
     cost: ComputeCostModel
-    n_virtual: int
+    route: Route
+    split: set[tuple[int, int]] = field(default_factory=set)
+    """(micro-batch, chunk) whose backward is split into B (input grads) and W (weight grads)."""
     prog: Program = field(init=False)
     em: _Emitter = field(init=False)
     sends: dict[tuple[str, int, int], int] = field(default_factory=dict)
     dp_ops: list[int] = field(default_factory=list)
-    deferred: list[tuple[str, float]] = field(default_factory=list)
+    deferred: list[tuple[str, float, str]] = field(default_factory=list)
     param_gathers: dict[int, list[int]] = field(default_factory=dict)
     fsdp_gathers: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+
+    @property
+    def n_virtual(self) -> int:
+        """Positions on the pipeline path (model stages)."""
+        return self.route.length
 
     def __post_init__(self) -> None:
         self.prog = Program(self.stage)
@@ -198,9 +282,18 @@ class _StageLowering:
     def pp(self) -> int:
         return self.run.layout.pp
 
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: ranks of a stage holding the same experts (1 without MoE)."""
+        lay = self.run.layout
+        if not self.run.model.is_moe:
+            return 1
+        return lay.tp * lay.cp * lay.dp // (lay.ep * (lay.etp or lay.tp))
+
     def vstage(self, chunk: int) -> int:
-        """Virtual stage index of ``chunk`` on this stage (Megatron: chunk * pp + stage)."""
-        return chunk * self.pp + self.stage
+        """Position of ``chunk`` of this stage on the pipeline path (Megatron's virtual stage
+        chunk * pp + stage; DualPipe: stage s for chunk 0, p - 1 - s for chunk 1)."""
+        return self.route.position(0, self.stage, chunk)
 
     def _recompute_layer(self, i: int) -> bool:
         lay = self.run.layout
@@ -220,69 +313,157 @@ class _StageLowering:
         if self.vstage(chunk) != self.n_virtual - 1:
             return 0.0
         head = m.lm_head_params() or (m.embedding_params() if self.n_virtual > 1 else 0)
-        return head / self.run.layout.tp + m.final_norm_params()
+        mtp = sum(p.params_per_rank for p in self._mtp())
+        mtp += m.mtp_depth * (2 * m.hidden * m.hidden / self.run.layout.tp + 3 * m.hidden)  # projection + norms
+        return head / self.run.layout.tp + m.final_norm_params() + mtp
 
     def _extra_params(self, chunk: int) -> float:
         return self._embed_params(chunk) + self._head_params(chunk)
 
     def chunk_params(self, chunk: int) -> float:
         """Parameters of one chunk on this rank."""
-        return self.layers[chunk] * self.plan.params_per_rank + self._extra_params(chunk)
+        return sum(self.plan(chunk, i).params_per_rank for i in range(self.layers[chunk])) + self._extra_params(chunk)
+
+    def chunk_expert_params(self, chunk: int) -> float:
+        """Routed-expert parameters of one chunk on this rank (MTP blocks' on the last position)."""
+        mtp = sum(p.expert_params_per_rank for p in self._mtp()) if self.vstage(chunk) == self.n_virtual - 1 else 0.0
+        return sum(self.plan(chunk, i).expert_params_per_rank for i in range(self.layers[chunk])) + mtp
+
+    def plan(self, chunk: int, i: int) -> LayerPlan:
+        """Plan of the i-th layer of ``chunk`` on this stage."""
+        return self.plans[self.first_layer[chunk] + i]
 
     # -- forward / backward --------------------------------------------------------------------
-    def forward(self, a: Action, is_last_mb: bool) -> None:
+    def forward(self, a: Action, is_last_mb: bool) -> Iterator[None]:
+        """Emit a forward action, pausing after each compute segment (reads ``self.em`` afresh, so a
+        caller may switch emitters between steps)."""
         v = self.vstage(a.chunk)
-        em, plan = self.em, self.plan
         if v > 0:
-            em.recv_key = ("F", a.microbatch, v)
+            self.em.recv_key = ("F", a.microbatch, v)
         if self.gathers_before(a.chunk, a.microbatch):
-            em.extra_deps = list(self.param_gathers.get(a.chunk, []))
+            self.em.extra_deps = list(self.param_gathers.get(a.chunk, []))
         if v == 0:
-            em.segments(self.block.embedding_forward(), "fwd", a.microbatch, a.chunk,
-                        mem_start=embedding_activation_bytes(self.run.model, self._shape))
+            yield from self.em.segment_steps(self.block.embedding_forward(), "fwd", a.microbatch, a.chunk,
+                                             mem_start=embedding_activation_bytes(self.run.model, self._shape))
         for i in range(self.layers[a.chunk]):
+            plan = self.plan(a.chunk, i)
             self._fsdp_gather("F", a, i)
-            if self._recompute_layer(i):
-                em.segments(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes,
-                            mem_end=-(plan.act_bytes - plan.ckpt_bytes))
-            else:
-                em.segments(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes)
+            end = -(plan.act_bytes - plan.ckpt_bytes) if self._recompute_layer(i) else 0.0
+            yield from self.em.segment_steps(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes,
+                                             mem_end=end)
         if v == self.n_virtual - 1:
-            em.segments(self.block.head_forward(), "fwd", a.microbatch, a.chunk,
-                        mem_start=head_activation_bytes(self.run.model, self._shape))
+            yield from self.em.segment_steps(self.block.head_forward(), "fwd", a.microbatch, a.chunk,
+                                             mem_start=head_activation_bytes(self.run.model, self._shape))
+            yield from self._mtp_forward(a)
         else:
             self._send("F", a, v + 1)
 
-    def backward(self, a: Action, is_last_mb: bool) -> None:
-        v = self.vstage(a.chunk)
-        em, plan = self.em, self.plan
+    def _mtp(self) -> list[LayerPlan]:
+        """Plans of the multi-token-prediction modules (DeepSeek-V3 sec. 2.2), last position only."""
         m = self.run.model
+        return [self.plans[m.n_layers + k] for k in range(m.mtp_depth)]
+
+    def _mtp_forward(self, a: Action) -> Iterator[None]:
+        """Each MTP module: projection of [norm(h), norm(emb)] (2h -> h), one transformer block and
+        the shared output head; its activations live until its backward."""
+        head = head_activation_bytes(self.run.model, self._shape)
+        for plan in self._mtp():
+            self.em.compute((self.block.mtp_projection(False)[0],), "fwd", a.microbatch, a.chunk)
+            yield from self.em.segment_steps(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes)
+            yield from self.em.segment_steps(self.block.head_forward(), "fwd", a.microbatch, a.chunk,
+                                             mem_start=head)
+
+    def _mtp_backward(self, a: Action, bucket: BucketFiller) -> Iterator[None]:
+        head = head_activation_bytes(self.run.model, self._shape)
+        for plan in reversed(self._mtp()):
+            yield from self.em.segment_steps(self.block.head_backward(), "bwd", a.microbatch, a.chunk, mem_end=-head)
+            yield from self.em.segment_steps(plan.bwd, "bwd", a.microbatch, a.chunk, mem_start=plan.transient_bytes,
+                                             mem_end=-(plan.act_bytes + plan.transient_bytes))
+            self.em.compute(self.block.mtp_projection(True), "bwd", a.microbatch, a.chunk)
+            bucket.add(plan.params_per_rank, plan.expert_params_per_rank)
+
+    def backward(self, a: Action, is_last_mb: bool) -> Iterator[None]:
+        """Emit a backward: the full one, or with a split the input-gradient part (zero-bubble "B")."""
+        v = self.vstage(a.chunk)
+        m = self.run.model
+        split = (a.microbatch, a.chunk) in self.split
         if v < self.n_virtual - 1:
-            em.recv_key = ("B", a.microbatch, v)
-        else:
-            em.segments(self.block.head_backward(), "bwd", a.microbatch, a.chunk,
-                        mem_end=-head_activation_bytes(m, self._shape))
+            self.em.recv_key = ("B", a.microbatch, v)
         bucket = BucketFiller(self, a, is_last_mb)
-        bucket.add(self._head_params(a.chunk))
+        if v == self.n_virtual - 1:
+            yield from self._mtp_backward(a, bucket)
+            yield from self.em.segment_steps(self.block.head_backward(), "bwd", a.microbatch, a.chunk,
+                                             mem_end=-head_activation_bytes(m, self._shape))
+        if not split:
+            bucket.add(self._head_params(a.chunk))
         for i in reversed(range(self.layers[a.chunk])):
+            plan = self.plan(a.chunk, i)
             self._fsdp_gather("B", a, i)
             rec = self._recompute_layer(i)
             keep = plan.ckpt_bytes if rec else plan.act_bytes
             if rec:
-                em.segments(plan.fwd, "recompute", a.microbatch, a.chunk, mem_start=plan.act_bytes)
+                yield from self.em.segment_steps(plan.fwd, "recompute", a.microbatch, a.chunk,
+                                                 mem_start=plan.act_bytes)
             elif plan.selective_kernels and self.run.layout.recompute == "selective":
-                em.compute(plan.selective_kernels, "recompute", a.microbatch, a.chunk)
+                self.em.compute(plan.selective_kernels, "recompute", a.microbatch, a.chunk)
             freed = keep + (plan.act_bytes if rec else 0.0) + plan.transient_bytes
-            em.segments(plan.bwd, "bwd", a.microbatch, a.chunk, mem_start=plan.transient_bytes, mem_end=-freed)
+            if split:
+                yield from self.em.segment_steps(plan.bwd_input, "bwd", a.microbatch, a.chunk,
+                                                 mem_start=plan.transient_bytes, mem_end=-(freed - plan.weight_bytes))
+                continue
+            yield from self.em.segment_steps(plan.bwd, "bwd", a.microbatch, a.chunk, mem_start=plan.transient_bytes,
+                                             mem_end=-freed)
             self._fsdp_reduce(a, i, is_last_mb)
-            bucket.add(plan.params_per_rank)
-        if v == 0:
-            em.segments(self.block.embedding_backward(), "bwd", a.microbatch, a.chunk,
-                        mem_end=-embedding_activation_bytes(m, self._shape))
+            bucket.add(plan.params_per_rank, plan.expert_params_per_rank)
+        if v == 0 and not split:
+            yield from self.em.segment_steps(self.block.embedding_backward(), "bwd", a.microbatch, a.chunk,
+                                             mem_end=-embedding_activation_bytes(m, self._shape))
             bucket.add(self._embed_params(a.chunk))
         bucket.flush()
         if v > 0:
             self._send("B", a, v - 1)
+
+    def weight_grad(self, a: Action, is_last_mb: bool) -> Iterator[None]:
+        """Zero-bubble "W": the weight-gradient GEMMs of a split backward, then the gradient buckets."""
+        v = self.vstage(a.chunk)
+        m = self.run.model
+        bucket = BucketFiller(self, a, is_last_mb)
+        bucket.add(self._head_params(a.chunk))
+        for i in reversed(range(self.layers[a.chunk])):
+            plan = self.plan(a.chunk, i)
+            self.em.compute(plan.bwd_weight, "bwd", a.microbatch, a.chunk, mem_end=-plan.weight_bytes)
+            yield
+            self._fsdp_reduce(a, i, is_last_mb)
+            bucket.add(plan.params_per_rank, plan.expert_params_per_rank)
+        if v == 0:
+            yield from self.em.segment_steps(self.block.embedding_backward(), "bwd", a.microbatch, a.chunk,
+                                             mem_end=-embedding_activation_bytes(m, self._shape))
+            bucket.add(self._embed_params(a.chunk))
+        bucket.flush()
+
+    def steps(self, a: Action, is_last_mb: bool) -> Iterator[None]:
+        """The emission steps of one action."""
+        if a.kind == "F":
+            return self.forward(a, is_last_mb)
+        if a.kind == "W":
+            return self.weight_grad(a, is_last_mb)
+        return self.backward(a, is_last_mb)
+
+    def run_pair(self, first: Iterator[None], second: Iterator[None]) -> None:
+        """DualPipe's overlapped F&B pair: two chains of ops, each with its own emitter (data
+        dependencies), interleaved one compute segment at a time on the in-order compute stream, so
+        one chain's all-to-alls and sends run while the other computes (DeepSeek-V3 sec. 3.2.1)."""
+        main, other = self.em, _Emitter(self.prog, self.em.tp_overlap)
+        other.last_compute = main.last_compute
+        chains = [(main, first), (other, second)]
+        while chains:
+            for chain in list(chains):
+                self.em = chain[0]
+                if next(chain[1], StopIteration) is StopIteration:
+                    chains.remove(chain)
+        main.recv_ops.update(other.recv_ops)
+        main.last_compute = max(x for x in (main.last_compute, other.last_compute, -1) if x is not None)
+        self.em = main
 
     @property
     def _shape(self):  # type: ignore[no-untyped-def]
@@ -294,8 +475,8 @@ class _StageLowering:
         size = 2.0 * self.block.T * self.run.model.hidden / lay.tp
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
         op = self.prog.add(OpKind.SEND, Stream.PP, f"pp.send.{kind}", category="comm", deps=deps, coll="send",
-                           axis="pp", comm_bytes=size, peer_stage=dst_v % self.pp, microbatch=a.microbatch,
-                           chunk=a.chunk)
+                           axis="pp", comm_bytes=size, peer_stage=self.route.at(a.microbatch, dst_v)[0],
+                           microbatch=a.microbatch, chunk=a.chunk)
         self.sends[(kind, a.microbatch, dst_v)] = op.idx
 
     # -- data parallelism ----------------------------------------------------------------------
@@ -313,7 +494,7 @@ class _StageLowering:
         lay = self.run.layout
         if lay.shard_stage < 3 or lay.data_degree == 1:
             return
-        size = 2.0 * self.plan.params_per_rank
+        size = 2.0 * self.plan(a.chunk, i).params_per_rank
         axis = "dp_shard" if lay.fsdp == "hybrid" else lay.data_axis
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
         op = self.dp_collective("all_gather", axis, size, f"fsdp.all_gather.{kind}", deps)
@@ -324,7 +505,7 @@ class _StageLowering:
         if lay.shard_stage < 3 or lay.data_degree == 1:
             return
         grad_b = 4.0 if self.run.train.grad_dtype == "fp32" else 2.0
-        size = grad_b * self.plan.params_per_rank
+        size = grad_b * self.plan(a.chunk, i).params_per_rank
         deps = (self.em.last_compute,) if self.em.last_compute is not None else ()
         if lay.fsdp == "hybrid" and lay.fsdp_shard_size and lay.fsdp_shard_size < lay.dp:
             op = self.dp_collective("reduce_scatter", "dp_shard", size, "fsdp.reduce_scatter", deps)
@@ -337,25 +518,30 @@ class _StageLowering:
 
 @dataclass(slots=True)
 class BucketFiller:
-    """Groups gradients into buckets in backward order and reduces each as it fills (DDP buckets)."""
+    """Groups gradients into buckets in backward order and reduces each as it fills (DDP buckets).
+
+    Dense gradients reduce over the data axis (dp, or dp x cp); routed-expert gradients over the
+    expert-data-parallel group (Megatron-core keeps separate expert buckets)."""
 
     sl: _StageLowering
     action: Action
     is_last_mb: bool
     pending: float = 0.0
+    pending_expert: float = 0.0
 
     @property
     def active(self) -> bool:
         lay = self.sl.run.layout
-        if lay.data_degree == 1 or lay.shard_stage >= 3:
+        if lay.data_degree == 1 and self.sl.edp == 1 or lay.shard_stage >= 3:
             return False
         return self.is_last_mb or lay.shard_stage == 2
 
-    def add(self, params: float) -> None:
-        if not self.active or params <= 0:
+    def add(self, params: float, expert_params: float = 0.0) -> None:
+        if not self.active or params + expert_params <= 0:
             return
         self.pending += params
-        if self.pending * self._grad_bytes >= self.sl.run.layout.grad_bucket_MiB * MiB:
+        self.pending_expert += expert_params
+        if (self.pending + self.pending_expert) * self._grad_bytes >= self.sl.run.layout.grad_bucket_MiB * MiB:
             self.flush()
 
     @property
@@ -363,41 +549,50 @@ class BucketFiller:
         return 4.0 if self.sl.run.train.grad_dtype == "fp32" else 2.0
 
     def flush(self) -> None:
-        if not self.active or self.pending <= 0:
+        if not self.active:
             return
         lay = self.sl.run.layout
         coll = "all_reduce" if lay.shard_stage == 0 else "reduce_scatter"
-        size = self.pending * self._grad_bytes
         last = self.sl.em.last_compute
-        if lay.overlap_grad_reduce:
-            self.sl.dp_collective(coll, lay.data_axis, size, f"dp.{coll}", () if last is None else (last,))
-        else:
-            self.sl.deferred.append((coll, size))
-        self.pending = 0.0
+        for params, axis, degree in ((self.pending, lay.data_axis, lay.data_degree),
+                                     (self.pending_expert, "edp", self.sl.edp)):
+            if params <= 0 or degree == 1:
+                continue
+            size = params * self._grad_bytes
+            if lay.overlap_grad_reduce:
+                self.sl.dp_collective(coll, axis, size, f"dp.{coll}", () if last is None else (last,))
+            else:
+                self.sl.deferred.append((coll, size, axis))
+        self.pending = self.pending_expert = 0.0
 
 
 def _finish_stage(sl: _StageLowering) -> None:
     """Deferred gradient reductions, the optimizer step and (ZeRO-1/2) the parameter all-gather."""
     lay, train = sl.run.layout, sl.run.train
     last = sl.em.last_compute
-    for coll, size in sl.deferred:
-        sl.dp_collective(coll, lay.data_axis, size, f"dp.{coll}", () if last is None else (last,))
-    params = sum(sl.chunk_params(c) for c in range(len(sl.layers)))
+    for coll, size, axis in sl.deferred:
+        sl.dp_collective(coll, axis, size, f"dp.{coll}", () if last is None else (last,))
+    chunks = range(len(sl.layers))
+    params = sum(sl.chunk_params(c) for c in chunks)
+    experts = sum(sl.chunk_expert_params(c) for c in chunks)
     shard = lay.data_degree if lay.shard_stage >= 1 else 1
     if lay.fsdp == "hybrid" and lay.fsdp_shard_size:
         shard = lay.fsdp_shard_size
+    expert_shard = sl.edp if lay.shard_stage >= 1 else 1
     # Fused Adam reads grad, fp32 master, m, v and writes master, m, v and the bf16 weights
     # (4+4+4+4 read + 4+4+4+2 write bytes/param); SGD with momentum drops v.
     grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
     per_param = grad_b + (24.0 + 2.0 if train.optimizer != "sgd" else 16.0 + 2.0)
-    kernel = sl.cost.memory_op("optimizer.step", per_param * params / shard)
+    kernel = sl.cost.memory_op("optimizer.step", per_param * (params / shard + experts / expert_shard))
     deps = (sl.dp_ops[-1],) if sl.dp_ops else ()
     sl.em.pending_comm = None
     sl.em.extra_deps = list(deps)
     opt = sl.em.compute((kernel,), "optimizer", -1, 0)
     assert opt is not None
-    if lay.shard_stage in (1, 2) and lay.data_degree > 1 and not lay.overlap_param_gather:
-        sl.dp_collective("all_gather", lay.data_axis, 2.0 * params, "dp.param_all_gather", (opt.idx,))
+    if lay.shard_stage in (1, 2) and not lay.overlap_param_gather:
+        for size, axis, degree in ((params, lay.data_axis, lay.data_degree), (experts, "edp", sl.edp)):
+            if degree > 1 and size > 0:
+                sl.dp_collective("all_gather", axis, 2.0 * size, "dp.param_all_gather", (opt.idx,))
 
 
 def _param_gathers_at_start(sl: _StageLowering) -> None:
@@ -405,40 +600,74 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
     all-gathered bucket by bucket while this step's forward runs (Megatron --overlap-param-gather);
     each chunk's first forward waits for its buckets."""
     lay = sl.run.layout
-    if lay.shard_stage not in (1, 2) or lay.data_degree == 1 or not lay.overlap_param_gather:
+    if lay.shard_stage not in (1, 2) or not lay.overlap_param_gather:
         return
     bucket = lay.grad_bucket_MiB * MiB
     for c in range(len(sl.layers)):
-        size = 2.0 * sl.chunk_params(c)
         ids = []
-        while size > 0:
-            part = min(size, bucket)
-            ids.append(sl.dp_collective("all_gather", lay.data_axis, part, "dp.param_all_gather", ()).idx)
-            size -= part
-        sl.param_gathers[c] = ids
+        for params, axis, degree in ((sl.chunk_params(c), lay.data_axis, lay.data_degree),
+                                     (sl.chunk_expert_params(c), "edp", sl.edp)):
+            size = 2.0 * params if degree > 1 else 0.0
+            while size > 0:
+                part = min(size, bucket)
+                ids.append(sl.dp_collective("all_gather", axis, part, "dp.param_all_gather", ()).idx)
+                size -= part
+        if ids:
+            sl.param_gathers[c] = ids
 
 
-def _layer_plan(run: RunConfig, block: BlockBuilder) -> LayerPlan:
+def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
+    """Costs and memory of global layer ``layer`` (dense or MoE) on one rank."""
     shape = activation_shape(run.train, run.layout, run.model)
-    selective = run.layout.recompute == "selective" and not shape.flash
+    modules = run.layout.recompute_modules if run.layout.recompute == "selective" else ()
+    selective = "core_attn" in modules and not shape.flash
+    m, lay = run.model, run.layout
+    experts = m.layer_routed_expert_params(layer) if m.is_moe else 0
+    etp = lay.etp or lay.tp
+    w_in = weight_grad_input_bytes(m, shape, layer)
+    act = layer_activation_bytes(m, shape, recompute_attention=selective, layer=layer, recompute=modules)
+    if run.train.precision == "fp8":
+        # linear-layer inputs are saved as their FP8 casts for backward (Transformer Engine saves the
+        # quantised input; DeepSeek-V3 sec. 3.3.3 caches activations in FP8): half of their BF16 bytes
+        act, w_in = act - 0.5 * w_in, 0.5 * w_in
+    bwd = block.layer_backward(layer)
+    bwd_input = [seg if not isinstance(seg, tuple) else tuple(k for k in seg if not k.name.endswith(".wgrad"))
+                 for seg in bwd]
+    bwd_weight = tuple(k for seg in bwd if isinstance(seg, tuple) for k in seg if k.name.endswith(".wgrad"))
     return LayerPlan(
-        fwd=block.layer_forward(), bwd=block.layer_backward(),
-        act_bytes=layer_activation_bytes(run.model, shape, recompute_attention=selective),
-        ckpt_bytes=layer_checkpoint_bytes(run.model, shape),
-        transient_bytes=backward_transient_bytes(run.model, shape),
-        params_per_rank=run.model.layer_params() / run.layout.tp,
-        selective_kernels=block.attention_core_recompute() if selective else (),
+        fwd=block.layer_forward(layer), bwd=bwd, bwd_input=[seg for seg in bwd_input if seg], bwd_weight=bwd_weight,
+        weight_bytes=w_in,
+        act_bytes=act,
+        ckpt_bytes=layer_checkpoint_bytes(m, shape),
+        transient_bytes=backward_transient_bytes(m, shape, layer),
+        params_per_rank=(m.layer_params(layer) - experts) / lay.tp,
+        selective_kernels=block.selective_recompute(layer, modules),
+        expert_params_per_rank=experts / (lay.ep * etp),
     )
+
+
+def layer_plans(run: RunConfig, block: BlockBuilder, n_layers: int) -> dict[int, LayerPlan]:
+    """Plans of layers 0..n_layers-1, built once per distinct layer structure (dense/MoE, window)."""
+    m = run.model
+    by_kind: dict[tuple[bool, int | None], LayerPlan] = {}
+    out = {}
+    for i in range(n_layers):
+        key = (m.is_moe_layer(i), m.attention_window(i))
+        if key not in by_kind:
+            by_kind[key] = _layer_plan(run, block, i)
+        out[i] = by_kind[key]
+    return out
 
 
 def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:
     """The ledger deltas of one chunk, from the memory formulas (for the closed-form peak)."""
-    plan, shape, m = sl.plan, sl._shape, sl.run.model
+    shape, m = sl._shape, sl.run.model
     mem = ChunkMemory()
     v = sl.vstage(chunk)
     if v == 0:
         mem.fwd.append((embedding_activation_bytes(m, shape), 0.0))
     for i in range(sl.layers[chunk]):
+        plan = sl.plan(chunk, i)
         if sl._recompute_layer(i):
             mem.fwd.append((plan.act_bytes, -(plan.act_bytes - plan.ckpt_bytes)))
         else:
@@ -446,14 +675,20 @@ def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:
     if v == sl.n_virtual - 1:
         mem.fwd.append((head_activation_bytes(m, shape), 0.0))
         mem.bwd.append((0.0, -head_activation_bytes(m, shape)))
+        mem.bwd_input.append((0.0, -head_activation_bytes(m, shape)))
     for i in reversed(range(sl.layers[chunk])):
-        if sl._recompute_layer(i):
+        plan = sl.plan(chunk, i)
+        rec = sl._recompute_layer(i)
+        freed = (plan.ckpt_bytes + plan.act_bytes if rec else plan.act_bytes) + plan.transient_bytes
+        if rec:
             mem.bwd.append((plan.act_bytes, 0.0))
-            mem.bwd.append((plan.transient_bytes, -(plan.ckpt_bytes + plan.act_bytes + plan.transient_bytes)))
-        else:
-            mem.bwd.append((plan.transient_bytes, -(plan.act_bytes + plan.transient_bytes)))
+            mem.bwd_input.append((plan.act_bytes, 0.0))
+        mem.bwd.append((plan.transient_bytes, -freed))
+        mem.bwd_input.append((plan.transient_bytes, -(freed - plan.weight_bytes)))
+        mem.wgt.append((0.0, -plan.weight_bytes))
     if v == 0:
         mem.bwd.append((0.0, -embedding_activation_bytes(m, shape)))
+        mem.wgt.append((0.0, -embedding_activation_bytes(m, shape)))
     return mem
 
 
@@ -468,26 +703,66 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     m = microbatches(run)
     shape = activation_shape(run.train, lay, run.model)
     block = BlockBuilder(run.model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
-                         shape.dropout, lay.cp, lay.cp_comm)
-    plan = _layer_plan(run, block)
-    layers = split_layers(run.model.n_layers, lay.pp, lay.vpp)
-    schedule = build_schedule(lay.resolved_schedule, lay.pp, m, lay.vpp)
+                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.etp or lay.tp,
+                         lay.ep_comm_overlap or lay.resolved_schedule == "dualpipe",
+                         1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0)
+    kind = lay.resolved_schedule
+    route = schedule_route(kind, lay.pp, m, lay.vpp)
+    layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)
+    plans = layer_plans(run, block, run.model.n_layers + run.model.mtp_depth)
+    firsts = _first_layers(layers, route)
+    schedule = build_schedule(kind, lay.pp, m, lay.vpp)
     lowered = Lowered(programs=[], schedule=schedule, chunk_memory=[], layers=layers, microbatches=m)
     stages = []
     for s in range(lay.pp):
-        sl = _StageLowering(run, s, layers[s], plan, block, cost, lay.pp * lay.vpp)
+        sl = _StageLowering(run, s, layers[s], plans, firsts[s], block, cost, route, split_backward_keys(schedule[s]))
         _param_gathers_at_start(sl)
-        last_b = {c: max(a.microbatch for a in schedule[s] if a.chunk == c) for c in range(lay.vpp)}
-        for a in schedule[s]:
-            is_last = a.microbatch == last_b[a.chunk]
-            (sl.forward if a.kind == "F" else sl.backward)(a, is_last)
+        _emit_actions(sl, schedule[s])
         _finish_stage(sl)
         stages.append(sl)
-        lowered.chunk_memory.append({c: _chunk_memory(sl, c) for c in range(len(layers[s]))})
-        lowered.stage_params.append(sum(sl.chunk_params(c) for c in range(len(layers[s]))))
+        chunks = range(len(layers[s]))
+        lowered.chunk_memory.append({c: _chunk_memory(sl, c) for c in chunks})
+        lowered.stage_params.append(sum(sl.chunk_params(c) for c in chunks))
+        lowered.stage_expert_params.append(sum(sl.chunk_expert_params(c) for c in chunks))
+        lowered.stage_layer_params.append(sum(sl.plan(c, i).params_per_rank + sl.plan(c, i).expert_params_per_rank
+                                              for c in chunks for i in range(layers[s][c])))
+    lowered.max_layer_params = max(p.params_per_rank + p.expert_params_per_rank for p in plans.values())
     _match_sends(stages)
     lowered.programs = [sl.prog for sl in stages]
     return lowered
+
+
+def _emit_actions(sl: _StageLowering, actions: list[Action]) -> None:
+    """Emit a stage's actions in order; an F flagged ``overlap_with_next`` runs with the next action
+    as one overlapped pair. A chunk's last backward (or W, when split) reduces its gradients."""
+    last = {}
+    for a in actions:
+        if a.kind == ("W" if (a.microbatch, a.chunk) in sl.split else "B"):
+            last[a.chunk] = a.microbatch
+    i = 0
+    while i < len(actions):
+        a = actions[i]
+        steps = sl.steps(a, a.kind != "F" and a.microbatch == last.get(a.chunk))
+        if a.overlap_with_next and i + 1 < len(actions):
+            b = actions[i + 1]
+            sl.run_pair(steps, sl.steps(b, b.kind != "F" and b.microbatch == last.get(b.chunk)))
+            i += 2
+            continue
+        for _ in steps:
+            pass
+        i += 1
+
+
+def _first_layers(layers: list[list[int]], route: Route) -> list[list[int]]:
+    """Global index of each (stage, chunk)'s first layer: layers run in path order (position)."""
+    at = {route.position(0, s, c): (s, c) for s in range(len(layers)) for c in range(len(layers[s]))}
+    firsts = [[0] * len(row) for row in layers]
+    offset = 0
+    for pos in range(route.length):
+        s, c = at[pos]
+        firsts[s][c] = offset
+        offset += layers[s][c]
+    return firsts
 
 
 def _match_sends(stages: list[_StageLowering]) -> None:

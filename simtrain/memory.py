@@ -16,6 +16,7 @@ so the two must agree (tested to 1 %).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from simtrain.config import LayoutConfig, TrainConfig
 from simtrain.model import ModelSpec
@@ -50,13 +51,43 @@ def activation_shape(train: TrainConfig, layout: LayoutConfig, model: ModelSpec)
                            dropout=dropout)
 
 
-def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_attention: bool = False) -> float:
+def moe_mlp_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
+    """Bytes an MoE block keeps for backward (before the /t of TP/SP sharding), balanced routing.
+
+    Per routed token copy (tokens x top_k): the permuted input (2h, the up-projection's wgrad input)
+    and the expert intermediates (as a dense MLP of width f_e: 2 per projection output); the shared
+    experts as a dense MLP on every token; the router's fp32 probabilities (4 x experts per token).
+    Megatron-core keeps these in ``MoELayer`` (``experts.py`` GroupedMLP, ``router.py``).
+    """
+    moe = model.moe
+    assert moe is not None
+    tokens = float(a.tokens)
+    n_mlp = 3 if model.activation == "swiglu" else 2
+    copies = tokens * moe.top_k
+    routed = copies * (2.0 * model.hidden + n_mlp * 2.0 * moe.ffn_hidden)
+    shared = n_mlp * 2.0 * tokens * moe.n_shared_experts * moe.shared_ffn
+    return routed + shared + 4.0 * tokens * moe.n_experts
+
+
+#: Software stacks whose saved activations ``layer_activation_bytes`` models. ``fused`` (the default):
+#: fused kernels as in Megatron-core / Transformer Engine (a norm keeps its bf16 input, SwiGLU keeps
+#: its inputs), the Korthikanti terms below. ``eager_hf``: eager PyTorch as in Hugging Face
+#: transformers' Llama (checked against torch's saved tensors in tests/calibration): each RMSNorm
+#: keeps its fp32 upcast input (4 sbh), the normalised bf16 tensor (2 sbh) and the fp32 rsqrt per
+#: token (4 sb) instead of its bf16 input (2 sbh), and SwiGLU also keeps silu(gate) (2 sbf).
+ACTIVATION_STACKS = ("fused", "eager_hf")
+
+
+def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_attention: bool = False,
+                           layer: int | None = None, recompute: tuple[str, ...] = (),
+                           stack: str = "fused") -> float:
     """Bytes one transformer layer keeps for backward for one micro-batch (no full recompute).
 
     Korthikanti Table 2 terms (bytes, BF16, s*b*h units): replicated across TP unless SP:
     2 norm inputs (2+2), QKV input 2, MLP input 2, two dropout masks (1+1); sharded by TP: Q 2,
     K and V 2*2*g/a, attention output 2, MLP intermediates 2*f/h each (GELU: input and output;
-    SwiGLU: gate, up and product), unfused attention softmax/dropout 5*a*s/h.
+    SwiGLU: gate, up and product), unfused attention softmax/dropout 5*a*s/h. ``stack``
+    (``ACTIVATION_STACKS``) adds what an eager stack keeps on top of these.
     """
     sbh = float(a.tokens * model.hidden)
     h, f = model.hidden, model.ffn_hidden
@@ -65,13 +96,45 @@ def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_atten
     q_ratio = model.q_dim / model.hidden
     attn = (2 * q_ratio + 2 * 2 * kv_ratio + 2 * q_ratio) * sbh
     n_mlp = 3 if model.activation == "swiglu" else 2
-    mlp = n_mlp * 2 * sbh * f / h
+    moe = layer is not None and model.is_moe_layer(layer)
+    mlp = moe_mlp_activation_bytes(model, a) if moe else n_mlp * 2 * sbh * f / h
     if a.flash:
         attn += 4.0 * model.n_heads * a.tokens  # fp32 log-sum-exp per query and head
     elif not recompute_attention:
         attn += 5.0 * model.n_heads * a.s * a.tokens  # softmax out 2 + dropout mask 1 + dropout out 2
+    replicated, attn, mlp = _selective_recompute(model, a, layer, recompute, replicated, attn, mlp)
+    if stack == "eager_hf":
+        # two RMSNorms: fp32 input copy 4 + normalised bf16 2 - the fused stack's bf16 input 2, plus the
+        # fp32 rsqrt per token (HF LlamaRMSNorm); SwiGLU: silu(gate) kept for the product's backward
+        replicated += 2 * (4.0 * sbh + 4.0 * a.tokens)
+        mlp += 2.0 * a.tokens * f if model.activation == "swiglu" and not moe else 0.0
+    elif stack != "fused":
+        raise ValueError(f"unknown activation stack {stack!r}; known: {', '.join(ACTIVATION_STACKS)}")
     sharded = (attn + mlp) / a.t
     return (replicated / a.t if a.sp else replicated) + sharded
+
+
+def _selective_recompute(model: ModelSpec, a: ActivationShape, layer: int | None, modules: tuple[str, ...],
+                         replicated: float, attn: float, mlp: float) -> tuple[float, float, float]:
+    """What ``recompute_modules`` stop saving (Megatron-core selective recompute; DeepSeek-V3 3.3.2):
+    ``layernorm``: the two norm outputs (QKV and MLP inputs, 2+2 sbh); ``mla_up_proj``: Q, K, V are
+    rebuilt from the saved latents (q: d_c', kv: d_c + d_rope per token); ``act``: the activation
+    output (SwiGLU's product, GELU's output), one of the MLP intermediates."""
+    tokens = float(a.tokens)
+    if "layernorm" in modules:
+        replicated -= 4.0 * tokens * model.hidden
+    if "mla_up_proj" in modules and model.mla is not None:
+        mla = model.mla
+        latents = 2.0 * tokens * ((mla.q_lora_rank or model.hidden) + mla.kv_lora_rank + mla.qk_rope_head_dim)
+        out = 2.0 * tokens * model.v_dim
+        attn = latents * a.t + out + (attn - 2.0 * tokens * (model.q_dim + 2 * model.kv_dim + model.q_dim))
+    if "act" in modules:
+        moe = model.moe if layer is not None and model.is_moe_layer(layer) else None
+        if moe is not None:
+            mlp -= 2.0 * tokens * (moe.top_k * moe.ffn_hidden + moe.n_shared_experts * moe.shared_ffn)
+        else:
+            mlp -= 2.0 * tokens * model.ffn_hidden
+    return replicated, attn, mlp
 
 
 def layer_checkpoint_bytes(model: ModelSpec, a: ActivationShape) -> float:
@@ -80,12 +143,34 @@ def layer_checkpoint_bytes(model: ModelSpec, a: ActivationShape) -> float:
     return x / a.t if a.sp else x
 
 
-def backward_transient_bytes(model: ModelSpec, a: ActivationShape) -> float:
+def weight_grad_input_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:
+    """Bytes a split backward keeps from B (input grads) until W (weight grads): the inputs of the
+    linear layers (QKV and MLP inputs 2sbh each, replicated unless SP; out-proj input and MLP-down
+    input, sharded by TP; Korthikanti Table 2 terms), which the weight-gradient GEMMs read."""
+    sbh = float(a.tokens * model.hidden)
+    replicated = 2 * 2.0 * sbh
+    if layer is not None and model.is_moe_layer(layer):
+        moe = model.moe
+        assert moe is not None
+        copies = a.tokens * moe.top_k
+        mlp = copies * 2.0 * (model.hidden + moe.ffn_hidden) + 2.0 * a.tokens * moe.n_shared_experts * moe.shared_ffn
+    else:
+        mlp = 2.0 * a.tokens * model.ffn_hidden
+    sharded = 2.0 * a.tokens * model.n_heads * model.v_head_dim + mlp
+    return (replicated / a.t if a.sp else replicated) + sharded / a.t
+
+
+def backward_transient_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:
     """Gradient buffers alive during one layer's backward: dY of the MLP up-projection and dX.
 
-    The largest pair of tensors the autograd engine holds at once inside a layer's backward.
+    The largest pair of tensors the autograd engine holds at once inside a layer's backward; in an
+    MoE layer the up-projection output covers tokens x top_k copies of the expert width.
     """
     n_up = 2 if model.activation == "swiglu" else 1
+    if layer is not None and model.is_moe_layer(layer):
+        moe = model.moe
+        assert moe is not None
+        return 2.0 * a.tokens * (moe.top_k * n_up * moe.ffn_hidden / a.t + model.hidden)
     return 2.0 * a.tokens * (n_up * model.ffn_hidden / a.t + model.hidden)
 
 
@@ -136,6 +221,20 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
             "workspace": CUBLAS_WORKSPACE_BYTES, "context": gpu_context_bytes}
 
 
+def expert_static_memory(params: float, layout: LayoutConfig, train: TrainConfig, shard: int) -> dict[str, float]:
+    """Weights, gradients and optimizer state of routed-expert parameters on one rank.
+
+    Expert parameters are sharded by EP x ETP and replicated over the expert-data-parallel group,
+    over which ZeRO shards them (Megatron-core distributed optimizer on the expert-DP group).
+    """
+    stage = layout.shard_stage
+    grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+    opt_b = 8.0 if train.optimizer == "sgd" else 12.0
+    return {"weights": 2.0 * params / (shard if stage >= 3 else 1),
+            "grads": grad_b * params / (shard if stage >= 2 else 1),
+            "optimizer": opt_b * params / (shard if stage >= 1 else 1)}
+
+
 @dataclass(slots=True)
 class ChunkMemory:
     """Ledger deltas of one model chunk for one micro-batch, in op order.
@@ -146,20 +245,42 @@ class ChunkMemory:
 
     fwd: list[tuple[float, float]] = field(default_factory=list)
     bwd: list[tuple[float, float]] = field(default_factory=list)
+    bwd_input: list[tuple[float, float]] = field(default_factory=list)
+    """A split backward's B (zero-bubble schedules)."""
+    wgt: list[tuple[float, float]] = field(default_factory=list)
+    """A split backward's W."""
 
 
 def closed_form_peak(actions: list[Action], chunks: dict[int, ChunkMemory]) -> float:
     """Peak dynamic bytes (activations and backward buffers) of one stage, walking its schedule.
 
     This walks the stage's schedule at op granularity without any timing (each op's start delta,
-    then its end delta), so it is independent of the engine and must match the ledger's peak.
+    then its end delta), so it is independent of the engine and must match the ledger's peak. A B
+    whose (micro-batch, chunk) also has a W is a split backward; an overlapped F&B pair interleaves
+    its two actions' deltas one op at a time, as lowering emits them.
     """
+    split = {(a.microbatch, a.chunk) for a in actions if a.kind == "W"}
+
+    def deltas(act: Action) -> list[tuple[float, float]]:
+        mem = chunks[act.chunk]
+        if act.kind == "F":
+            return mem.fwd
+        if act.kind == "W":
+            return mem.wgt
+        return mem.bwd_input if (act.microbatch, act.chunk) in split else mem.bwd
+
     live = peak = 0.0
-    for act in actions:
-        deltas = chunks[act.chunk].fwd if act.kind == "F" else chunks[act.chunk].bwd
-        for start, end in deltas:
+    i = 0
+    while i < len(actions):
+        seq = deltas(actions[i])
+        if actions[i].overlap_with_next and i + 1 < len(actions):
+            other = deltas(actions[i + 1])
+            seq = [d for pair in zip_longest(seq, other) for d in pair if d is not None]
+            i += 1
+        for start, end in seq:
             live += start
             peak = max(peak, live)
             live += end
             peak = max(peak, live)
+        i += 1
     return peak

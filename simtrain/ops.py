@@ -81,6 +81,9 @@ class Op:
     chunk: int = 0
     mem_start: tuple[tuple[str, float], ...] = ()
     mem_end: tuple[tuple[str, float], ...] = ()
+    expert_s: float = 0.0
+    """Part of ``duration_s`` spent in routed-expert kernels, which the engine scales by the rank's
+    routed load (simtrain.routing)."""
 
     @property
     def flops(self) -> float:

@@ -13,30 +13,19 @@ from simtrain.costs import ComputeCostModel
 from simtrain.engine import AXES, Engine, EngineResult, RankStats, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
-from simtrain.hardware import ClusterSpec, Topology, build_cluster
+from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
 from simtrain.lowering import Lowered, lower
-from simtrain.memory import closed_form_peak, static_memory
+from simtrain.memory import closed_form_peak, expert_static_memory, static_memory
+from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
+from simtrain.routing import rank_load_factors, symmetric_load_factors
+from simtrain.stacks import get_stack
 
 
 def cluster_of(run: RunConfig) -> ClusterSpec:
-    """The ClusterSpec a run's hardware section describes."""
-    hw = run.hardware
-    return build_cluster(hw.node, hw.n_nodes, gpu=hw.gpu, nics_per_node=hw.nics_per_node, nic_Gbps=hw.nic_Gbps,
-                         oversubscription=hw.oversubscription, nodes_per_leaf=hw.nodes_per_leaf,
-                         net_hop_latency_us=hw.net_hop_latency_us)
-
-
-def _refuse_unsupported(run: RunConfig) -> None:
-    lay = run.layout
-    if run.hardware.profile is not None:
-        raise InfeasibleLayout("hardware.profile names a calibrated profile, but calibrated profiles are not "
-                               "supported yet; remove hardware.profile to use the default efficiencies",
-                               profile=run.hardware.profile)
-    if lay.ep > 1:
-        raise InfeasibleLayout("expert parallelism (layout.ep > 1) needs MoE models, not simulated yet; "
-                               "simulate with ep=1", ep=lay.ep)
+    """The ClusterSpec a run's hardware section describes (with ``hardware.profile``'s calibration applied)."""
+    return run_cluster(run.hardware, run.layout.world_size)
 
 
 def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None,
@@ -54,11 +43,11 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         InfeasibleLayout: valid input that cannot be simulated as asked.
     """
     run = load_config(config, overrides)
-    _refuse_unsupported(run)
     cluster = cluster_of(run)
     gpu = cluster.gpu
     grid = RankGrid(run.layout)
-    cost = ComputeCostModel(gpu, run.train.precision)
+    cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
+                            stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
     lowered = lower(run, cost)
     if lowered.microbatches < 1:
         raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=lowered.microbatches)
@@ -69,7 +58,10 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
         mode = "full"
         notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
-    engine = Engine(lowered.programs, grid, topo, gpu, symmetric=mode == "symmetric", trace=trace)
+    symmetric = mode == "symmetric"
+    ranks = [grid.representative(s) for s in range(run.layout.pp)] if symmetric else list(range(grid.world_size))
+    loads = (symmetric_load_factors(run, grid, ranks) if symmetric else rank_load_factors(run, grid, ranks))
+    engine = Engine(lowered.programs, grid, topo, gpu, symmetric=symmetric, trace=trace, load_factor=loads)
     res = engine.run()
     result = _result(run, mode, lowered, res, cluster, grid)
     result.notes.extend(notes)
@@ -80,10 +72,19 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
     shard = run.layout.data_degree
     if run.layout.fsdp == "hybrid" and run.layout.fsdp_shard_size:
         shard = run.layout.fsdp_shard_size
-    layer_params = run.model.layer_params() / run.layout.tp
+    edp = run.layout.tp * run.layout.data_degree // (run.layout.ep * (run.layout.etp or run.layout.tp))
     for s, prog in enumerate(lowered.programs):
-        prog.static_mem = static_memory(lowered.stage_params[s], layer_params, sum(lowered.layers[s]), run.layout,
-                                        run.train, shard, context_bytes)
+        prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
+                                        run.layout, run.train, shard, context_bytes)
+        if run.train.precision == "fp8":
+            # FP8 copies of the linear weights and their transposes (1 + 1 bytes/param): Transformer
+            # Engine caches both for fprop and dgrad; sharded with the weights under ZeRO-3/FSDP
+            fp8 = 2.0 * lowered.stage_layer_params[s]
+            prog.static_mem["fp8_weights"] = fp8 / (shard if run.layout.shard_stage >= 3 else 1)
+        if lowered.stage_expert_params[s]:
+            experts = expert_static_memory(lowered.stage_expert_params[s], run.layout, run.train, edp)
+            for k, v in experts.items():
+                prog.static_mem[k] += v
 
 
 def _stage_memory(run: RunConfig, lowered: Lowered, res: EngineResult, grid: RankGrid,
@@ -118,7 +119,7 @@ def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, clus
     step = res.step_time_s
     n = cluster.n_gpus
     tokens = run.train.global_batch_seqs_resolved * run.train.seq_len
-    peak = cluster.gpu.peak_flops_per_s(run.train.precision)
+    peak = cluster.gpu.bf16_flops_per_s  # MFU against the dense BF16 peak whatever the precision (README)
     model_flops = model_flops_per_step(run.model, run.train.seq_len, tokens)
     per_stage_flops = [max(res.stats[r].flops for r in res.ranks if grid.stage_of(r) == s)
                        for s in range(run.layout.pp)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from simtrain.batch import schedule_problems
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
-from simtrain.hardware import build_cluster
+from simtrain.profile import run_cluster
 
 
 def check_run(run: RunConfig) -> list[Problem]:
@@ -22,9 +22,13 @@ def check_run(run: RunConfig) -> list[Problem]:
                                         "pad the vocabulary to a multiple of tp"))
     if lay.pp > m.n_layers:
         out.append(Problem("layout.pp", f"{lay.pp} stages is more than model.n_layers={m.n_layers}"))
-    if lay.vpp > 1 and m.n_layers % (lay.pp * lay.vpp):
-        out.append(Problem("layout.vpp", f"{lay.vpp} does not divide the layers per stage "
-                                         f"(model.n_layers={m.n_layers}, layout.pp={lay.pp})"))
+    if lay.vpp > 1 and m.n_layers < lay.pp * lay.vpp - 2:
+        out.append(Problem("layout.vpp", f"{lay.vpp}: pp x vpp = {lay.pp * lay.vpp} model chunks need at least "
+                                         f"pp x vpp - 2 layers (first and last may hold only the embedding and "
+                                         f"head), model.n_layers={m.n_layers}"))
+    if lay.resolved_schedule in ("dualpipe", "dualpipev") and lay.vpp > 1:
+        out.append(Problem("layout.vpp", f"{lay.vpp}: {lay.resolved_schedule} places two chunks per rank itself; "
+                                         "set vpp=1"))
     if lay.vpp > 1 and lay.pp == 1:
         out.append(Problem("layout.vpp", f"{lay.vpp} needs layout.pp > 1"))
     if lay.vpp > 1 and lay.resolved_schedule != "interleaved_1f1b":
@@ -40,8 +44,7 @@ def check_run(run: RunConfig) -> list[Problem]:
     if lay.fsdp == "hybrid" and (not lay.fsdp_shard_size or lay.dp % lay.fsdp_shard_size):
         out.append(Problem("layout.fsdp_shard_size", f"{lay.fsdp_shard_size!r} must be set and divide "
                                                      f"layout.dp={lay.dp} for hybrid shard"))
-    if (lay.dp * lay.cp) % lay.ep:
-        out.append(Problem("layout.ep", f"{lay.ep} must divide dp*cp={lay.dp * lay.cp} (EP folds over them)"))
+    out += _expert_problems(run)
     if lay.cp > 1 and lay.cp_comm == "p2p" and tr.seq_len % (2 * lay.cp):
         # Megatron-core's causal load balancing splits the sequence into 2*cp chunks
         out.append(Problem("layout.cp", f"{lay.cp}: ring attention needs train.seq_len={tr.seq_len} divisible by "
@@ -62,6 +65,31 @@ def check_run(run: RunConfig) -> list[Problem]:
     return out
 
 
+def _expert_problems(run: RunConfig) -> list[Problem]:
+    """EP x ETP tile the tp x cp x dp ranks of a stage (Megatron-core expert mesh); MoE with TP needs SP."""
+    lay, m = run.layout, run.model
+    etp = lay.etp or lay.tp
+    plane = lay.tp * lay.cp * lay.dp
+    out = []
+    if m.moe is None:
+        if lay.ep > 1:
+            out.append(Problem("layout.ep", f"{lay.ep}: expert parallelism needs an MoE model; {m.name} is dense"))
+        if lay.etp is not None and lay.etp != lay.tp:
+            out.append(Problem("layout.etp", f"{lay.etp}: expert tensor parallelism needs an MoE model"))
+        return out
+    if plane % (lay.ep * etp):
+        out.append(Problem("layout.ep", f"ep x etp = {lay.ep} x {etp} must divide tp x cp x dp = {plane} "
+                                        "(experts fold over a stage's ranks)"))
+    if m.moe.n_experts % lay.ep:
+        out.append(Problem("layout.ep", f"{lay.ep} must divide model.moe.n_experts={m.moe.n_experts}"))
+    if m.moe.ffn_hidden % etp:
+        out.append(Problem("layout.etp", f"{etp} must divide the expert width model.moe.ffn_hidden={m.moe.ffn_hidden}"))
+    if lay.tp > 1 and not lay.sequence_parallel:
+        out.append(Problem("layout.sequence_parallel", "false: MoE with tensor parallelism needs sequence "
+                                                       "parallelism (Megatron-core requires it); set it to true"))
+    return out
+
+
 def _batch_problems(run: RunConfig) -> list[Problem]:
     tr, lay = run.train, run.layout
     out = []
@@ -78,19 +106,32 @@ def _batch_problems(run: RunConfig) -> list[Problem]:
         out.append(Problem("train.global_batch_tokens" if tr.global_batch_tokens else "train.global_batch_seqs",
                            f"{seqs} sequences are not divisible by micro_batch_size x dp = "
                            f"{tr.micro_batch_size} x {lay.dp} = {unit}"))
-    elif lay.resolved_schedule == "interleaved_1f1b" and (seqs // unit) % lay.pp:
-        out.append(Problem("train.global_batch_tokens" if tr.global_batch_tokens else "train.global_batch_seqs",
-                           f"interleaved 1F1B needs the micro-batch count ({seqs // unit}) to be a multiple "
-                           f"of layout.pp={lay.pp}"))
+    else:
+        out += _schedule_batch_problems(run, seqs // unit)
     return out
+
+
+def _schedule_batch_problems(run: RunConfig, m: int) -> list[Problem]:
+    """Micro-batch counts each pipeline schedule can run (simtrain.schedules checks the same)."""
+    lay, tr = run.layout, run.train
+    field = "train.global_batch_tokens" if tr.global_batch_tokens else "train.global_batch_seqs"
+    kind, p = lay.resolved_schedule, lay.pp
+    if kind == "interleaved_1f1b" and m < p:
+        # Megatron-core get_schedule_table: m need not be a multiple of p, but at least p
+        return [Problem(field, f"interleaved 1F1B needs at least layout.pp={p} micro-batches, got {m}")]
+    if kind == "dualpipe" and (p % 2 or m % 2 or m < 2 * p):
+        # deepseek-ai/DualPipe dualpipe.py asserts: even ranks, even micro-batches, at least 2 x ranks
+        return [Problem(field, f"DualPipe needs an even layout.pp (got {p}) and an even micro-batch count of "
+                               f"at least 2 x pp = {2 * p} (got {m})")]
+    if kind == "dualpipev" and m < 2 * p:
+        return [Problem(field, f"DualPipeV needs at least 2 x pp = {2 * p} micro-batches, got {m}")]
+    return []
 
 
 def _hardware_problems(run: RunConfig) -> list[Problem]:
     hw = run.hardware
     try:
-        cluster = build_cluster(hw.node, hw.n_nodes, gpu=hw.gpu, nics_per_node=hw.nics_per_node,
-                                nic_Gbps=hw.nic_Gbps, oversubscription=hw.oversubscription,
-                                nodes_per_leaf=hw.nodes_per_leaf, net_hop_latency_us=hw.net_hop_latency_us)
+        cluster = run_cluster(hw, run.layout.world_size)  # applies hardware.profile (simtrain/profile.py)
     except ConfigError as exc:
         return list(exc.problems)
     world = run.layout.world_size

@@ -122,12 +122,26 @@ def test_hybrid_shard_groups_partition_dp_groups(dp, shard, tp, pp) -> None:
             assert sorted(r for x in got for r in x) == sorted(ranks)
 
 
-def test_ep_groups_fold_over_dp_cp() -> None:
-    g = _grid(dp=4, tp=2, pp=1, ep=2)
-    _assert_partition(g.groups("ep"), g.world_size, 2)
+@pytest.mark.parametrize("kw", [dict(dp=4, tp=2, pp=1, ep=2), dict(dp=4, tp=2, pp=2, ep=8, etp=1),
+                                dict(dp=2, tp=4, cp=2, pp=2, ep=2, etp=2), dict(dp=8, tp=1, pp=2, ep=4)])
+def test_expert_groups_partition_each_stage(kw: dict) -> None:
+    """etp x ep x edp tile every stage's ranks (Megatron's expert mesh); each rank in one group per axis."""
+    g = _grid(**kw)
+    etp, ep = g.etp, kw["ep"]
+    edp = g.world_size // kw.get("pp", 1) // (etp * ep)
+    for axis, size in (("etp", etp), ("ep", ep), ("edp", edp)):
+        _assert_partition(g.groups(axis), g.world_size, size)
     for r in range(g.world_size):
-        ep = g.group("ep", r)
-        assert set(ep) <= set(g.group("dp", r))
+        e, x, d = set(g.group("etp", r)), set(g.group("ep", r)), set(g.group("edp", r))
+        assert e & x == {r} and x & d == {r} and e & d == {r}
+        assert {g.stage_of(q) for q in e | x | d} == {g.stage_of(r)}
+
+
+def test_ep_groups_fold_over_dp_cp_with_full_etp() -> None:
+    g = _grid(dp=4, tp=2, pp=1, ep=2)  # etp defaults to tp: EP groups are ep members of the dp plane
+    for r in range(g.world_size):
+        assert set(g.group("ep", r)) <= set(g.group("dp", r))
+        assert g.group("etp", r) == g.group("tp", r)
 
 
 def test_representative_is_stage_origin() -> None:

@@ -89,12 +89,17 @@ def test_interleaved_needs_at_least_p_microbatches(p: int, m: int, v: int) -> No
 def test_interleaved_batch_rule_is_validated() -> None:
     tiny = dict(name="t", n_layers=8, hidden=256, n_heads=4, ffn_hidden=1024, activation="gelu",
                 norm="layernorm", position="rope", vocab=1024, tied_embeddings=False, linear_bias=False)
-    cfg = dict(model=tiny, layout=dict(pp=4, dp=2, vpp=2), train=dict(seq_len=512, global_batch_seqs=12))
-    with pytest.raises(ConfigError) as exc:
+    cfg = dict(model=tiny, layout=dict(pp=4, dp=2, vpp=2), train=dict(seq_len=512, global_batch_seqs=6))
+    with pytest.raises(ConfigError) as exc:  # 3 micro-batches < pp
         load_config(cfg)
-    assert any(p.path == "train.global_batch_seqs" and "multiple" in p.message for p in exc.value.problems)
-    cfg["train"]["global_batch_seqs"] = 16
+    assert any(p.path == "train.global_batch_seqs" and "at least" in p.message for p in exc.value.problems)
+    cfg["train"]["global_batch_seqs"] = 12  # 6 micro-batches: not a multiple of pp, valid (Megatron-core)
     assert load_config(cfg).layout.vpp == 2
+    cfg["layout"] = dict(pp=4, dp=2, schedule="dualpipe")
+    with pytest.raises(ConfigError, match="DualPipe"):  # 6 < 2 x pp
+        load_config(cfg)
+    cfg["train"]["global_batch_seqs"] = 16
+    assert load_config(cfg).layout.resolved_schedule == "dualpipe"
 
 
 def test_build_schedule_dispatch() -> None:

@@ -1,0 +1,361 @@
+"""Multi-process measurements: collectives, compute contention, and the GEMM slowdown during a collective.
+
+Run under torchrun (``torchrun --nproc-per-node 8 -m calibration.collectives --out my-h100``; several
+nodes: the usual ``--nnodes/--rdzv-*`` arguments), or through ``simtrain calibrate --device cpu``,
+which starts the ranks itself (``calibration.launch``). Rank 0 appends every result to the profile's
+journal and rewrites the profile at the end, so compute measurements already there are kept.
+
+What is measured (rank 0's journal keys make a rerun resume where it stopped):
+
+- collectives through torch.distributed: all_reduce, all_gather, reduce_scatter, all_to_all,
+  broadcast and send/recv, at the real group sizes (powers of two up to the ranks of one node, one
+  node, and across nodes the rail group and the world), sizes from 1 KiB up by ``--size-factor``
+  to ``--max-bytes`` (1 GiB on GPUs). Each point: warm-up, then repetitions each started after a
+  barrier; a repetition's time is the slowest rank's (nccl-tests reports the max over ranks); the
+  median is kept. algbw = S / t and busbw = algbw x factor follow nccl-tests (reference Table B);
+- contention (CPU, one node): a GEMM, a copy and an attention kernel timed on rank 0 alone and on
+  every rank at once; the ratio is the slowdown of compute when the processes share the cores;
+- interference: a GEMM timed on every rank while all-reduces run beside it (``async_op``), against
+  the same GEMM without them (Calculon's processor_usage, reference Notes 2.4).
+
+Every process group has a timeout (``--timeout-s``): a rank that dies ends the others with an error
+rather than a hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from calibration import ops
+from calibration.device import describe, fingerprint
+from calibration.journal import Journal, measurement_key
+from calibration.writer import build_profile, write_profile
+from simtrain.profile import JOURNAL_FILE, profile_folder
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+FAIL_RANK_ENV = "SIMTRAIN_CALIBRATION_FAIL_RANK"  # fault injection for tests: this rank raises at start
+WINDOW_S = 0.6  # seconds each rank spends in a contention / interference window
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m calibration.collectives",
+                                description="Measure collectives (and multi-process compute effects) for a profile.")
+    p.add_argument("--out", required=True, help="profile name (under hardware_profiles/calibrated/) or folder")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], help="compute dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (cpu)")
+    p.add_argument("--min-bytes", type=int, default=KiB)
+    p.add_argument("--max-bytes", type=int, help="largest message (default: 1 GiB on cuda, 64 MiB on cpu)")
+    p.add_argument("--size-factor", type=int, help="ratio between message sizes (default 2 on cuda, 4 on cpu)")
+    p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated subset")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
+    p.add_argument("--fresh", action="store_true", help="discard the journal instead of resuming it")
+    p.add_argument("--no-compute-checks", action="store_true", help="skip contention and interference")
+    return p
+
+
+def _env() -> tuple[int, int, int, int]:
+    """(rank, world, local rank, ranks per node) from torchrun's environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return rank, world, int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+def groups_to_measure(world: int, per_node: int) -> list[tuple[tuple[int, ...], int]]:
+    """(ranks, nodes) of every group measured: 2, 4, ... ranks of node 0 and the whole node; across
+    nodes, the rail group (local rank 0 of every node) and the world. All contain rank 0."""
+    sizes = sorted({p for p in (2**i for i in range(1, 20)) if p <= per_node} | ({per_node} if per_node > 1 else set()))
+    out = [(tuple(range(p)), 1) for p in sizes]
+    nodes = world // per_node
+    if nodes > 1:
+        out.append((tuple(range(0, world, per_node)), nodes))
+        out.append((tuple(range(world)), nodes))
+    return out
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """Sizes from ``min_bytes`` to ``max_bytes`` multiplying by ``factor``."""
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= factor
+    return out
+
+
+class Ctx:
+    """The rank's view: device, groups, timers."""
+
+    def __init__(self, device: torch.device, rank: int, world: int):
+        self.device, self.rank, self.world = device, rank, world
+        self.groups: dict[tuple[int, ...], Any] = {}
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def group(self, ranks: tuple[int, ...]) -> Any:
+        return None if len(ranks) == self.world else self.groups[ranks]
+
+
+def _op(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx) -> Callable[[], None]:
+    """A callable running one collective of nccl-tests size ``size`` on ``ranks`` (fp32 elements)."""
+    p, group = len(ranks), ctx.group(ranks)
+    n = max(size // 4 // p, 1) * p
+    dev = ctx.device
+    if kind == "all_reduce":
+        x = torch.randn(n, device=dev)
+        return lambda: dist.all_reduce(x, group=group)
+    if kind == "all_gather":
+        x, out = torch.randn(n // p, device=dev), torch.empty(n, device=dev)
+        gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        return lambda: gather(out, x, group=group)
+    if kind == "reduce_scatter":
+        x, out = torch.randn(n, device=dev), torch.empty(n // p, device=dev)
+        scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        return lambda: scatter(out, x, group=group)
+    if kind == "all_to_all":
+        x, out = torch.randn(n, device=dev), torch.empty(n, device=dev)
+        return lambda: dist.all_to_all_single(out, x, group=group)
+    if kind == "broadcast":
+        x = torch.randn(n, device=dev)
+        return lambda: dist.broadcast(x, src=ranks[0], group=group)
+    x = torch.randn(n, device=dev)
+    peer = ranks[-1] if ctx.rank == ranks[0] else ranks[0]
+    return (lambda: dist.send(x, peer)) if ctx.rank == ranks[0] else (lambda: dist.recv(x, peer))
+
+
+def time_collective(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx) -> dict[str, float]:
+    """Median over repetitions of the slowest member's time; call on every member of ``ranks``."""
+    group = ctx.group(ranks)
+    fn = _op(kind, ranks, size, ctx)
+    reps = 5 if size >= 16 * MiB else 20
+    for _ in range(2):
+        fn()
+    ctx.sync()
+    times = []
+    for _ in range(reps):
+        dist.barrier(group=group)
+        if ctx.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    slowest = torch.tensor(times, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    xs = sorted(slowest.tolist())
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 4 else [xs[0], 0.0, xs[-1]]
+    return {"median_s": statistics.median(xs), "p25_s": q[0], "p75_s": q[2], "min_s": xs[0], "repeats": len(xs)}
+
+
+def collective_plan(args: argparse.Namespace, world: int, per_node: int) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, params) of every collective measurement."""
+    max_bytes = args.max_bytes or (GiB if args.device == "cuda" else 64 * MiB)
+    factor = args.size_factor or (2 if args.device == "cuda" else 4)
+    kinds = [k for k in args.collectives.split(",") if k]
+    plan = []
+    for ranks, nodes in groups_to_measure(world, per_node):
+        for kind in kinds:
+            if kind == "send" and len(ranks) != 2 and not (nodes > 1 and len(ranks) == nodes):
+                continue
+            for size in message_sizes(args.min_bytes, max_bytes, factor):
+                rr, nn = (ranks, nodes) if kind != "send" else ((ranks[0], ranks[1]), min(nodes, 2))
+                plan.append(("collective", {"collective": kind, "ranks": len(rr), "nodes": nn, "size_bytes": size,
+                                            "members": list(rr)}))
+    return plan
+
+
+def _windowed(fn: Callable[[], None], ctx: Ctx, deadline: float, during: Callable[[], bool] | None = None) -> float:
+    """Median time of ``fn`` repeated until ``deadline`` (wall clock), or while ``during()`` is true."""
+    times = []
+    while (during() if during else True) and time.time() < deadline:
+        t0 = time.perf_counter()
+        fn()
+        ctx.sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) if times else float("nan")
+
+
+def _compute_ops(ctx: Ctx, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
+    """Representative kernels of each op class for the contention measurement."""
+    a, b = torch.randn(1024, 1024, device=ctx.device, dtype=dtype), torch.randn(1024, 1024, device=ctx.device,
+                                                                                   dtype=dtype)
+    src = torch.randn(16 * MiB // 4, device=ctx.device)
+    dst = torch.empty_like(src)
+    q = torch.randn(1, 512, 8, 64, device=ctx.device, dtype=dtype)
+    return {"gemm": lambda: torch.mm(a, b), "memory": lambda: dst.copy_(src),
+            "attention": lambda: ops.attention(q, q, q)}
+
+
+def measure_contention(ctx: Ctx, dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """Per op class: rank 0's time alone, every rank's at once (the slowest rank's), and their ratio.
+
+    The ranks run the shared window between the same wall-clock instants (one machine, one clock),
+    so no rank runs alone at its start or end.
+    """
+    out = {}
+    for cls, fn in _compute_ops(ctx, dtype).items():
+        fn()
+        dist.barrier()
+        solo = _windowed(fn, ctx, time.time() + WINDOW_S) if ctx.rank == 0 else 0.0
+        box: list[Any] = [time.time() + 0.1]
+        dist.broadcast_object_list(box, src=0)
+        while time.time() < box[0]:
+            time.sleep(0.001)
+        together = torch.tensor([_windowed(fn, ctx, box[0] + WINDOW_S)], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(together, op=dist.ReduceOp.MAX)
+        out[cls] = {"solo_s": solo, "concurrent_s": together.item(), "factor": together.item() / solo if solo else 1.0}
+    return out
+
+
+def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...]) -> dict[str, float]:
+    """GEMM time with and without all-reduces of ``comm_bytes`` running beside it (every member of ``ranks``)."""
+    group = ctx.group(ranks)
+    a = torch.randn(1024, 1024, device=ctx.device, dtype=dtype)
+    gemm = lambda: torch.mm(a, a)  # noqa: E731
+    buf = torch.randn(comm_bytes // 4, device=ctx.device)
+    dist.all_reduce(buf, group=group)
+    dist.barrier(group=group)
+    base = _windowed(gemm, ctx, time.time() + WINDOW_S)
+    dist.barrier(group=group)
+    times: list[float] = []
+    for _ in range(3):  # every rank issues the same number of all-reduces
+        work = dist.all_reduce(buf, group=group, async_op=True)
+        assert work is not None
+        t = _windowed(gemm, ctx, time.time() + 60.0, during=lambda: not work.is_completed())  # noqa: B023
+        if t == t:
+            times.append(t)
+        work.wait()
+    with_comm = statistics.median(times) if times else base
+    res = torch.tensor([base, with_comm], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(res, op=dist.ReduceOp.MAX, group=group)
+    b, w = res.tolist()
+    return {"gemm_s": b, "gemm_with_comm_s": w, "slowdown": max(w / b - 1.0, 0.0)}
+
+
+def _pending(journal: Journal | None, plan: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    if journal is None:
+        return []
+    return [(k, p) for k, p in plan if not journal.has(measurement_key(k, p))]
+
+
+def run(args: argparse.Namespace) -> int:
+    """The body of one rank."""
+    rank, world, local_rank, per_node = _env()
+    if os.environ.get(FAIL_RANK_ENV) == str(rank):
+        raise RuntimeError(f"injected failure on rank {rank} ({FAIL_RANK_ENV})")
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(args.threads)
+    dtype_name = args.dtype or ("bf16" if cuda else "fp32")
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s),
+                            device_id=device if cuda else None)
+    try:
+        return _measure_all(args, rank, world, per_node, device, dtype, dtype_name)
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure_all(args: argparse.Namespace, rank: int, world: int, per_node: int, device: torch.device,
+                 dtype: torch.dtype, dtype_name: str) -> int:
+    ctx = Ctx(device, rank, world)
+    folder = profile_folder(args.out)
+    journal = None
+    if rank == 0:
+        desc = describe(device, dtype_name, args.threads if device.type == "cpu" else 1)
+        journal = Journal(folder / JOURNAL_FILE, {"fingerprint": fingerprint(desc), "device": desc,
+                                                  "software_stack": "eager_hf"}, fresh=args.fresh)
+    plan = collective_plan(args, world, per_node)
+    for ranks, _ in groups_to_measure(world, per_node):
+        if len(ranks) < world:
+            ctx.groups[ranks] = dist.new_group(list(ranks))
+    box: list[Any] = [_pending(journal, plan)]
+    dist.broadcast_object_list(box, src=0)
+    todo: list[tuple[str, dict[str, Any]]] = box[0]
+    if rank == 0:
+        print(f"calibration.collectives: {world} ranks, {len(todo)} of {len(plan)} measurements to do", flush=True)
+    for kind, params in todo:
+        members = tuple(params["members"])
+        if rank in members:
+            stats = time_collective(params["collective"], members, params["size_bytes"], ctx)
+            if journal is not None:
+                journal.add(kind, params, "ok", stats)
+        dist.barrier()
+    if not args.no_compute_checks:
+        _compute_checks(ctx, dtype, world, per_node, journal, device.type == "cpu")
+    if journal is not None:
+        fresh = Journal(folder / JOURNAL_FILE, journal.header)
+        path = write_profile(folder, build_profile(folder.name, fresh.header, fresh.records()))
+        print(f"calibration.collectives: profile written to {path}", flush=True)
+    return 0
+
+
+def compute_checks(world: int, per_node: int, cpu: bool) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, params) of the contention (CPU, one node) and interference (per node scope) measurements."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    if cpu and world == per_node and world > 1:
+        out += [("contention", {"processes": world, "op_class": c}) for c in ("attention", "gemm", "memory")]
+    comm = 64 * MiB if cpu else 256 * MiB
+    if per_node > 1:
+        out.append(("interference", {"ranks": per_node, "nodes": 1, "comm_bytes": comm}))
+    if world > per_node:
+        out.append(("interference", {"ranks": world, "nodes": world // per_node, "comm_bytes": comm}))
+    return out
+
+
+def _compute_checks(ctx: Ctx, dtype: torch.dtype, world: int, per_node: int, journal: Journal | None,
+                    cpu: bool) -> None:
+    """Run the pending contention and interference measurements (rank 0 decides, everyone runs)."""
+    box: list[Any] = [_pending(journal, compute_checks(world, per_node, cpu))]
+    dist.broadcast_object_list(box, src=0)
+    todo: list[tuple[str, dict[str, Any]]] = box[0]
+    if any(kind == "contention" for kind, _ in todo):
+        for cls, res in measure_contention(ctx, dtype).items():
+            if journal is not None:
+                journal.add("contention", {"processes": world, "op_class": cls}, "ok", result=res)
+    for kind, params in todo:
+        if kind != "interference":
+            continue
+        ranks = tuple(range(params["ranks"]))
+        if ctx.rank in ranks:
+            res = measure_interference(ctx, dtype, params["comm_bytes"], ranks)
+            if journal is not None:
+                journal.add(kind, params, "ok", result=res)
+        dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one rank; exit code 0 on success, 1 (with the reason on stderr) on failure."""
+    args = _parser().parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    try:
+        return run(args)
+    except Exception as exc:  # noqa: BLE001 - report any failure of this rank as one clear line
+        print(f"calibration.collectives: rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+              flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

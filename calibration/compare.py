@@ -1,0 +1,115 @@
+"""The CPU loop: measure a real training step, predict it with simtrain from a calibrated profile, compare.
+
+    python -m calibration.compare --config tests/calibration/data/cpu_llama.yaml --profile this-cpu \\
+        --processes 1 2
+
+For each process count N the real step (``calibration.realstep``: transformers' Llama, DDP over gloo
+when N > 1, ``--threads`` threads per process) is timed in its own processes, and simtrain simulates
+the same run with ``layout.dp=N`` on the profile (a CPU profile's node holds N processes). Printed:
+measured median, predicted, and the error (predicted / measured - 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from calibration.launch import RankFailed, launch_local
+from calibration.shapes import read_run
+from simtrain import simulate
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One process count: measured step times (seconds), the prediction, and the relative error."""
+
+    processes: int
+    measured_s: tuple[float, ...]
+    predicted_s: float
+    implementation: str
+
+    @property
+    def measured_median_s(self) -> float:
+        return statistics.median(self.measured_s)
+
+    @property
+    def error(self) -> float:
+        """predicted / measured median - 1."""
+        return self.predicted_s / self.measured_median_s - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "measured_median_s": self.measured_median_s, "error": self.error}
+
+
+def run_overrides(processes: int, micro_batch_size: int) -> list[str]:
+    """simtrain overrides of the loop's config for ``processes`` DDP ranks, one micro-batch each."""
+    return [f"layout.dp={processes}", f"train.global_batch_seqs={processes * micro_batch_size}"]
+
+
+def measure(config: str, processes: int, steps: int, warmup: int, threads: int, workdir: Path,
+            timeout_s: float = 600.0) -> dict[str, Any]:
+    """Time the real step of ``config`` with ``processes`` ranks; returns realstep's result dict."""
+    run = read_run(config)
+    spec = workdir / "model.json"
+    spec.write_text(run.model.model_dump_json())
+    out = workdir / f"real-{processes}.json"
+    args = ["--model-json", str(spec), "--seq-len", str(run.train.seq_len), "--micro-batch-size",
+            str(run.train.micro_batch_size), "--steps", str(steps), "--warmup", str(warmup), "--threads",
+            str(threads), "--out", str(out)]
+    if processes == 1:
+        proc = subprocess.run([sys.executable, "-m", "calibration.realstep", *args], capture_output=True, text=True,
+                              timeout=timeout_s, env=_env(threads))
+        if proc.returncode != 0:
+            raise RankFailed(f"the real step failed: {proc.stderr.strip()[-2000:]}")
+    else:
+        launch_local([*args, "--ddp"], processes, threads, timeout_s, log_dir=workdir / f"logs-{processes}",
+                     module="calibration.realstep")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def _env(threads: int) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def predict(config: str, profile: str, processes: int) -> float:
+    """simtrain's predicted step time (seconds) of ``config`` with ``processes`` ranks on ``profile``."""
+    run = read_run(config)
+    res = simulate(config, [*run_overrides(processes, run.train.micro_batch_size), f"hardware.profile={profile}"])
+    return res.step_time_s
+
+
+def compare(config: str, profile: str, processes: int, measured: list[dict[str, Any]]) -> Comparison:
+    """A Comparison from one or more measurement batches (their step times pooled)."""
+    times = tuple(t for m in measured for t in m["step_times_s"])
+    return Comparison(processes, times, predict(config, profile, processes), measured[0]["implementation"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m calibration.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="simtrain run config of the model and batch")
+    p.add_argument("--profile", required=True, help="calibrated profile name or path")
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="simtrain-compare-") as tmp:
+        for n in args.processes:
+            c = compare(args.config, args.profile, n, [measure(args.config, n, args.steps, args.warmup, args.threads,
+                                                               Path(tmp))])
+            print(f"{n} process(es): measured {c.measured_median_s:.3f} s (median of {len(c.measured_s)}), "
+                  f"predicted {c.predicted_s:.3f} s, error {100 * c.error:+.1f} % [{c.implementation}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

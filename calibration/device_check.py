@@ -1,0 +1,130 @@
+"""GPU check: calibrate one H100/H200, run a real BF16 training step of a ~1B Llama, compare with simtrain.
+
+    bash calibration/device_check.sh              # on a machine with one H100/H200 (under 8 minutes)
+    python -m calibration.device_check --dry-run  # the same steps on this CPU with a tiny model (tests)
+
+Steps: (1) ``simtrain calibrate --device cuda`` for the 1B model's exact shapes (compute and memory;
+one GPU, so no collectives), into ``<out>/profile`` (a profile folder); (2) a real training step of
+transformers' ``LlamaForCausalLM`` (Llama-3.2-1B dimensions, randomly initialised, BF16 weights,
+SDPA attention, AdamW) timed over several steps with its peak memory; (3) simtrain's prediction of
+that step on the calibrated machine (``hardware.node: calibrated``); then the comparison is printed
+and written as JSON. Output goes under ``$OUT`` when it is set (else ``./device_check_out``).
+
+Known accounting differences printed with the memory numbers: the real step keeps BF16 AdamW
+moments (4 bytes/param) while simtrain's default accounting is Megatron's fp32 master weights and
+moments (12 bytes/param); eager HF activations follow the ``eager_hf`` stack of ``simtrain.memory``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simtrain.model import ModelSpec
+from simtrain.trace import write_atomic
+
+#: Llama 3.2 1B dimensions (meta-llama/Llama-3.2-1B config.json: hidden 2048, 16 layers, 32 heads,
+#: 8 KV heads, FFN 8192, vocab 128256, tied embeddings): 1.24B parameters.
+LLAMA_1B = ModelSpec(name="llama3.2-1b", n_layers=16, hidden=2048, n_heads=32, n_kv_heads=8, ffn_hidden=8192,
+                     activation="swiglu", norm="rmsnorm", position="rope", vocab=128256, max_position=131072,
+                     tied_embeddings=True, linear_bias=False)
+TINY = ModelSpec(name="llama-tiny", n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, ffn_hidden=384,
+                 activation="swiglu", norm="rmsnorm", position="rope", vocab=512, max_position=512,
+                 tied_embeddings=False, linear_bias=False)
+
+
+def run_config(model: ModelSpec, seq_len: int, micro_batch_size: int, profile: str) -> dict[str, Any]:
+    """The simtrain run config of the checked step: one device, one micro-batch, AdamW, BF16 gradients."""
+    return {"name": f"device-check-{model.name}", "model": model.model_dump(mode="json"),
+            "hardware": {"profile": profile, "node": "calibrated"} if profile else {},
+            "layout": {"dp": 1},
+            "train": {"seq_len": seq_len, "micro_batch_size": micro_batch_size, "global_batch_seqs": micro_batch_size,
+                      "optimizer": "adamw", "grad_dtype": "bf16", "stack": "pytorch-eager"}}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m calibration.device_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="run every step on this CPU with a tiny model")
+    p.add_argument("--out", help="output folder (default: $OUT, else ./device_check_out)")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--fresh", action="store_true", help="recalibrate from scratch")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Calibrate, measure, predict, compare; returns the exit status."""
+    args = _parser().parse_args(argv)
+    import torch
+
+    from calibration.cli import calibrate
+    from calibration.cli import parser as calibrate_parser
+    from calibration.realstep import train_steps
+    from simtrain import simulate
+
+    out = Path(args.out or os.environ.get("OUT") or "device_check_out").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    dry = args.dry_run or not torch.cuda.is_available()
+    if dry and not args.dry_run:
+        print("device_check: no CUDA device; running the CPU dry run", flush=True)
+    model, seq, mbs = (TINY, 64, 2) if dry else (LLAMA_1B, args.seq_len, args.micro_batch_size)
+    device = "cpu" if dry else "cuda"
+    t0 = time.perf_counter()
+    cfg_path = out / "run.yaml"
+    write_atomic(cfg_path, yaml.safe_dump(run_config(model, seq, mbs, ""), sort_keys=False))
+    cal_args = ["--device", device, "--config", str(cfg_path), "--out", str(out / "profile"), "--no-collectives"]
+    calibrate(calibrate_parser().parse_args(cal_args + (["--quick"] if dry else []) + (["--fresh"] if args.fresh
+                                                                                     else [])),
+              log=lambda m: print(f"  {m}", flush=True))
+    t_cal = time.perf_counter() - t0
+    if not dry:
+        torch.cuda.empty_cache()
+    real = train_steps(model, seq, mbs, 3 if dry else args.steps, 1 if dry else args.warmup, torch.device(device),
+                       torch.float32 if dry else torch.bfloat16)
+    pred = simulate(run_config(model, seq, mbs, str(out / "profile")))
+    result = _report(model, seq, mbs, real, pred, t_cal, time.perf_counter() - t0, device)
+    write_atomic(out / "device_check.json", json.dumps(result, indent=2))
+    _print(result, out)
+    return 0
+
+
+def _report(model: ModelSpec, seq: int, mbs: int, real: dict[str, Any], pred: Any, t_cal: float, t_all: float,
+            device: str) -> dict[str, Any]:
+    mem = pred.memory[0]
+    res = {"device": device, "model": model.name, "params": real["params"], "seq_len": seq, "micro_batch_size": mbs,
+           "implementation": real["implementation"], "measured_step_s": real["median_s"],
+           "measured_steps_s": real["step_times_s"], "predicted_step_s": pred.step_time_s,
+           "step_error": pred.step_time_s / real["median_s"] - 1.0, "predicted_peak_bytes": mem.peak_bytes,
+           "predicted_memory_components_bytes": mem.components, "calibration_s": t_cal, "total_s": t_all}
+    if "peak_allocated_bytes" in real:
+        res["measured_peak_allocated_bytes"] = real["peak_allocated_bytes"]
+        res["measured_peak_reserved_bytes"] = real["peak_reserved_bytes"]
+        res["peak_error"] = mem.peak_bytes / real["peak_reserved_bytes"] - 1.0
+    return res
+
+
+def _print(r: dict[str, Any], out: Path) -> None:
+    gib = 1024.0**3
+    print(f"device_check ({r['device']}): {r['model']} ({r['params'] / 1e9:.2f}B params, {r['implementation']}), "
+          f"s={r['seq_len']} b={r['micro_batch_size']}")
+    print(f"  step time: measured {r['measured_step_s']:.4f} s (median), predicted {r['predicted_step_s']:.4f} s, "
+          f"error {100 * r['step_error']:+.1f} %")
+    if "measured_peak_reserved_bytes" in r:
+        print(f"  peak memory: measured {r['measured_peak_allocated_bytes'] / gib:.2f} GiB allocated, "
+              f"{r['measured_peak_reserved_bytes'] / gib:.2f} GiB reserved; predicted {r['predicted_peak_bytes'] / gib:.2f} "
+              f"GiB (error vs reserved {100 * r['peak_error']:+.1f} %; simtrain counts fp32 Adam state, the real "
+              "step keeps bf16 moments)")
+    print(f"  calibration {r['calibration_s']:.0f} s, total {r['total_s']:.0f} s; results in {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Build the calibrated profile from the journal and write it atomically.
+
+The layout of the file is documented in ``simtrain/profile.py`` (which reads it). Everything here is
+derived from the journal, so rewriting the profile after more measurements (for example the
+collectives of a later ``torchrun`` run) keeps what was measured before.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calibration.fit import fit_curve, fit_gemm
+from simtrain.calibrated import busbw_factor
+from simtrain.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION
+from simtrain.trace import write_atomic
+
+
+def _ok(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["status"] == "ok" and r.get("stats", {}).get("median_s", 0) > 0]
+
+
+def _stat_cols(r: dict[str, Any]) -> list[Any]:
+    st = r.get("stats") or {}
+    return [st.get("median_s"), st.get("p25_s"), st.get("p75_s"), st.get("repeats"), r["status"]]
+
+
+STAT_COLUMNS = ["median_s", "p25_s", "p75_s", "repeats", "status"]
+
+
+def _tables(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every measurement, one table per kind."""
+    t: dict[str, Any] = {}
+    gemm = by_kind.get("gemm", [])
+    t["gemm"] = {"columns": ["kernel", "role", "m", "n", "k", "parts", "round", *STAT_COLUMNS, "flops_per_s"],
+                 "rows": [[r["params"][c] for c in ("kernel", "role", "m", "n", "k")]
+                          + [r["params"].get("parts", []), r["params"].get("round", 0)] + _stat_cols(r)
+                          + [_rate(r, "flops")] for r in gemm]}
+    att_cols = ["b", "s_q", "s_kv", "heads", "kv_heads", "d", "causal", "backward"]
+    t["attention"] = {"columns": [*att_cols, "round", *STAT_COLUMNS, "flops_per_s"],
+                      "rows": [[r["params"][c] for c in att_cols] + [r["params"].get("round", 0)] + _stat_cols(r)
+                               + [_rate(r, "flops")] for r in by_kind.get("attention", [])]}
+    t["memory_ops"] = {"columns": ["op", "shape", "round", "sim_bytes", *STAT_COLUMNS],
+                       "rows": [[r["params"]["op"], json.dumps({k: v for k, v in r["params"].items()
+                                                                if k not in ("op", "round")}),
+                                 r["params"].get("round", 0), r.get("sim_bytes")] + _stat_cols(r)
+                                for r in by_kind.get("memory_op", [])]}
+    t["optimizer"] = {"columns": ["layers", "tensors", "round", "sim_bytes", *STAT_COLUMNS],
+                      "rows": [[r["params"]["layers"], len(r["params"]["params"]), r["params"].get("round", 0),
+                                r.get("sim_bytes")] + _stat_cols(r) for r in by_kind.get("optimizer", [])]}
+    t["copy"] = {"columns": ["bytes", *STAT_COLUMNS, "Bps"],
+                 "rows": [[r["params"]["bytes"]] + _stat_cols(r) + [_rate(r, "moved_bytes")]
+                          for r in by_kind.get("copy", [])]}
+    t["launch"] = {"columns": STAT_COLUMNS, "rows": [_stat_cols(r) for r in by_kind.get("launch", [])]}
+    t["collectives"] = {"columns": ["collective", "ranks", "nodes", "size_bytes", *STAT_COLUMNS, "algbw_Bps",
+                                    "busbw_Bps"],
+                        "rows": [_collective_row(r) for r in by_kind.get("collective", [])]}
+    t["contention"] = {"columns": ["processes", "op_class", "solo_s", "concurrent_s", "factor"],
+                       "rows": [[r["params"]["processes"], r["params"]["op_class"], r["result"]["solo_s"],
+                                 r["result"]["concurrent_s"], r["result"]["factor"]]
+                                for r in by_kind.get("contention", []) if r["status"] == "ok"]}
+    t["interference"] = {"columns": ["ranks", "nodes", "comm_bytes", "gemm_s", "gemm_with_comm_s", "slowdown"],
+                         "rows": [[r["params"]["ranks"], r["params"]["nodes"], r["params"]["comm_bytes"],
+                                   r["result"]["gemm_s"], r["result"]["gemm_with_comm_s"], r["result"]["slowdown"]]
+                                  for r in by_kind.get("interference", []) if r["status"] == "ok"]}
+    mem_cols = ["saved_bytes", "activation_bytes", "peak_bytes", "reserved_bytes", "context_bytes"]
+    t["layer_memory"] = {"columns": ["model", "tp", "seq_len", "micro_batch_size", *mem_cols],
+                         "rows": [[r["params"][c] for c in ("model", "tp", "seq_len", "micro_batch_size")]
+                                  + [r.get("result", {}).get(c) for c in mem_cols]
+                                  for r in by_kind.get("layer_memory", []) if r["status"] == "ok"]}
+    return t
+
+
+def _rate(r: dict[str, Any], what: str) -> float | None:
+    med = (r.get("stats") or {}).get("median_s")
+    return float(r[what]) / med if r["status"] == "ok" and med and r.get(what) else None
+
+
+def _collective_row(r: dict[str, Any]) -> list[Any]:
+    p = r["params"]
+    med = (r.get("stats") or {}).get("median_s")
+    algbw = p["size_bytes"] / med if med and r["status"] == "ok" else None
+    busbw = algbw * busbw_factor(p["collective"], p["ranks"]) if algbw else None
+    return [p["collective"], p["ranks"], p["nodes"], p["size_bytes"], *_stat_cols(r), algbw, busbw]
+
+
+def _fits(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    fits: dict[str, Any] = {}
+    plain: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
+    for r in _ok(by_kind.get("gemm", [])):
+        if not r["params"].get("kernel"):  # composites (several Linears) are looked up, not fitted
+            p = r["params"]
+            plain[(p["role"], p["m"], p["n"], p["k"])].append(r["stats"]["median_s"])
+    gemm = [{"role": r, "m": m, "n": n, "k": k, "median_s": statistics.median(ts)} for (r, m, n, k), ts in plain.items()]
+    if gemm:
+        fits["gemm"] = fit_gemm(gemm)
+    att = _ok(by_kind.get("attention", []))
+    curves = {d: [(r["flops"], r["stats"]["median_s"]) for r in att if r["params"]["backward"] == (d == "bwd")]
+              for d in ("fwd", "bwd")}
+    if any(curves.values()):
+        fits["attention"] = {d: fit_curve(*zip(*pts, strict=True)) for d, pts in curves.items() if pts}
+    ops: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in _ok(by_kind.get("memory_op", [])):
+        ops[r["params"]["op"]].append((r["sim_bytes"], r["stats"]["median_s"]))
+    for r in _ok(by_kind.get("optimizer", [])):
+        ops["optimizer.step"].append((r["sim_bytes"], r["stats"]["median_s"]))
+    for r in _ok(by_kind.get("copy", [])):
+        ops["copy"].append((r["moved_bytes"], r["stats"]["median_s"]))
+    fits["memory_ops"] = {op: fit_curve(*zip(*pts, strict=True)) for op, pts in sorted(ops.items())}
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = defaultdict(list)
+    for r in _ok(by_kind.get("collective", [])):
+        p = r["params"]
+        groups[(p["collective"], p["ranks"], p["nodes"])].append((p["size_bytes"], r["stats"]["median_s"]))
+    fits["collectives"] = [{"collective": c, "ranks": p, "nodes": n, **fit_curve(*zip(*pts, strict=True))}
+                           for (c, p, n), pts in sorted(groups.items())]
+    return fits
+
+
+def _best(records: list[dict[str, Any]], what: str) -> float | None:
+    rates = [float(r[what]) / r["stats"]["median_s"] for r in _ok(records) if r.get(what)]
+    return max(rates) if rates else None
+
+
+def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -> dict[str, Any]:
+    launch = _ok(by_kind.get("launch", []))
+    att = _ok(by_kind.get("attention", []))
+    mem = [r["sim_bytes"] / r["stats"]["median_s"] for r in _ok(by_kind.get("memory_op", []))]
+    s: dict[str, Any] = {
+        "peak_flops_per_s": _best(by_kind.get("gemm", []), "flops"),
+        "memory_Bps": _best(by_kind.get("copy", []), "moved_bytes"),
+        "launch_s": launch[-1]["stats"]["median_s"] if launch else 0.0,
+        "attention_fwd_flops_per_s": _best([r for r in att if not r["params"]["backward"]], "flops"),
+        "attention_bwd_flops_per_s": _best([r for r in att if r["params"]["backward"]], "flops"),
+        "memory_op_Bps": statistics.median(mem) if mem else None,
+    }
+    inter = {("inter" if r["params"]["nodes"] > 1 else "intra"): r["result"]["slowdown"]
+             for r in by_kind.get("interference", []) if r["status"] == "ok"}
+    if inter:
+        s["comm_interference"] = inter
+    cont: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in by_kind.get("contention", []):
+        if r["status"] == "ok":
+            cont[int(r["params"]["processes"])][r["params"]["op_class"]] = r["result"]["factor"]
+    if cont:
+        s["contention"] = {p: dict(sorted(f.items())) for p, f in sorted(cont.items())}
+    ctx = [r["result"].get("context_bytes") for r in by_kind.get("layer_memory", []) if r["status"] == "ok"]
+    if ctx and ctx[-1]:
+        s["context_bytes"] = ctx[-1]
+    return s
+
+
+def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The profile (see ``simtrain/profile.py``) from a journal's header and records."""
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_kind[r["kind"]].append(r)
+    summary = _summary(by_kind, header)
+    if summary["peak_flops_per_s"] is None:
+        summary["peak_flops_per_s"] = header.get("assumed_peak_flops_per_s", 1.0)
+    if summary["memory_Bps"] is None:
+        summary["memory_Bps"] = header.get("assumed_memory_Bps", 1.0)
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "name": name,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": header["device"], "software_stack": header.get("software_stack", "eager_hf"),
+        "settings": header.get("settings", {}), "calibrated_for": header.get("calibrated_for", {}),
+        "summary": summary, "fits": _fits(by_kind), "measurements": _tables(by_kind), "end_of_profile": True,
+    }
+
+
+HEADER = """\
+# simtrain calibrated hardware profile (schema: simtrain/profile.py). Written by `simtrain calibrate`
+# and `python -m calibration.collectives` from the measurements in measurements.jsonl beside it;
+# re-run the calibration rather than editing it. Units are in the key names (SI).
+"""
+
+
+def write_profile(folder: Path, profile: dict[str, Any]) -> Path:
+    """Write ``profile`` to ``folder/profile.yaml`` atomically; returns the path."""
+    text = yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=140, allow_unicode=True)
+    path = folder / PROFILE_FILE
+    write_atomic(path, HEADER + text)
+    return path

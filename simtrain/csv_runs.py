@@ -1,0 +1,531 @@
+"""Published-run CSV rows -> RunConfig: robust parsing of the free-text cells, every gap named.
+
+A row of ``published_runs.csv`` (columns described in ``validation/README.md``) becomes a
+:class:`ParsedRow`: the RunConfig to simulate (or the missing field that makes it not simulatable),
+the measured step time and peak memory, and the list of assumptions made to fill gaps. Nothing is
+guessed silently: every default taken, every free-text cell read loosely, every GPU, framework or
+recipe mapped to a nearest documented profile is one line in ``assumptions``.
+
+Numeric cells may hold text ("2M (approx)", "up to 147", "47 (README: ...)"): the first number is
+read and, when the cell held more than a number, an assumption says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simtrain.config import RunConfig
+from simtrain.errors import ConfigError, Problem
+from simtrain.model import ModelSpec, list_presets, preset
+from simtrain.stacks import SoftwareStack, stack_from_text
+
+#: Columns a file must have to be read at all (everything else is optional).
+REQUIRED_COLUMNS = ("run_id",)
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?\s*([kKmMbB]\b)?")
+_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9}
+
+
+class NotSimulatable(Exception):
+    """A row lacks a field the simulation needs; ``field`` names the CSV column."""
+
+    def __init__(self, field_name: str, why: str = ""):
+        self.field = field_name
+        super().__init__(f"{field_name}{': ' + why if why else ''}")
+
+
+@dataclass(slots=True)
+class ParsedRow:
+    """One CSV row turned into what the simulator and the comparison need.
+
+    Times in seconds, memory in bytes. ``run`` is None when the row is not simulatable.
+    """
+
+    run_id: str
+    source: str
+    gpu_type: str
+    n_gpus: int | None
+    run: RunConfig | None
+    status: str
+    assumptions: list[str] = field(default_factory=list)
+    measured_step_time_s: float | None = None
+    measured_peak_mem_bytes: float | None = None
+    measured_tokens_per_s_per_gpu: float | None = None
+    source_mfu_pct: float | None = None
+    source_hfu_pct: float | None = None
+    peak_tflops_used: float | None = None
+    flop_convention: str | None = None
+    visible: bool = False
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    """Read a CSV file into dicts of stripped strings; ConfigError for a missing file or column."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(Problem("file", f"not found: {str(p)!r}"))
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+            columns = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(Problem("file", f"{str(p)!r} is not a readable CSV: {exc}")) from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise ConfigError(Problem("file", f"{str(p)!r} lacks the column(s) {', '.join(missing)}"))
+    return rows
+
+
+# ---- cells --------------------------------------------------------------------------------------
+
+def _blank(text: str | None) -> bool:
+    return text is None or text.strip().lower() in ("", "nan", "none", "null", "-", "n/a", "?")
+
+
+def number(row: dict[str, str], col: str, notes: list[str]) -> float | None:
+    """The first number in ``row[col]`` (None when blank); a note when the cell held more than a number."""
+    text = row.get(col)
+    if _blank(text):
+        return None
+    assert text is not None
+    match = _NUMBER.search(text)
+    if match is None:
+        notes.append(f"{col}: {text!r} holds no number; treated as missing")
+        return None
+    value = float(match.group(0).rstrip("kKmMbB ").replace(",", ""))
+    if match.group(1):
+        value *= _SUFFIX[match.group(1).lower()]
+    if match.group(0).strip() != text.strip():
+        notes.append(f"{col}: read {value:g} from {text!r}")
+    return value
+
+
+def integer(row: dict[str, str], col: str, notes: list[str]) -> int | None:
+    """An integer cell (None when blank); a non-integral number is rounded with a note."""
+    value = number(row, col, notes)
+    if value is None:
+        return None
+    if value != int(value):
+        notes.append(f"{col}: {value:g} rounded to {round(value)}")
+    return round(value)
+
+
+def text(row: dict[str, str], col: str) -> str:
+    """The cell as lower-case text ('' when blank)."""
+    value = row.get(col)
+    return "" if _blank(value) else str(value).strip().lower()
+
+
+# ---- source, GPU, precision, recompute ------------------------------------------------------------
+
+_SOURCES: tuple[tuple[str, str], ...] = (
+    (r"torchtitan", "torchtitan"),
+    (r"megatron-bridge", "Megatron-Bridge 25.11"),
+    (r"nemo.*performance_summary|performance_summary.*nemo", "NeMo 24.07"),
+    (r"korthikanti", "Korthikanti 2022"),
+    (r"cases_april2021|sc'?21|narayanan", "Megatron-LM SC'21"),
+    (r"megatron-lm readme 'training speed|model_table", "Megatron-LM H100 (2024)"),
+    (r"llm-foundry|mosaicml", "MosaicML llm-foundry"),
+    (r"bigscience|bloom", "BLOOM"),
+    (r"moe/readme|deepseek-v3-gb200", "Megatron-Core MoE"),
+)
+
+
+def source_label(row: dict[str, str]) -> str:
+    """A short label for the row's source (for per-source summaries); the cell's start when unknown."""
+    raw = row.get("source", "") or ""
+    low = raw.lower()
+    for pattern, label in _SOURCES:
+        if re.search(pattern, low):
+            return label
+    return raw.split("(")[0].strip()[:40] or "unknown"
+
+
+# (pattern on the lower-cased gpu cell, GPU profile, node profile); first match wins.
+_GPUS: tuple[tuple[str, str, str], ...] = (
+    (r"gb200", "gb200", "gb200-nvl72"),
+    (r"b200", "b200", "dgx-b200"),
+    (r"h200", "h200", "hgx-h200"),
+    (r"h800", "h800", "hgx-h800"),
+    (r"h100.*(96\s*gb|500\s*w)", "h100-sxm-96gb-500w", "dgx-h100"),
+    (r"h100", "h100-sxm", "dgx-h100"),
+    (r"a100.*40\s*gb", "a100-40gb", "hgx-a100-40gb"),
+    (r"a100", "a100-80gb", "dgx-a100"),
+    (r"mi300x", "mi300x", "mi300x-8"),
+)
+DEFAULT_GPU = ("h100-sxm", "dgx-h100")
+
+
+def parse_gpu(cell: str) -> tuple[str, str, str | None]:
+    """(GPU profile, node profile, assumption or None) for a free-text ``gpu`` cell."""
+    low = cell.strip().lower()
+    for pattern, gpu, node in _GPUS:
+        if re.search(pattern, low):
+            note = None
+            if gpu == "a100-80gb" and "80" not in low:
+                note = f"gpu {cell!r}: memory size not stated; A100 80GB assumed"
+            elif gpu == "h100-sxm" and ("pcie" in low or "nvl" in low):
+                note = f"gpu {cell!r}: no profile for this H100 variant; H100 SXM assumed"
+            return gpu, node, note
+    what = f"gpu {cell!r} has no profile" if low else "gpu not given"
+    return DEFAULT_GPU[0], DEFAULT_GPU[1], f"{what}: nearest default {DEFAULT_GPU[0]} ({DEFAULT_GPU[1]} node)"
+
+
+def parse_precision(cell: str, stack: SoftwareStack, has_fp8: bool) -> tuple[str, str, list[str]]:
+    """(precision, fp8 recipe, assumptions) for a free-text ``precision`` cell."""
+    low = cell.strip().lower()
+    notes: list[str] = []
+    if not low:
+        return "bf16", stack.fp8_recipe, ["precision not given: bf16 assumed"]
+    if "fp8" in low or "float8" in low or "mxfp8" in low:
+        if not has_fp8:
+            return "bf16", stack.fp8_recipe, [f"precision {cell!r} on a GPU without FP8: bf16 simulated"]
+        if re.search(r"\bmx|mxfp8|fp8-mx", low):
+            return "fp8", "blockwise", [f"precision {cell!r}: MXFP8 (1x32 blocks) simulated as block-wise scaling"]
+        if re.search(r"\bcs\b|fp8-cs|current|tensorwise|dynamic", low):
+            return "fp8", "current", notes
+        if re.search(r"block", low):
+            return "fp8", "blockwise", notes
+        if re.search(r"delayed|hybrid", low):
+            return "fp8", "delayed", notes
+        if "float8 linears" in low:
+            return "fp8", "current", [f"precision {cell!r}: torchtitan float8 default = tensorwise dynamic "
+                                      "(current) scaling"]
+        return "fp8", stack.fp8_recipe, [f"precision {cell!r}: recipe not stated; stack default "
+                                         f"{stack.fp8_recipe!r}"]
+    if "fp16" in low and "bf16" not in low:
+        return "fp16", stack.fp8_recipe, notes
+    if "fp16" in low:
+        notes.append(f"precision {cell!r}: bf16 simulated (same tensor-core peak as fp16)")
+    elif "bf16" not in low:
+        notes.append(f"precision {cell!r} not recognised: bf16 assumed")
+    return "bf16", stack.fp8_recipe, notes
+
+
+def parse_recompute(cell: str, stack_name: str = "") -> tuple[str, list[str]]:
+    """(layout.recompute, assumptions) for a free-text ``recompute`` cell."""
+    low = cell.strip().lower()
+    if not low:
+        return "none", ["recompute not given: none assumed"]
+    if low.startswith(("none", "no ", "off", "false")) or low == "no":
+        return "none", []
+    if "full" in low or "activation checkpointing" in low:
+        return "full", []
+    if "sac" in low or "op-level" in low or "per-op" in low or "op " in low:
+        return "selective", [f"recompute {cell!r}: torchtitan op-level SAC (recomputes every 2nd matmul and the "
+                             "elementwise ops) is simulated as attention-core selective recompute"]
+    if "selective" in low:
+        if "attention" in low or "core" in low or low == "selective":
+            return "selective", []
+        return "selective", [f"recompute {cell!r}: simulated as attention-core selective recompute"]
+    return "none", [f"recompute {cell!r} not recognised: none assumed"]
+
+
+def parse_sharding(cell: str, stack: SoftwareStack) -> tuple[dict[str, Any], list[str]]:
+    """Layout fields (fsdp / zero_stage) for a ``zero_fsdp`` cell, and the assumptions made."""
+    low = cell.strip().lower()
+    if not low:
+        if stack.zero_stage:
+            return {"zero_stage": stack.zero_stage}, [f"zero_fsdp not given: stack {stack.name} default ZeRO-"
+                                                      f"{stack.zero_stage} (distributed optimizer)"]
+        return {}, []
+    notes = []
+    if "float8 all-gather" in low:
+        notes.append("FSDP float8 all-gather not modelled (parameters gathered in bf16)")
+    if "shard_grad_op" in low or "zero-2" in low or "zero2" in low:
+        return {"zero_stage": 2}, notes
+    if "hybrid" in low:
+        notes.append(f"zero_fsdp {cell!r}: hybrid shard group size not given; full shard simulated")
+        return {"fsdp": "full"}, notes
+    if "fsdp" in low or "full_shard" in low or "zero-3" in low or "zero3" in low:
+        return {"fsdp": "full"}, notes
+    if "zero-1" in low or "zero1" in low or "distributed optimizer" in low:
+        return {"zero_stage": 1}, notes
+    if "ddp" in low or "none" in low:
+        return {}, notes
+    return {"zero_stage": stack.zero_stage}, [f"zero_fsdp {cell!r} not recognised: stack default "
+                                              f"ZeRO-{stack.zero_stage}"]
+
+
+def is_visible(row: dict[str, str]) -> bool:
+    """Rows counted in the accuracy targets: ``simulatable`` = yes or mostly."""
+    return text(row, "simulatable").startswith(("yes", "mostly"))
+
+
+# ---- the model ------------------------------------------------------------------------------------
+
+def _family(name: str) -> dict[str, Any]:
+    """Architecture defaults of a model family named in the ``model`` cell (documented per family)."""
+    low = name.lower()
+    if "llama" in low or "mistral" in low or "qwen" in low:
+        # Touvron et al. 2023; Llama 3 herd 2024: SwiGLU, RMSNorm, RoPE, untied, no biases
+        return dict(activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, linear_bias=False)
+    if "mpt" in low:
+        # llm-foundry MPT yamls (validation README): GELU 4h, LayerNorm without bias, ALiBi, tied, no biases
+        return dict(activation="gelu", norm="layernorm", position="alibi", tied_embeddings=True, linear_bias=False)
+    if "bloom" in low:
+        # BLOOM paper (BigScience 2022): GELU, LayerNorm, ALiBi, tied embeddings, biases
+        return dict(activation="gelu", norm="layernorm", position="alibi", tied_embeddings=True, linear_bias=True)
+    if "nemotron" in low:
+        # Nemotron-4 report (2024): squared-ReLU MLP (two matrices, costed as GELU), LayerNorm, RoPE, untied
+        return dict(activation="gelu", norm="layernorm", position="rope", tied_embeddings=False, linear_bias=False)
+    # GPT-2/3 and the Megatron GPT family: GELU, LayerNorm, learned positions, tied, biases
+    return dict(activation="gelu", norm="layernorm", position="learned", tied_embeddings=True, linear_bias=True)
+
+
+def _norm_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", name.lower().replace("llama-", "llama"))
+
+
+def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpec:
+    """The ModelSpec of a row: a preset whose shape matches the architecture columns (their values win
+    where they differ), else the columns with the family defaults of the model name."""
+    name = row.get("model", "") or "model"
+    if text(row, "moe_experts") or text(row, "moe_topk"):
+        return _moe_model(row, name, notes)
+    dims = {}
+    for col in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"):
+        value = integer(row, col, notes)
+        if value is None:
+            raise NotSimulatable(col, "architecture column missing")
+        dims[col] = value
+    kv_text = text(row, "n_kv_heads")
+    kv = integer(row, "n_kv_heads", notes) if kv_text and kv_text[0].isdigit() else None
+    base = _matching_preset(name, dims, kv)
+    fields: dict[str, Any]
+    if base is not None:
+        fields = base.model_dump()
+        changed = [f"{k} {fields[k]}->{v}" for k, v in dims.items() if fields[k] != v]
+        notes.append(f"model: preset {base.name}" + (f" with the row's {', '.join(changed)}" if changed else ""))
+        fields.update(dims)
+    else:
+        fam = _family(name)
+        notes.append(f"model {name!r}: built from the architecture columns with family defaults "
+                     f"({fam['activation']}, {fam['norm']}, {fam['position']} positions, "
+                     f"{'tied' if fam['tied_embeddings'] else 'untied'} embeddings"
+                     f"{', biases' if fam['linear_bias'] else ''})")
+        fields = {"name": name, **dims, **fam}
+        if kv is None and not kv_text:
+            notes.append("n_kv_heads not given: multi-head attention (= n_heads) assumed")
+    fields["n_kv_heads"] = kv if kv is not None else fields.get("n_kv_heads")
+    fields["max_position"] = max(int(fields.get("max_position") or 0), seq_len)
+    try:
+        return ModelSpec(**fields)
+    except ValueError as exc:
+        raise ConfigError(Problem("model", str(exc).splitlines()[-1])) from None
+
+
+def _matching_preset(name: str, dims: dict[str, int], kv: int | None) -> ModelSpec | None:
+    """The preset with the row's layers, hidden and heads (and kv heads when given); the name breaks ties."""
+    want = _norm_name(name)
+    best: tuple[int, ModelSpec] | None = None
+    for key in list_presets():
+        m = preset(key)
+        if m.moe is not None or (m.n_layers, m.hidden, m.n_heads) != (dims["n_layers"], dims["hidden"], dims["n_heads"]):
+            continue
+        if kv is not None and m.kv_heads != kv:
+            continue
+        score = 2 if _norm_name(key) == want else 1 if _norm_name(key) in want or want in _norm_name(key) else 0
+        if best is None or score > best[0]:
+            best = (score, m)
+    return None if best is None else best[1]
+
+
+def _moe_model(row: dict[str, str], name: str, notes: list[str]) -> ModelSpec:
+    """MoE rows: the preset named by the model cell (MoE presets carry routing details the CSV lacks)."""
+    want = _norm_name(name)
+    for key in list_presets():
+        m = preset(key)
+        if m.moe is None:
+            continue
+        k = _norm_name(key)
+        if k == want or k in want or want.replace("_", "") in k or _loose(k) == _loose(want):
+            notes.append(f"model: MoE preset {key} (routing, shared experts and dense layers from its HF config)")
+            return m
+    raise NotSimulatable("model", f"no MoE preset matches {name!r}")
+
+
+def _loose(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().split("(")[0])
+
+
+# ---- the row ------------------------------------------------------------------------------------
+
+def parse_row(row: dict[str, str]) -> ParsedRow:
+    """Turn one CSV row into a ParsedRow; a missing needed field gives status ``not simulatable: <field>``,
+    an inconsistent row ``error: <message>``. Never raises for bad cells."""
+    notes: list[str] = []
+    run_id = row.get("run_id", "") or "?"
+    gpu, node, gpu_note = parse_gpu(row.get("gpu", "") or "")
+    out = ParsedRow(run_id=run_id, source=source_label(row), gpu_type=gpu, n_gpus=None, run=None, status="ok",
+                    assumptions=notes, visible=is_visible(row))
+    if gpu_note:
+        notes.append(gpu_note)
+    out.measured_step_time_s = number(row, "step_time_s", notes)
+    mem_gib = number(row, "peak_mem_gib", notes)
+    out.measured_peak_mem_bytes = mem_gib * 1024.0**3 if mem_gib else None
+    out.measured_tokens_per_s_per_gpu = number(row, "tokens_per_s_per_gpu", notes)
+    out.source_mfu_pct = number(row, "mfu_pct", notes)
+    out.source_hfu_pct = number(row, "hfu_pct", notes)
+    out.peak_tflops_used = number(row, "peak_tflops_used", notes)
+    out.flop_convention = " ".join(filter(None, (row.get("flop_convention"), row.get("tflops_kind")))) or None
+    try:
+        out.n_gpus = integer(row, "n_gpus", notes)
+        out.run = _run_config(row, out, gpu, node, notes)
+    except NotSimulatable as exc:
+        out.status = f"not simulatable: {exc.field}"
+    except ConfigError as exc:
+        out.status = "error: " + "; ".join(str(p) for p in exc.problems)
+    except (ValueError, ArithmeticError) as exc:  # a malformed cell the checks above did not foresee
+        out.status = f"error: {exc}"
+    return out
+
+
+def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes: list[str]) -> RunConfig:
+    from simtrain.config import load_config
+    from simtrain.hardware import load_gpu, load_node
+
+    stack, stack_note = stack_from_text(row.get("framework"))
+    if stack_note:
+        notes.append(stack_note)
+    if out.n_gpus is None:
+        raise NotSimulatable("n_gpus")
+    seq = integer(row, "seq_len", notes)
+    if seq is None:
+        raise NotSimulatable("seq_len")
+    model = build_model(row, seq, notes)
+    layout = _layout(row, stack, out.n_gpus, notes)
+    train = _train(row, stack, layout, seq, load_gpu(gpu).has_fp8, notes)
+    if model.activation == "gelu" and re.search(r"mpt|bloom", (row.get("model") or "").lower()):
+        train["dropout"] = False
+        notes.append("dropout off (MPT and BLOOM train without dropout)")
+    hardware = _hardware(row, gpu, node, load_node(node).gpus_per_node, out.n_gpus, notes)
+    return load_config({"name": out.run_id, "model": model, "hardware": hardware, "layout": layout,
+                        "train": train})
+
+
+def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[str]) -> dict[str, Any]:
+    tp = integer(row, "tp", notes)
+    if tp is None:
+        raise NotSimulatable("tp")
+    pp = integer(row, "pp", notes)
+    if pp is None:
+        pp = 1
+        notes.append("pp not given: 1 assumed")
+    cp = integer(row, "cp", notes) or 1
+    ep = integer(row, "ep", notes) or 1
+    dp = integer(row, "dp", notes)
+    derived = n_gpus // (tp * pp * cp) if n_gpus % (tp * pp * cp) == 0 else None
+    if dp is None or (derived is not None and dp != derived):
+        if derived is None:
+            raise NotSimulatable("dp", f"n_gpus={n_gpus} is not a multiple of tp*pp*cp={tp * pp * cp}")
+        if dp is not None:
+            notes.append(f"dp {dp} inconsistent with n_gpus/(tp*pp*cp) = {derived}; {derived} used")
+        dp = derived
+    lay: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep}
+    vp = integer(row, "vp", notes)
+    framework = text(row, "framework")
+    if vp and vp > 1:
+        lay["vpp"] = vp
+    if "interleaved" in framework:
+        lay["schedule"] = "interleaved_1f1b"
+        if not vp or vp == 1:
+            lay["vpp"] = 2
+            notes.append("interleaved 1F1B without a VP degree: 2 stages per rank assumed (torchtitan default)")
+    elif "1f1b" in framework:
+        lay["schedule"] = "1f1b"
+    sp = text(row, "seq_parallel")
+    if sp in ("on", "yes", "true", "1"):
+        lay["sequence_parallel"] = True
+    elif sp in ("off", "no", "false", "0"):
+        lay["sequence_parallel"] = False
+    else:
+        lay["sequence_parallel"] = stack.sequence_parallel and tp > 1
+        if tp > 1:
+            notes.append(f"seq_parallel not given: {'on' if lay['sequence_parallel'] else 'off'} (stack {stack.name})")
+    recompute, rec_notes = parse_recompute(row.get("recompute", "") or "", stack.name)
+    lay["recompute"] = recompute
+    notes.extend(rec_notes)
+    shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack)
+    lay.update(shard)
+    notes.extend(shard_notes)
+    if tp > 1:
+        lay["tp_comm_overlap"] = _tp_overlap(row, stack, notes)
+    return lay
+
+
+def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> bool:
+    framework = text(row, "framework")
+    if "asynctp" in framework or "async tp" in framework:
+        return True
+    if "vanillatp" in framework or "vanilla tp" in framework:
+        return False
+    if "tp-comm-overlap" in text(row, "notes"):
+        return True
+    notes.append(f"TP comm overlap not stated: {'on' if stack.tp_comm_overlap else 'off'} (stack {stack.name})")
+    return stack.tp_comm_overlap
+
+
+def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: int, has_fp8: bool,
+           notes: list[str]) -> dict[str, Any]:
+    gbs = integer(row, "global_batch_seqs", notes)
+    if gbs is None:
+        tokens = integer(row, "global_batch_tokens", notes)
+        if tokens is None:
+            raise NotSimulatable("global_batch_seqs")
+        gbs = max(tokens // seq, 1)
+    mbs = integer(row, "micro_batch", notes)
+    if mbs is None:
+        mbs = 1
+        notes.append("micro_batch not given: 1 assumed")
+    if stack.pp_microbatches_equal_pp and lay["pp"] > 1 and mbs % lay["pp"] == 0:
+        notes.append(f"micro_batch {mbs} is the local batch; split into pp={lay['pp']} micro-batches of "
+                     f"{mbs // lay['pp']} (torchtitan pipeline_parallel_microbatches default)")
+        mbs //= lay["pp"]
+    precision, recipe, prec_notes = parse_precision(row.get("precision", "") or "", stack, has_fp8)
+    notes.extend(prec_notes)
+    train: dict[str, Any] = {"seq_len": seq, "micro_batch_size": mbs, "global_batch_seqs": gbs,
+                             "precision": precision, "stack": stack.name,
+                             "attention_kernel": "unfused" if stack.attention == "unfused" else "flash"}
+    if precision == "fp8":
+        train["fp8_recipe"] = recipe
+    if "pure" in text(row, "zero_fsdp"):
+        train["grad_dtype"] = "bf16"  # Composer mixed_precision=PURE reduces gradients in bf16
+    return train
+
+
+def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: int,
+              notes: list[str]) -> dict[str, Any]:
+    from simtrain.hardware import load_node
+
+    hw: dict[str, Any] = {"node": node}
+    if load_node(node).gpu.name != gpu:
+        hw["gpu"] = gpu
+    gpn = integer(row, "gpus_per_node", notes)
+    if gpn is not None and gpn != node_gpus:
+        notes.append(f"gpus_per_node {gpn}: node profile {node} has {node_gpus}")
+    if n_gpus % node_gpus:
+        raise NotSimulatable("n_gpus", f"{n_gpus} is not a whole number of {node_gpus}-GPU nodes")
+    hw["n_nodes"] = n_gpus // node_gpus
+    inter = text(row, "inter_node")
+    match = re.search(r"(\d+(?:\.\d+)?)\s*gb(?:it)?(?:p|/)s", inter)
+    if match and "per node" in inter:
+        hw["nic_Gbps"] = float(match.group(1)) / node_gpus
+        hw["nics_per_node"] = node_gpus
+        notes.append(f"inter_node {inter!r}: {node_gpus} NICs of {hw['nic_Gbps']:g} Gb/s per node assumed")
+    elif match:
+        hw["nic_Gbps"] = float(match.group(1))
+    elif "omni-path" in inter or "opa" in inter:
+        links = re.search(r"(\d+)\s*opa", inter)
+        hw["nics_per_node"] = int(links.group(1)) if links else 4
+        hw["nic_Gbps"] = 100.0  # Intel Omni-Path 100 Series: 100 Gb/s per port
+        notes.append(f"inter_node {inter!r}: {hw['nics_per_node']} x 100 Gb/s Omni-Path ports, modelled as NICs")
+    elif hw["n_nodes"] > 1:
+        notes.append(f"inter_node not given: node profile {node} NICs")
+    if "roce" in inter:
+        notes.append("RoCE assumed to reach InfiniBand per-NIC bandwidth")
+    return hw

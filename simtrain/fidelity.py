@@ -1,0 +1,336 @@
+"""Fidelity: predict published training runs and say how far off the predictions are.
+
+``validate_runs(path)`` reads a CSV of measured runs (the columns of ``validation/published_runs.csv``),
+turns each row into a RunConfig (``simtrain.csv_runs``), simulates it, and compares the predicted step
+time (and peak memory, where the row has one) with the measured one. A row that cannot be simulated
+becomes a row with its status (``not simulatable: <field>`` or ``error: <message>``); the run goes on.
+
+Measured step time: the row's ``step_time_s``; else global batch tokens / tokens per second; else
+the model FLOPs per step in the source's own convention / (TFLOP/s per GPU x GPUs) (named in the
+row's assumptions). The source's MFU is recomputed from the predicted step time in the source's
+FLOP convention (``convention_flops_per_token``) as a second opinion on the comparison.
+
+This module imports pandas (reporting); the HTML report imports matplotlib (Agg) lazily.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import re
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simtrain.csv_runs import ParsedRow, parse_row, read_rows
+from simtrain.errors import SimtrainError
+from simtrain.flops import attention_keys_per_query, model_flops_per_token
+from simtrain.model import ModelSpec
+from simtrain.results import AXES, StepResult
+
+GiB = 1024.0**3
+
+#: Row keys, in output order (the names the issue and README document).
+ROW_KEYS = (
+    "run_id", "source", "gpu_type", "n_gpus", "stack", "visible", "status",
+    "predicted_step_time_s", "measured_step_time_s", "step_time_error_pct",
+    "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
+    "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct",
+    "predicted_compute_s", *(f"predicted_exposed_{a}_s" for a in AXES), "predicted_bubble_s",
+    "predicted_optimizer_s", "predicted_other_s", "predicted_mfu_pct",
+    "mfu_convention", "source_mfu_pct", "predicted_mfu_pct_source_convention", "assumptions",
+)
+
+
+# ---- FLOP conventions of the sources (validation/README.md "FLOP-counting conventions") ----------
+
+def _attention_term_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Forward attention FLOPs per token summed over layers, causal (simtrain's convention)."""
+    return sum(2 * attention_keys_per_query(model, i, seq_len) * (model.d_head + model.v_head_dim) * model.n_heads
+               for i in range(model.n_layers))
+
+
+def convention_flops_per_token(convention: str, model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token in a source's convention.
+
+    - ``causal``: Megatron-LM ``num_floating_point_operations`` with causal attention (= simtrain's
+      model FLOPs; Megatron-Bridge 25.x).
+    - ``noncausal``: the same with the full s x s score term (NeMo 24.07, DGXC formula
+      12Lh^2(1+g/a+s/h)+18Lfh+6Vh per token; Korthikanti's MFU; Megatron-LM README 2024).
+    - ``sc21``: 96 l h^2 (1 + s/6h + V/16lh) per token, activation recompute included (Narayanan et al. 2021).
+    - ``mpt``: 6N + 12 L d s per token (llm-foundry benchmarking README).
+    - ``bloom``: 8 P per token (BigScience tr11 README; recompute counted, no attention term).
+    """
+    if convention == "causal":
+        return model_flops_per_token(model, seq_len)
+    if convention == "noncausal":
+        return model_flops_per_token(model, seq_len) + 3.0 * _attention_term_per_token(model, seq_len)
+    h, n_layers, v = model.hidden, model.n_layers, model.vocab
+    if convention == "sc21":
+        return 96.0 * n_layers * h * h * (1 + seq_len / (6 * h) + v / (16 * n_layers * h))
+    if convention == "mpt":
+        return 6.0 * model.param_count() + 12.0 * n_layers * h * seq_len
+    if convention == "bloom":
+        return 8.0 * model.param_count()
+    raise ValueError(f"unknown FLOP convention {convention!r}")
+
+
+_CONVENTIONS: tuple[tuple[str, str], ...] = (
+    (r"96\s*\*?\s*b\s*\*?\s*s|narayanan", "sc21"),
+    (r"6\s*\*\s*n\s*\*\s*s|mfu = \(6", "mpt"),
+    (r"8\s*\*\s*p", "bloom"),
+    (r"\bcausal\b(?!.*non)", "causal"),
+    (r"s/h|nemo|dgxc|non-causal|noncausal|megatron model flops|attention-score", "noncausal"),
+)
+
+
+def convention_of(text: str | None) -> str | None:
+    """The FLOP convention key a row's ``flop_convention``/``tflops_kind`` text describes (None if unknown)."""
+    low = (text or "").lower()
+    for pattern, key in _CONVENTIONS:
+        if re.search(pattern, low):
+            return key
+    return None
+
+
+def _measured_step_time(p: ParsedRow, row: dict[str, str], conv: str | None) -> float | None:
+    """The measured step time, derived from throughput or TFLOP/s when the row does not give it."""
+    from simtrain.csv_runs import number
+
+    if p.measured_step_time_s:
+        return p.measured_step_time_s
+    if p.run is None:
+        return None
+    tokens = p.run.train.global_batch_seqs_resolved * p.run.train.seq_len
+    scratch: list[str] = []
+    total = number(row, "tokens_per_s_total", scratch)
+    if total:
+        p.assumptions.append("measured step time = global batch tokens / tokens_per_s_total")
+        return tokens / total
+    if p.measured_tokens_per_s_per_gpu and p.n_gpus:
+        p.assumptions.append("measured step time = global batch tokens / (tokens_per_s_per_gpu x n_gpus)")
+        return tokens / (p.measured_tokens_per_s_per_gpu * p.n_gpus)
+    tflops = number(row, "tflops_per_gpu", scratch)
+    if tflops and conv and p.n_gpus:
+        flops = convention_flops_per_token(conv, p.run.model, p.run.train.seq_len) * tokens
+        p.assumptions.append(f"measured step time = model FLOPs ({conv} convention) / (tflops_per_gpu x n_gpus)")
+        return flops / (tflops * 1e12 * p.n_gpus)
+    return None
+
+
+# ---- one row ------------------------------------------------------------------------------------
+
+def _pct(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or not meas or not math.isfinite(pred):
+        return None
+    return 100.0 * (pred - meas) / meas
+
+
+def _source_mfu(p: ParsedRow, conv: str | None) -> float | None:
+    """The utilisation the source reports in its convention (HFU-like conventions report % of peak as HFU)."""
+    if conv in ("sc21",):
+        return p.source_hfu_pct
+    return p.source_mfu_pct
+
+
+def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | None = None) -> dict[str, Any]:
+    """Simulate one CSV row and compare it; never raises (failures become the row's ``status``)."""
+    from simtrain.simulate import simulate
+
+    sim = simulate_fn or simulate
+    p = parse_row(row)
+    conv = convention_of(p.flop_convention)
+    out: dict[str, Any] = {k: None for k in ROW_KEYS}
+    out.update(run_id=p.run_id, source=p.source, gpu_type=p.gpu_type, n_gpus=p.n_gpus, visible=p.visible,
+               status=p.status, mfu_convention=conv, source_mfu_pct=_source_mfu(p, conv),
+               stack=p.run.train.stack if p.run is not None else None)
+    if p.run is not None:
+        try:
+            out["measured_step_time_s"] = _measured_step_time(p, row, conv)
+            result = sim(p.run)
+        except SimtrainError as exc:
+            out["status"] = f"error: {exc}".splitlines()[0]
+        except Exception as exc:  # noqa: BLE001 - a failing row is reported, the table goes on
+            out["status"] = f"error: {type(exc).__name__}: {exc}".splitlines()[0]
+        else:
+            _fill_prediction(out, p, result, conv)
+    elif p.measured_step_time_s:
+        out["measured_step_time_s"] = p.measured_step_time_s
+    out["measured_tokens_per_s_per_gpu"] = p.measured_tokens_per_s_per_gpu
+    if p.measured_peak_mem_bytes:
+        out["measured_peak_mem_gib"] = p.measured_peak_mem_bytes / GiB
+    out["peak_mem_error_pct"] = _pct(out["predicted_peak_mem_gib"], out["measured_peak_mem_gib"])
+    out["assumptions"] = list(p.assumptions)
+    return out
+
+
+def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str | None) -> None:
+    assert p.run is not None
+    out["predicted_step_time_s"] = r.step_time_s
+    out["predicted_tokens_per_s_per_gpu"] = r.tokens_per_s_per_gpu
+    out["step_time_error_pct"] = _pct(r.step_time_s, out["measured_step_time_s"])
+    if out["measured_tokens_per_s_per_gpu"] is None and out["measured_step_time_s"]:
+        out["measured_tokens_per_s_per_gpu"] = r.global_batch_tokens / out["measured_step_time_s"] / r.n_gpus
+    out["predicted_peak_mem_gib"] = max(m.peak_bytes for m in r.memory) / GiB
+    bd = r.breakdown_s
+    out["predicted_compute_s"] = bd["compute"]
+    for axis in AXES:
+        out[f"predicted_exposed_{axis}_s"] = bd["exposed_comm"].get(axis, 0.0)
+    out["predicted_bubble_s"] = bd["bubble"]
+    out["predicted_optimizer_s"] = bd["optimizer"]
+    out["predicted_other_s"] = bd["other"]
+    out["predicted_mfu_pct"] = 100.0 * r.mfu
+    if conv is not None:
+        peak = (p.peak_tflops_used or 0.0) * 1e12 or _bf16_peak(p)
+        flops = convention_flops_per_token(conv, p.run.model, p.run.train.seq_len) * r.global_batch_tokens
+        out["predicted_mfu_pct_source_convention"] = 100.0 * flops / (r.step_time_s * r.n_gpus * peak)
+
+
+def _bf16_peak(p: ParsedRow) -> float:
+    from simtrain.hardware import load_gpu
+
+    return load_gpu(p.gpu_type).bf16_flops_per_s
+
+
+# ---- the table and its summary ------------------------------------------------------------------
+
+def error_stats(errors: list[float]) -> dict[str, Any]:
+    """Median, mean and 90th percentile of |error| in percent (nearest-rank p90), and the count."""
+    vals = sorted(abs(e) for e in errors if e is not None and math.isfinite(e))
+    if not vals:
+        return {"count": 0, "median_abs_pct": None, "mean_abs_pct": None, "p90_abs_pct": None}
+    p90 = vals[min(len(vals) - 1, max(0, math.ceil(0.9 * len(vals)) - 1))]
+    return {"count": len(vals), "median_abs_pct": statistics.median(vals), "mean_abs_pct": statistics.fmean(vals),
+            "p90_abs_pct": p90}
+
+
+def summarize(rows: pd.DataFrame) -> dict[str, Any]:
+    """The summary: counts, |step-time error| overall / visible rows / per source / per GPU, memory errors."""
+    ok = rows[rows["status"] == "ok"]
+    compared = ok[ok["step_time_error_pct"].notna()]
+
+    def stats(frame: pd.DataFrame, col: str = "step_time_error_pct") -> dict[str, Any]:
+        return error_stats([float(x) for x in frame[col].dropna()])
+
+    return {
+        "rows": len(rows),
+        "simulated": len(ok),
+        "compared": len(compared),
+        "not_simulatable": int(rows["status"].str.startswith("not simulatable").sum()),
+        "errors": int(rows["status"].str.startswith("error").sum()),
+        "step_time": stats(compared),
+        "step_time_visible": stats(compared[compared["visible"]]),
+        "by_source": {k: stats(g) for k, g in compared.groupby("source", sort=True)},
+        "by_gpu": {k: stats(g) for k, g in compared.groupby("gpu_type", sort=True)},
+        "peak_mem": stats(ok, "peak_mem_error_pct"),
+    }
+
+
+def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None
+                  ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Predict every row of a runs CSV; return (one row per run with ``ROW_KEYS``, summary dict).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, or lacks the ``run_id`` column.
+    """
+    rows = [evaluate_row(r, simulate_fn) for r in read_rows(path)]
+    frame = pd.DataFrame(rows, columns=list(ROW_KEYS))
+    return frame, summarize(frame)
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+
+def to_csv_text(frame: pd.DataFrame) -> str:
+    """The rows as CSV text (assumptions joined with '; ')."""
+    flat = frame.copy()
+    flat["assumptions"] = flat["assumptions"].map(lambda a: "; ".join(a) if isinstance(a, list) else a)
+    return flat.to_csv(index=False)
+
+
+def to_json_dict(frame: pd.DataFrame, summary: dict[str, Any]) -> dict[str, Any]:
+    """``{"summary": ..., "rows": [...]}`` with NaN as null."""
+    records = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+    return {"summary": summary, "rows": records}
+
+
+def _fmt(x: Any, spec: str = ".1f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def render_table(frame: pd.DataFrame, summary: dict[str, Any]) -> str:
+    """Plain-text table of the rows and the summary."""
+    lines = [f"{'run_id':<46}{'pred s':>10}{'meas s':>10}{'err %':>8}{'mem err %':>10}  status"]
+    for r in frame.itertuples(index=False):
+        lines.append(f"{str(r.run_id)[:45]:<46}{_fmt(r.predicted_step_time_s, '.3f'):>10}"
+                     f"{_fmt(r.measured_step_time_s, '.3f'):>10}{_fmt(r.step_time_error_pct, '+.1f'):>8}"
+                     f"{_fmt(r.peak_mem_error_pct, '+.1f'):>10}  {r.status}")
+    lines.append("")
+    lines += render_summary(summary)
+    return "\n".join(lines)
+
+
+def render_summary(summary: dict[str, Any]) -> list[str]:
+    """Summary lines: counts and |step-time error| statistics overall, visible, per source, per GPU."""
+    def line(label: str, s: dict[str, Any]) -> str:
+        return (f"  {label:<34}{s['count']:>4}  median {_fmt(s['median_abs_pct'])} %  mean {_fmt(s['mean_abs_pct'])} %"
+                f"  p90 {_fmt(s['p90_abs_pct'])} %")
+
+    out = [f"{summary['rows']} rows: {summary['simulated']} simulated, {summary['compared']} compared with a "
+           f"measured step time, {summary['not_simulatable']} not simulatable, {summary['errors']} errors",
+           "|step-time error|:", line("all compared rows", summary["step_time"]),
+           line("visible (simulatable yes/mostly)", summary["step_time_visible"]), "by source:"]
+    out += [line(k, v) for k, v in summary["by_source"].items()]
+    out.append("by GPU:")
+    out += [line(k, v) for k, v in summary["by_gpu"].items()]
+    out.append("|peak-memory error|:")
+    out.append(line("rows with a measured peak", summary["peak_mem"]))
+    return out
+
+
+def _plot_png(frame: pd.DataFrame) -> bytes:
+    """Predicted vs measured step time (log-log, one colour per source) as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = frame[frame["step_time_error_pct"].notna()]
+    fig, ax = plt.subplots(figsize=(7, 6), dpi=100)
+    for source, g in ok.groupby("source", sort=True):
+        ax.scatter(g["measured_step_time_s"], g["predicted_step_time_s"], label=str(source), s=22)
+    if len(ok):
+        lo = float(min(ok["measured_step_time_s"].min(), ok["predicted_step_time_s"].min())) * 0.8
+        hi = float(max(ok["measured_step_time_s"].max(), ok["predicted_step_time_s"].max())) * 1.25
+        ax.plot([lo, hi], [lo, hi], "k-", lw=1)
+        ax.plot([lo, hi], [lo * 1.15, hi * 1.15], "k:", lw=0.8)
+        ax.plot([lo, hi], [lo / 1.15, hi / 1.15], "k:", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title("simtrain vs published runs (dotted: +/-15 %)")
+    ax.legend(fontsize=7, loc="upper left")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def render_html(frame: pd.DataFrame, summary: dict[str, Any]) -> str:
+    """A self-contained HTML page: summary, predicted-vs-measured plot (inline PNG), the rows."""
+    png = base64.b64encode(_plot_png(frame)).decode("ascii")
+    shown = frame.copy()
+    shown["assumptions"] = shown["assumptions"].map(lambda a: "; ".join(a) if isinstance(a, list) else a)
+    table = shown.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.3g}", escape=True)
+    summary_text = html.escape("\n".join(render_summary(summary)))
+    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>simtrain fidelity</title>"
+            "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;font-size:12px}"
+            "td,th{border:1px solid #ccc;padding:2px 4px;vertical-align:top}</style></head><body>"
+            "<h1>simtrain: predicted vs measured training runs</h1>"
+            f"<pre>{summary_text}</pre><img alt='predicted vs measured step time' "
+            f"src='data:image/png;base64,{png}'/><h2>Rows</h2>{table}</body></html>\n")

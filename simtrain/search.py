@@ -1,0 +1,463 @@
+"""Layout search: every valid layout for a model, a GPU count and a batch, ranked.
+
+1. **Enumerate** (``enumerate_layouts``): TP (powers of two within a node, dividing heads, KV heads,
+   FFN and vocab), PP (dividing the GPUs left, at most the layers), DP (what is left), VPP (dividing
+   the layers per stage, micro-batches a multiple of PP), ZeRO stage 0-3, micro-batch size (dividing
+   the sequences per DP rank), recompute (none; selective only with unfused attention, since with
+   FlashAttention there is nothing to recompute; full with the fewest recomputed layers per chunk
+   that fit), sequence parallelism on whenever TP > 1 (Megatron's advice: it only saves memory).
+   CP 1, 2, 4, 8 (sequence divisible by 2 x CP, Megatron's load-balanced causal split); EP stays 1
+   (``simulate`` refuses EP until MoE layers are simulated, and the search covers dense models).
+2. **Prune** with the memory closed form (``simtrain.estimate``, exact against the engine's ledger)
+   and rank the layouts that fit by the closed-form step estimate.
+3. **Simulate** the best ``top_k`` estimates (worker processes, or Dask) and rank them by simulated
+   step time. Every other layout says why it lost: memory, or its estimated/simulated excess over the
+   best broken down by cause (bubble, communication per axis, compute, optimizer).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from simtrain.config import LayoutConfig, RunConfig, TrainConfig, load_config
+from simtrain.errors import ConfigError, Problem
+from simtrain.estimate import Estimate, Estimator
+from simtrain.simulate import cluster_of
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GiB = 1024.0**3
+ZERO_STAGES = (0, 1, 2, 3)
+MICRO_BATCHES = (1, 2, 4, 8)
+RECOMPUTE = ("none", "selective", "full")
+# Simulation budget of a search, micro-batches x layers summed over the simulated layouts: about 40 s
+# of CPU on this project's 2-core machine with today's engine (Llama 3.1 405B, 16 micro-batches x 126
+# layers = 2,016 units, simulates in ~0.7 s).
+DEFAULT_BUDGET_UNITS = 100_000
+# What each time component is, for "why it lost".
+CAUSE = {"compute": "compute", "bubble": "bubble", "optimizer": "optimizer", "tp comm": "communication",
+         "tp/cp comm": "communication",
+         "dp comm": "communication", "pp comm": "communication", "cp comm": "communication",
+         "ep comm": "communication", "other": "other"}
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """Values to try per knob; None means every valid value (see the module docstring)."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    vpp: tuple[int, ...] | None = None
+    micro_batch_size: tuple[int, ...] = MICRO_BATCHES
+    zero_stage: tuple[int, ...] = ZERO_STAGES
+    recompute: tuple[str, ...] = RECOMPUTE
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] = (1,)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One layout and what the search found about it (times in s, memory in bytes)."""
+
+    layout: dict[str, Any]
+    micro_batch_size: int
+    microbatches: int
+    est_step_time_s: float | None = None
+    est_mfu: float | None = None
+    est_peak_bytes: float | None = None
+    est_components_s: dict[str, float] = field(default_factory=dict)
+    step_time_s: float | None = None
+    mfu: float | None = None
+    peak_memory_bytes: float | None = None
+    fits: bool | None = None
+    status: str = "enumerated"
+    """best, simulated, estimated (not simulated), memory, dominated or error."""
+    lost_to: str | None = None
+    """memory, bubble, communication, compute, optimizer, or None for the best."""
+    reason: str = ""
+    rank: int = 0
+    row: dict[str, Any] | None = field(default=None, repr=False)
+
+    def label(self) -> str:
+        """Short layout label: tp/pp/vpp/dp, ZeRO, micro-batch, recompute."""
+        lay = self.layout
+        rec = lay["recompute"] + (f"({lay['recompute_layers']})" if lay.get("recompute_layers") else "")
+        cp = f" cp{lay['cp']}" if lay.get("cp", 1) > 1 else ""
+        return (f"tp{lay['tp']} pp{lay['pp']} vpp{lay['vpp']} dp{lay['dp']}{cp} zero{lay['zero_stage']} "
+                f"mbs{self.micro_batch_size} {rec}")
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """Candidates ranked (best first) and the search's counts and wall time."""
+
+    model: str
+    n_gpus: int
+    global_batch_tokens: int
+    candidates: list[Candidate]
+    n_enumerated: int
+    n_memory: int
+    n_simulated: int
+    elapsed_s: float
+
+    @property
+    def best(self) -> Candidate | None:
+        """The fastest simulated layout that fits, if any."""
+        return next((c for c in self.candidates if c.status == "best"), None)
+
+    def to_dict(self, limit: int | None = None) -> dict[str, Any]:
+        """JSON-ready dict; ``limit`` keeps the first candidates only."""
+        cands = self.candidates if limit is None else self.candidates[:limit]
+        return {"model": self.model, "n_gpus": self.n_gpus, "global_batch_tokens": self.global_batch_tokens,
+                "n_enumerated": self.n_enumerated, "n_memory": self.n_memory, "n_simulated": self.n_simulated,
+                "elapsed_s": self.elapsed_s, "best": None if self.best is None else _cand_dict(self.best),
+                "candidates": [_cand_dict(c) for c in cands]}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per candidate: sweep-style columns for simulated ones, estimate and verdict for all."""
+        from simtrain.sweep import to_frame
+
+        rows = []
+        for c in self.candidates:
+            row: dict[str, Any] = {"point": c.rank, **{f"layout.{k}": v for k, v in c.layout.items()},
+                                   "train.micro_batch_size": c.micro_batch_size}
+            if c.row:
+                row.update({k: v for k, v in c.row.items() if k != "point"})
+            row.update({"microbatches": c.microbatches, "est_step_time_s": c.est_step_time_s,
+                        "est_mfu": c.est_mfu, "est_peak_memory_bytes": c.est_peak_bytes, "status": c.status,
+                        "lost_to": c.lost_to, "reason": c.reason})
+            rows.append(row)
+        return to_frame(rows)
+
+
+def _cand_dict(c: Candidate) -> dict[str, Any]:
+    d = asdict(c)
+    d.pop("row")
+    d["label"] = c.label()
+    return d
+
+
+# -- enumeration ------------------------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_ok(run: RunConfig, tp: int) -> bool:
+    """TP divides heads, KV heads (or is a multiple of them), FFN and vocab, as ``validate`` demands."""
+    m = run.model
+    kv_ok = m.kv_heads % tp == 0 or tp % m.kv_heads == 0
+    return m.n_heads % tp == 0 and kv_ok and m.ffn_hidden % tp == 0 and m.vocab % tp == 0
+
+
+def _base_layout(run: RunConfig) -> dict[str, Any]:
+    """The config's layout switches that the search keeps (overlaps, rank order, buckets)."""
+    keep = ("order", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "grad_bucket_MiB",
+            "fsdp_prefetch_layers")
+    dumped = run.layout.model_dump()
+    return {k: dumped[k] for k in keep}
+
+
+def enumerate_layouts(run: RunConfig, n_gpus: int, space: SearchSpace) -> list[tuple[LayoutConfig, TrainConfig]]:
+    """Every valid (layout, train) of the space on ``n_gpus`` GPUs for the config's batch.
+
+    Recompute ``full`` is listed once per layout with ``recompute_layers`` None (the search fills in the
+    fewest layers that fit).
+    """
+    m, tr = run.model, run.train
+    gpn = cluster_of(run).gpus_per_node
+    seqs = tr.global_batch_seqs_resolved
+    tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpn)
+    recompute = [r for r in RECOMPUTE if r in space.recompute and (r != "selective" or tr.attention_kernel != "flash")]
+    base = _base_layout(run)
+    out = []
+    for tp in (t for t in tps if n_gpus % t == 0 and _tp_ok(run, t)):
+        cps = space.cp or (1, 2, 4, 8)
+        for cp in (c for c in cps if (n_gpus // tp) % c == 0 and tr.seq_len % (2 * c if c > 1 else 1) == 0):
+            rest = n_gpus // (tp * cp)
+            pps = space.pp or tuple(_divisors(rest))
+            for pp in (p for p in pps if rest % p == 0 and p <= m.n_layers):
+                dp = rest // pp
+                for mbs in (b for b in space.micro_batch_size if seqs % (b * dp) == 0):
+                    mb = seqs // (mbs * dp)
+                    for vpp in _vpps(m.n_layers, pp, mb, space.vpp):
+                        for ep in (e for e in space.ep if (dp * cp) % e == 0):
+                            lay = {**base, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp,
+                                   "sequence_parallel": tp > 1 and tr.seq_len % tp == 0, "schedule": "auto",
+                                   "fsdp": "none", "fsdp_shard_size": None, "recompute_layers": None}
+                            train = tr.model_copy(update={"micro_batch_size": mbs})
+                            for zero in space.zero_stage:
+                                for rec in recompute:
+                                    out.append((LayoutConfig(**{**lay, "zero_stage": zero, "recompute": rec}), train))
+    return out
+
+
+def _vpps(n_layers: int, pp: int, microbatches: int, allowed: tuple[int, ...] | None) -> list[int]:
+    """1, and the interleaving degrees that split the layers evenly with micro-batches a multiple of pp."""
+    out = [1] if allowed is None or 1 in allowed else []
+    if pp == 1 or microbatches % pp:
+        return out
+    per_stage, rem = divmod(n_layers, pp)
+    if rem:
+        return out
+    return out + [v for v in _divisors(per_stage)[1:] if allowed is None or v in allowed]
+
+
+# -- pruning ----------------------------------------------------------------------------------------
+def _fit_recompute(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: int) -> tuple[LayoutConfig, tuple[float, ...]]:
+    """Full recompute with the fewest layers per chunk that fit (binary search; memory falls as it grows)."""
+    per_chunk = max(max(c) for c in _layers(est, lay))
+    hi_lay = lay.model_copy(update={"recompute_layers": per_chunk})
+    hi_mem = est.stage_memory(hi_lay, train, mb)
+    if max(hi_mem) > est.cluster.gpu.hbm_bytes:
+        return hi_lay, hi_mem
+    lo, hi = 1, per_chunk
+    best = (hi_lay, hi_mem)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        cand = lay.model_copy(update={"recompute_layers": mid})
+        mem = est.stage_memory(cand, train, mb)
+        if max(mem) <= est.cluster.gpu.hbm_bytes:
+            best, hi = (cand, mem), mid
+        else:
+            lo = mid + 1
+    return best
+
+
+def _layers(est: Estimator, lay: LayoutConfig) -> list[list[int]]:
+    from simtrain.lowering import split_layers
+
+    return split_layers(est.model.n_layers, lay.pp, lay.vpp)
+
+
+def _memory_reason(mem: tuple[float, ...], capacity: float, full: bool) -> str:
+    s = max(range(len(mem)), key=mem.__getitem__)
+    tail = " even with full recompute of every layer" if full else ""
+    return f"memory: stage {s} needs {mem[s] / GiB:.1f} GiB > {capacity / GiB:.1f} GiB HBM{tail}"
+
+
+def _layout_dict(lay: LayoutConfig) -> dict[str, Any]:
+    keys = ("tp", "pp", "vpp", "dp", "cp", "ep", "zero_stage", "recompute", "recompute_layers", "sequence_parallel")
+    return {k: getattr(lay, k) for k in keys}
+
+
+def _estimate_all(est: Estimator, layouts: list[tuple[LayoutConfig, TrainConfig]]) -> list[tuple[Candidate, LayoutConfig]]:
+    """Memory-check and estimate every layout; full recompute gets its fewest fitting layers."""
+    out: list[tuple[Candidate, LayoutConfig]] = []
+    fits_without: set[tuple[Any, ...]] = set()
+    capacity = est.cluster.gpu.hbm_bytes
+    for lay, train in layouts:
+        mb = train.global_batch_seqs_resolved // (train.micro_batch_size * lay.dp)
+        key = (lay.tp, lay.pp, lay.vpp, lay.dp, lay.cp, lay.ep, lay.zero_stage, train.micro_batch_size)
+        if lay.recompute == "full":
+            if key in fits_without:
+                cand = Candidate(_layout_dict(lay), train.micro_batch_size, mb, status="dominated",
+                                 lost_to="compute", reason="full recompute not needed: this layout fits without "
+                                                           "it, and recompute only adds compute")
+                out.append((cand, lay))
+                continue
+            lay, mem = _fit_recompute(est, lay, train, mb)
+        else:
+            mem = est.stage_memory(lay, train, mb)
+        cand = Candidate(_layout_dict(lay), train.micro_batch_size, mb, est_peak_bytes=max(mem))
+        if max(mem) > capacity:
+            cand.status, cand.lost_to = "memory", "memory"
+            cand.reason = _memory_reason(mem, capacity, lay.recompute == "full")
+        else:
+            if lay.recompute == "none":
+                fits_without.add(key)
+            e: Estimate = est.estimate(lay, train)
+            cand.est_step_time_s, cand.est_mfu, cand.est_components_s = e.step_time_s, e.mfu, e.components()
+            cand.status = "estimated"
+        out.append((cand, lay))
+    return out
+
+
+# -- simulation and ranking -------------------------------------------------------------------------
+def _point(c: Candidate) -> dict[str, Any]:
+    lay = {f"layout.{k}": v for k, v in c.layout.items()}
+    return {**lay, "layout.schedule": "auto", "layout.fsdp": "none", "layout.fsdp_shard_size": None,
+            "train.micro_batch_size": c.micro_batch_size}
+
+
+def _sim_components(row: dict[str, Any]) -> dict[str, float]:
+    return {"compute": row["compute_s"], "bubble": row["bubble_s"], "tp comm": row["exposed_tp_s"],
+            "dp comm": row["exposed_dp_s"], "pp comm": row["exposed_pp_s"], "cp comm": row["exposed_cp_s"],
+            "ep comm": row["exposed_ep_s"], "optimizer": row["optimizer_s"], "other": row["other_s"]}
+
+
+def _why(mine: dict[str, float], best: dict[str, float], total: float, best_total: float, what: str) -> tuple[str, str]:
+    """(cause, text): the excess over the best by component, largest first."""
+    deltas = sorted(((mine.get(k, 0.0) - best.get(k, 0.0), k) for k in mine), reverse=True)
+    parts = [f"{k} {d:+.3g} s" for d, k in deltas[:2] if d > 0]
+    cause = CAUSE[deltas[0][1]] if deltas and deltas[0][0] > 0 else "other"
+    pct = 100.0 * (total / best_total - 1.0) if best_total > 0 else 0.0
+    return cause, f"{what} {total:.4g} s, +{pct:.1f} % vs best" + (f": {', '.join(parts)}" if parts else "")
+
+
+def _rank(cands: list[Candidate]) -> list[Candidate]:
+    """Simulated fitting layouts by step time, then other simulated, then estimates, then the rest."""
+    def key(c: Candidate) -> tuple[int, float]:
+        if c.status in ("best", "simulated") and c.fits:
+            return (0, c.step_time_s or 0.0)
+        if c.status == "simulated":
+            return (1, c.step_time_s or 0.0)
+        if c.status == "estimated":
+            return (2, c.est_step_time_s or 0.0)
+        order = {"error": 3, "dominated": 4, "memory": 5}
+        return (order.get(c.status, 6), c.est_peak_bytes or 0.0)
+
+    ranked = sorted(cands, key=key)
+    for i, c in enumerate(ranked, 1):
+        c.rank = i
+    return ranked
+
+
+def _explain(ranked: list[Candidate]) -> None:
+    """Fill in status, cause and reason relative to the best simulated and the best estimated layout."""
+    sim_ok = [c for c in ranked if c.status == "simulated" and c.fits]
+    best = sim_ok[0] if sim_ok else None
+    est_ok = [c for c in ranked if c.est_step_time_s is not None]
+    best_est = min(est_ok, key=lambda c: c.est_step_time_s or 0.0) if est_ok else None
+    for c in ranked:
+        if c is best:
+            c.status, c.lost_to = "best", None
+            c.reason = f"best: {c.step_time_s:.4g} s per step, MFU {100 * (c.mfu or 0):.1f} %"
+        elif c.status == "simulated" and c.fits and best is not None and c.row and best.row:
+            c.lost_to, c.reason = _why(_sim_components(c.row), _sim_components(best.row), c.step_time_s or 0.0,
+                                       best.step_time_s or 0.0, "simulated")
+        elif c.status == "simulated" and not c.fits:
+            c.lost_to = "memory"
+            c.reason = f"memory (simulated): peak {(c.peak_memory_bytes or 0) / GiB:.1f} GiB does not fit"
+        elif c.status == "estimated" and best_est is not None and not c.reason:
+            c.lost_to, text = _why(c.est_components_s, best_est.est_components_s, c.est_step_time_s or 0.0,
+                                   best_est.est_step_time_s or 0.0, "not simulated: estimated")
+            c.reason = text.replace("vs best", "vs best estimate")
+
+
+def _check_supported(run: RunConfig) -> None:
+    """The closed-form estimate covers dense models with full causal attention only (for now)."""
+    m = run.model
+    if m.is_moe or m.sliding_window is not None:
+        what = "mixture-of-experts" if m.is_moe else "sliding-window attention"
+        raise ConfigError(Problem("model", f"{m.name!r} has {what} layers; the layout search's closed-form "
+                                           "estimate covers dense models only so far; compare layouts with "
+                                           "'simtrain sweep' instead"))
+
+
+def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = None,
+           space: SearchSpace | None = None, top_k: int = 8, budget_units: int = DEFAULT_BUDGET_UNITS,
+           overrides: list[str] | None = None,
+           workers: int | None = None, scheduler: str | None = None, progress: bool = False) -> SearchResult:
+    """Search the layout space of a config's model and batch on ``gpus`` GPUs; best layouts first.
+
+    Args:
+        config: RunConfig, dict or path; its model, hardware node, train section and layout switches
+            (overlap, rank order, buckets) are kept, its degrees are searched.
+        gpus: GPUs to use (a multiple of the node's GPUs; default: the config's cluster).
+        space: values to try per knob (default: every valid value).
+        top_k: how many of the best estimates are simulated (at most).
+        budget_units: simulation cost allowed over all of them, in micro-batches x layers
+            (``sim_cost_units``); the best estimate is simulated whatever its cost.
+        workers, scheduler: as ``simtrain.sweep`` (local processes, or a Dask scheduler address).
+
+    Raises:
+        ConfigError: a bad config, or a GPU count that is not a whole number of nodes.
+    """
+    t0 = time.perf_counter()
+    run = load_config(config, overrides)
+    cluster = cluster_of(run)
+    if gpus is not None:
+        if gpus <= 0 or gpus % cluster.gpus_per_node:
+            raise ConfigError(Problem("--gpus", f"{gpus} is not a positive multiple of the "
+                                                f"{cluster.gpus_per_node} GPUs per {run.hardware.node} node"))
+        run = run.model_copy(update={"hardware": run.hardware.model_copy(
+            update={"n_nodes": gpus // cluster.gpus_per_node})})
+        cluster = cluster_of(run)
+    _check_supported(run)
+    if top_k < 1:
+        raise ConfigError(Problem("--top", f"{top_k} must be at least 1"))
+    layouts = enumerate_layouts(run, cluster.n_gpus, space or SearchSpace())
+    est = Estimator(run.model, cluster, run.sim.fragmentation_ratio)
+    cands = [c for c, _ in _estimate_all(est, layouts)]
+    _simulate_best(run, cands, top_k, budget_units, workers, scheduler, progress)
+    ranked = _rank(cands)
+    _explain(ranked)
+    ranked = _rank(ranked)
+    tokens = run.train.global_batch_seqs_resolved * run.train.seq_len
+    return SearchResult(run.model.name, cluster.n_gpus, tokens, ranked, len(layouts),
+                        sum(1 for c in cands if c.status == "memory"),
+                        sum(1 for c in cands if c.row is not None), time.perf_counter() - t0)
+
+
+def sim_cost_units(c: Candidate, n_layers: int) -> int:
+    """Relative cost of simulating a candidate: micro-batches x layers, x (1 + (cp - 1)/4) for the ring
+    attention steps (the symmetric engine runs one rank per stage, so its ops grow with micro-batches
+    x layers, not with GPUs or stages; measured ~20 ops per unit at cp=1, ~50 at cp=8)."""
+    return int(c.microbatches * n_layers * (1 + (c.layout.get("cp", 1) - 1) / 4))
+
+
+def choose_to_simulate(ranked: list[Candidate], top_k: int, budget_units: int, n_layers: int) -> list[Candidate]:
+    """The best estimates, in order, up to ``top_k`` and ``budget_units`` of simulation cost; the best
+    estimate is always simulated; a candidate too costly for what is left of the budget is skipped
+    (and says so) in favour of the next ones."""
+    chosen: list[Candidate] = []
+    spent = 0
+    for c in ranked:
+        if len(chosen) >= top_k:
+            break
+        units = sim_cost_units(c, n_layers)
+        if chosen and spent + units > budget_units:
+            c.reason = (f"not simulated: over the simulation budget ({units:,} units for {c.microbatches} "
+                        f"micro-batches x {n_layers} layers; {budget_units - spent:,} left)")
+            continue
+        chosen.append(c)
+        spent += units
+    return chosen
+
+
+def _simulate_best(run: RunConfig, cands: list[Candidate], top_k: int, budget_units: int, workers: int | None,
+                   scheduler: str | None, progress: bool) -> None:
+    """Simulate the ``top_k`` best estimates and record their results on the candidates."""
+    from simtrain.sweep import base_data, run_points
+
+    estimated = sorted((c for c in cands if c.status == "estimated"), key=lambda c: c.est_step_time_s or 0.0)
+    chosen = choose_to_simulate(estimated, top_k, budget_units, run.model.n_layers)
+    if not chosen:
+        return
+    base = base_data(run.model_copy(update={"run": None}))
+    rows = run_points(base, [_point(c) for c in chosen], workers, scheduler, progress, whole_run=False,
+                      label="simulating best layouts")
+    for c, row in zip(chosen, rows, strict=True):
+        c.row = row
+        if row.get("error"):
+            c.status, c.lost_to, c.reason = "error", "error", str(row["error"])
+            continue
+        c.status = "simulated"
+        c.step_time_s, c.mfu, c.fits = row["step_time_s"], row["mfu"], bool(row["fits"])
+        c.peak_memory_bytes = row["peak_memory_bytes"]
+
+
+def render_search(r: SearchResult, show: int = 15) -> str:
+    """Human-readable ranking: the best ``show`` candidates with why each lost, and the counts."""
+    by_status: dict[str, int] = {}
+    for c in r.candidates:
+        by_status[c.status] = by_status.get(c.status, 0) + 1
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
+    lines = [f"simtrain search: {r.model} on {r.n_gpus:,} GPUs, {r.global_batch_tokens:,} tokens per step",
+             f"  {r.n_enumerated} layouts enumerated ({counts}); {r.n_simulated} simulated; {r.elapsed_s:.1f} s",
+             f"  {'#':>4}  {'layout':<44}{'mbs/step':>9}{'est (s)':>10}{'sim (s)':>10}{'MFU %':>7}{'peak GiB':>10}  why"]
+    for c in r.candidates[:show]:
+        sim = f"{c.step_time_s:10.4g}" if c.step_time_s is not None else f"{'-':>10}"
+        est = f"{c.est_step_time_s:10.4g}" if c.est_step_time_s is not None else f"{'-':>10}"
+        mfu = c.mfu if c.mfu is not None else c.est_mfu
+        mfu_s = f"{100 * mfu:7.1f}" if mfu is not None else f"{'-':>7}"
+        peak = c.peak_memory_bytes or c.est_peak_bytes
+        peak_s = f"{peak / GiB:10.1f}" if peak else f"{'-':>10}"
+        lines.append(f"  {c.rank:>4}  {c.label():<44}{c.microbatches:>9}{est}{sim}{mfu_s}{peak_s}  {c.reason}")
+    if r.best is None:
+        lines.append("  no simulated layout fits in memory")
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Software stacks: what the training framework changes about the cost of the same model and layout.
+
+The same layout runs at different speeds under Megatron-Core with Transformer Engine, torchtitan
+(FSDP2, eager or ``torch.compile``), MosaicML Composer (FSDP) or DeepSpeed, because the frameworks
+differ in things a user chooses: whether memory-bound ops are fused, which attention kernel runs,
+how FP8 scales its tensors, which overlap features are on, and how much CPU time each kernel launch
+costs. A :class:`SoftwareStack` holds those choices as documented constants; ``train.stack`` in a
+RunConfig names one (default ``megatron-te``), and ``simtrain validate`` picks one from a row's
+``framework`` cell with :func:`stack_from_text`.
+
+Unfused traffic factors are [derived] from the op decomposition of the eager PyTorch code (bytes
+moved through HBM per element, bf16 = 2, fp32 = 4), relative to one fused kernel that reads its
+inputs and writes its output once (what ``costs.py`` charges for a fused op):
+
+- RMSNorm eager (torchtitan ``RMSNorm._norm``: ``x.float()``, ``pow(2)``, ``mean``, ``x * rsqrt``,
+  ``type_as``, ``* weight``): 2+4, 4+4, 4, 4+4, 4+2, 2+2 = 36 bytes/elem vs 4 fused, ~7 kernels.
+  Backward is similar (autograd saves the fp32 intermediates): ~9x, ~8 kernels.
+- RoPE eager (torchtitan ``apply_rotary_emb``: ``float()`` to complex, complex multiply,
+  ``view_as_real``, ``type_as`` for q and k): 2+4, 4+4, 4+2 = 20 bytes/elem vs 4 fused: 5x, ~6 kernels.
+- SwiGLU eager (``silu(w1 x) * w3 x``): silu 2+2, mul 2+2+2 = 10 vs 6 fused: ~1.7x, 2 kernels.
+- Residual add: one kernel either way (1x); GELU with bias eager: bias add + gelu = 2 passes (2x).
+- Cross-entropy eager (``logits.float()``, ``log_softmax``, ``nll_loss``): 2+4, 4+4 (two passes
+  for max and sum), 4 = 18 bytes/elem vs ~10 for a fused vocab-parallel kernel: ~1.8x.
+- ``torch.compile`` (TorchInductor) fuses each of these chains into one or two Triton kernels that
+  read and write each tensor once (Ansel et al., ASPLOS'24 "PyTorch 2", sec. 5: pointwise and
+  reduction fusion), so its factors are ~1x with one or two kernels per op.
+
+CPU launch cost per kernel: eager PyTorch spends ~5-10 us of CPU per op when CPU-bound (reference
+hardware-collectives-memory.md sec. 3 "Isolation vs in situ"); FSDP2's per-parameter hooks add to
+it. Inductor-compiled regions and CUDA graphs launch far less (CUDA graphs: one launch per graph).
+A kernel costs max(GPU time, CPU launch time): the CPU runs ahead of the GPU until kernels get
+shorter than their launch.
+
+Attention kernels on Hopper: FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) reaches
+~309-370 TFLOP/s forward at head dim 128 (31-37 % of the H100 dense peak), FlashAttention-3 and
+cuDNN's fused attention (Transformer Engine's default on Hopper) ~467-648 TFLOP/s (47-65 %) (Shah
+et al. 2024, FA3 paper Fig. 5; reference Table D). On Ampere FA2 is the best kernel; GPU profiles
+hold the best kernel's efficiency, and ``fa2`` scales it on Hopper and later by ``FA2_ON_HOPPER``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from simtrain.errors import ConfigError, problem
+
+US = 1e-6
+
+#: FA2 / FA3 forward throughput on H100 at head dim 128: midpoints 340 / 558 TFLOP/s (FA3 paper Fig. 5,
+#: reference Table D) = 0.61. Applied to GPUs with FA3-class kernels (Hopper, Blackwell) only.
+FA2_ON_HOPPER = 0.61
+
+
+@dataclass(frozen=True, slots=True)
+class OpFusion:
+    """How one kind of memory-bound op runs: HBM traffic relative to one fused pass, kernels launched."""
+
+    bytes_factor: float = 1.0
+    kernels: int = 1
+
+
+FUSED = OpFusion(1.0, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SoftwareStack:
+    """A training framework's kernel and overlap choices (constants documented in the module docstring).
+
+    Attributes:
+        name: registry key (``train.stack``).
+        description: what it stands for, with versions.
+        norm, rope, activation, residual, loss: fusion of each memory-bound op kind (forward and backward).
+        cpu_launch_s: CPU time to launch one kernel, seconds (0 = launches never stall the GPU).
+        attention: ``fa3`` (FlashAttention-3 / cuDNN fused attention), ``fa2`` (FlashAttention-2 / SDPA),
+            or ``unfused`` (Megatron's fused-softmax core attention, scores materialised).
+        fp8_recipe: default FP8 scaling when a run asks for fp8 without naming one.
+            (the quantisation traffic of each recipe is ``simtrain.costs.FP8_CAST_BYTES``).
+        tp_comm_overlap: TP communication overlapped with GEMMs by default (Megatron userbuffers /
+            torchtitan async TP).
+        zero_stage: default ZeRO stage when a row does not say (Megatron distributed optimizer = 1).
+        sequence_parallel: sequence parallelism on whenever tp > 1.
+        pp_microbatches_equal_pp: the framework splits a local batch into ``pp`` micro-batches by default
+            (torchtitan ``pipeline_parallel_microbatches``) instead of taking a micro-batch size.
+    """
+
+    name: str
+    description: str
+    norm: OpFusion = FUSED
+    rope: OpFusion = FUSED
+    activation: OpFusion = FUSED
+    residual: OpFusion = FUSED
+    loss: OpFusion = FUSED
+    cpu_launch_s: float = 0.0
+    attention: Literal["fa3", "fa2", "unfused"] = "fa3"
+    fp8_recipe: Literal["delayed", "current", "blockwise"] = "delayed"
+    tp_comm_overlap: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    sequence_parallel: bool = True
+    pp_microbatches_equal_pp: bool = False
+
+    def fusion_of(self, kernel_name: str) -> OpFusion:
+        """The fusion of the memory-bound op a kernel name belongs to (names as ``simtrain.blocks`` emits)."""
+        base = kernel_name.split(".")[0]
+        if base.startswith(("ln", "final_norm", "norm")):
+            return self.norm
+        if base.startswith("rope"):
+            return self.rope
+        if base.startswith("act"):
+            return self.activation
+        if base.startswith("residual"):
+            return self.residual
+        if base.startswith("cross_entropy"):
+            return self.loss
+        return FUSED
+
+
+# Eager PyTorch op decompositions (module docstring): RMSNorm 9x / 7 kernels, RoPE 5x / 6, SwiGLU 1.7x / 2,
+# cross-entropy 1.8x / 4.
+EAGER_NORM, EAGER_ROPE, EAGER_ACT, EAGER_LOSS = OpFusion(9.0, 7), OpFusion(5.0, 6), OpFusion(1.7, 2), OpFusion(1.8, 4)
+# TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
+COMPILED_REDUCTION = OpFusion(1.0, 2)
+# Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
+# without FlashAttention (Megatron-LM 2021-2022; Korthikanti et al. 2022 sec. 5).
+
+STACKS: dict[str, SoftwareStack] = {
+    s.name: s
+    for s in (
+        SoftwareStack(
+            "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
+            "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap); "
+            "NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
+            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0),
+        SoftwareStack(
+            "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
+            "scale-mask-softmax, no FlashAttention, no distributed optimizer)", attention="unfused",
+            zero_stage=0, cpu_launch_s=0.0),
+        SoftwareStack(
+            "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
+            "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
+            activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
+            pp_microbatches_equal_pp=True),
+        SoftwareStack(
+            "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
+            "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts)",
+            norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
+            attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
+            pp_microbatches_equal_pp=True),
+        SoftwareStack(
+            "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
+            "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
+            activation=OpFusion(2.0, 2), loss=OpFusion(1.8, 4), attention="fa2", cpu_launch_s=8 * US),
+        SoftwareStack(
+            "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
+            "and pipeline engine)", attention="unfused", zero_stage=1, cpu_launch_s=0.0),
+        SoftwareStack(
+            "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
+            "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
+            loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False),
+    )
+}
+
+DEFAULT_STACK = "megatron-te"
+
+
+def get_stack(name: str, path: str = "train.stack") -> SoftwareStack:
+    """The stack registered as ``name``; ConfigError at ``path`` listing the valid names otherwise."""
+    stack = STACKS.get(str(name).strip().lower())
+    if stack is None:
+        raise ConfigError(problem(path, name, f"known stacks: {', '.join(STACKS)}"))
+    return stack
+
+
+# (pattern on the lower-cased framework text, stack name); first match wins.
+_FRAMEWORK_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"torchtitan.*(compile)", "torchtitan-compile"),
+    (r"torchtitan", "torchtitan-eager"),
+    (r"composer|llm-foundry|mosaic", "composer-fsdp"),
+    (r"deepspeed", "deepspeed"),
+    (r"megatron-lm \((20(19|20|21|22))\)|megatron-lm 20(19|20|21|22)", "megatron-legacy"),
+    (r"nemo|megatron|mcore|transformer engine|\bte\b", "megatron-te"),
+    (r"fsdp|pytorch|torch|ddp|metaseq", "pytorch-eager"),
+)
+
+
+def stack_from_text(text: str | None) -> tuple[SoftwareStack, str | None]:
+    """The stack a free-text ``framework`` cell names, and an assumption when it had to guess.
+
+    Returns the matching stack and None, or the default stack and the assumption made.
+    """
+    raw = (text or "").strip()
+    low = raw.lower()
+    if low:
+        for pattern, name in _FRAMEWORK_PATTERNS:
+            if re.search(pattern, low):
+                stack = STACKS[name]
+                if name == "torchtitan-eager" and "eager" not in low:
+                    return stack, f"framework {raw!r}: torchtitan without torch.compile assumed eager"
+                return stack, None
+    default = STACKS[DEFAULT_STACK]
+    what = f"framework {raw!r} has no profile" if low else "framework not given"
+    return default, f"{what}: default stack {DEFAULT_STACK} ({default.description.split(' (')[0]})"

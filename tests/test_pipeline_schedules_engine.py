@@ -1,0 +1,99 @@
+"""Zero-bubble and DualPipe schedules run through lowering and the engine (not only the evaluator)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from simtrain.config import load_config
+from simtrain.costs import ComputeCostModel
+from simtrain.hardware import load_gpu
+from simtrain.lowering import lower, split_layers
+from simtrain.schedules import ActionCosts, build_schedule, makespan
+from simtrain.simulate import simulate
+
+TINY = dict(name="tiny", n_layers=16, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=4096,
+            activation="swiglu", norm="rmsnorm", position="rope", vocab=4096, tied_embeddings=False,
+            linear_bias=False)
+BASE = dict(model=TINY, hardware=dict(n_nodes=1), layout=dict(pp=8), train=dict(seq_len=2048, global_batch_seqs=16))
+
+
+def _costs(schedule: str, stage: int = 1) -> dict[str, float]:
+    """Per-micro-batch compute time of F, B (input grads when split) and W on one middle stage."""
+    run = load_config(BASE, [f"layout.schedule={schedule}"])
+    low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
+    out: dict[str, float] = defaultdict(float)
+    for op in low.programs[stage].ops:
+        if op.kernels and op.microbatch == 3 and op.chunk == 0:
+            kind = "W" if all(k.name.endswith(".wgrad") for k in op.kernels) else op.category
+            out[kind] += op.duration_s
+    return out
+
+
+def test_zb_h1_removes_two_weight_passes_per_stage_from_the_bubble() -> None:
+    """Qi et al. 2023: 1F1B's bubble is (p-1)(F+B+W), ZB-H1's (p-1)(F+B-W): 2(p-1)W less."""
+    c = _costs("zb_h1")
+    one = simulate(BASE, ["layout.schedule=1f1b"])
+    zb = simulate(BASE, ["layout.schedule=zb_h1"])
+    p = 8
+    # 10 %: the last stage's W (LM head) differs from the middle stage's measured here
+    assert one.breakdown_s["bubble"] - zb.breakdown_s["bubble"] == pytest.approx(2 * (p - 1) * c["W"], rel=0.1)
+    assert zb.step_time_s < one.step_time_s
+    # ZB-H1 keeps 1F1B's activation memory (same in-flight micro-batches)
+    assert max(m.peak_bytes for m in zb.memory) <= max(m.peak_bytes for m in one.memory) * 1.05
+
+
+def test_engine_step_follows_the_schedule_evaluator() -> None:
+    """With each stage's lowered F/B/W costs, makespan() predicts the engine's step (minus the optimizer)
+    within 5 % for 1F1B and ZB-H1 (the engine adds p2p transfers and latencies)."""
+    costs = [_costs("zb_h1", s) for s in range(8)]
+
+    def cost(stage: int, chunk: int) -> ActionCosts:
+        return ActionCosts(costs[stage]["fwd"], costs[stage]["bwd"], costs[stage]["W"])
+
+    for kind in ("1f1b", "zb_h1"):
+        ideal = makespan(build_schedule(kind, 8, 16), cost).makespan_s
+        r = simulate(BASE, [f"layout.schedule={kind}"])
+        assert r.step_time_s - r.breakdown_s["optimizer"] == pytest.approx(ideal, rel=0.05)
+
+
+def test_dualpipe_beats_1f1b_and_holds_two_parameter_copies() -> None:
+    one = simulate(BASE, ["layout.schedule=1f1b"])
+    dual = simulate(BASE, ["layout.schedule=dualpipe"])
+    assert dual.breakdown_s["bubble"] < 0.3 * one.breakdown_s["bubble"]
+    # each rank holds two model stages: twice the weights of 1F1B's middle stage
+    w1 = one.memory[3].components["weights"]
+    w2 = dual.memory[3].components["weights"]
+    assert w2 == pytest.approx(2 * w1, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["zb_h1", "dualpipe", "dualpipev"])
+def test_new_schedules_symmetric_equals_full_and_ledger_matches_closed_form(kind: str) -> None:
+    cfg = dict(BASE, layout=dict(pp=4, dp=2, schedule=kind))
+    sym, full = simulate(cfg, mode="symmetric"), simulate(cfg, mode="full")
+    assert sym.step_time_s == pytest.approx(full.step_time_s, rel=1e-3)
+    for m in sym.memory:
+        assert m.peak_bytes == pytest.approx(m.closed_form_peak_bytes, rel=0.02)
+
+
+def test_uneven_interleaved_stages_for_405b() -> None:
+    """126 layers over pp=16 x vpp=8 positions: the first and last position give up a layer each
+    (Llama 3 405B), and an interleaved schedule with m % p != 0 runs."""
+    from simtrain.schedules import Route
+    layers = split_layers(126, 16, 8, Route("interleaved", 16, 8))
+    assert sum(map(sum, layers)) == 126
+    assert layers[0][0] == 0 and layers[15][7] == 0 and layers[1][0] == 1
+    r = simulate(dict(BASE, layout=dict(pp=4, vpp=3, dp=2)), ["train.global_batch_seqs=12"])
+    assert r.microbatches == 6 and r.step_time_s > 0
+
+
+def test_tp_comm_overlap_hides_tensor_parallel_communication() -> None:
+    """Chunked all-gather/GEMM/reduce-scatter pipelining (Megatron --tp-comm-overlap) must expose less TP
+    time and give a shorter step than the unchunked collectives."""
+    cfg = dict(model="llama3-8b", hardware=dict(n_nodes=1), layout=dict(tp=8, sequence_parallel=True),
+               train=dict(seq_len=8192, global_batch_seqs=2))
+    plain = simulate(cfg, ["layout.tp_comm_overlap=false"])
+    over = simulate(cfg, ["layout.tp_comm_overlap=true"])
+    assert over.breakdown_s["exposed_comm"]["tp"] < 0.6 * plain.breakdown_s["exposed_comm"]["tp"]
+    assert over.step_time_s < plain.step_time_s

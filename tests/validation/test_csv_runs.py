@@ -1,0 +1,151 @@
+"""Parsing published-run rows: free-text cells, nearest defaults named in assumptions, missing fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from simtrain.csv_runs import (
+    number,
+    parse_gpu,
+    parse_precision,
+    parse_recompute,
+    parse_row,
+    parse_sharding,
+    read_rows,
+)
+from simtrain.errors import ConfigError
+from simtrain.stacks import STACKS, get_stack, stack_from_text
+
+from .conftest import SMALL_ROWS
+
+
+@pytest.mark.parametrize(("cell", "value"), [("2M (approx)", 2e6), ("up to 147", 147.0),
+                                             ("47 (README: '47% MFU')", 47.0), ("1,024", 1024.0), ("3.5", 3.5)])
+def test_number_reads_the_first_number_and_says_so(cell: str, value: float) -> None:
+    notes: list[str] = []
+    assert number({"x": cell}, "x", notes) == pytest.approx(value)
+    assert bool(notes) == (cell not in ("3.5", "1,024"))
+
+
+def test_number_blank_and_text() -> None:
+    notes: list[str] = []
+    assert number({"x": ""}, "x", notes) is None
+    assert number({"x": "nan"}, "x", notes) is None
+    assert number({"x": "unknown"}, "x", notes) is None and "no number" in notes[0]
+
+
+@pytest.mark.parametrize(("cell", "gpu", "node", "assumed"), [
+    ("H100 80GB (DGX Cloud)", "h100-sxm", "dgx-h100", False),
+    ("H100 (DGX-H100)", "h100-sxm", "dgx-h100", False),
+    ("H100 SXM 96GB HBM2e @500W (Grand Teton)", "h100-sxm-96gb-500w", "dgx-h100", False),
+    ("H200", "h200", "hgx-h200", False),
+    ("A100 80GB (Selene)", "a100-80gb", "dgx-a100", False),
+    ("a100_80gb", "a100-80gb", "dgx-a100", False),
+    ("A100 (Selene)", "a100-80gb", "dgx-a100", True),
+    ("A100 40GB", "a100-40gb", "hgx-a100-40gb", False),
+    ("GB200 NVL72", "gb200", "gb200-nvl72", False),
+    ("B200", "b200", "dgx-b200", False),
+    ("TPU v4", "h100-sxm", "dgx-h100", True),
+    ("", "h100-sxm", "dgx-h100", True),
+])
+def test_parse_gpu(cell: str, gpu: str, node: str, assumed: bool) -> None:
+    g, n, note = parse_gpu(cell)
+    assert (g, n) == (gpu, node)
+    assert (note is not None) == assumed
+
+
+@pytest.mark.parametrize(("cell", "precision", "recipe"), [
+    ("bf16 (inferred: 408.8 TFLOP/s = 41% => peak ~989)", "bf16", None),
+    ("fp16 mixed", "fp16", None), ("fp16/bf16 mixed", "bf16", None), ("amp_bf16", "bf16", None),
+    ("fp8 (hybrid, TE)", "fp8", "delayed"), ("fp8-cs", "fp8", "current"), ("fp8 tensorwise", "fp8", "current"),
+    ("fp8 (float8 linears)", "fp8", "current"), ("fp8-mx", "fp8", "blockwise"), ("mxfp8", "fp8", "blockwise"),
+])
+def test_parse_precision(cell: str, precision: str, recipe: str | None) -> None:
+    p, r, _ = parse_precision(cell, STACKS["megatron-te"], has_fp8=True)
+    assert p == precision
+    if recipe:
+        assert r == recipe
+
+
+def test_fp8_on_a_gpu_without_fp8_falls_back_to_bf16_with_an_assumption() -> None:
+    p, _, notes = parse_precision("fp8 (hybrid, TE)", STACKS["megatron-te"], has_fp8=False)
+    assert p == "bf16" and "without FP8" in notes[0]
+
+
+@pytest.mark.parametrize(("cell", "recompute", "assumed"), [
+    ("full", "full", False), ("full (activation checkpointing)", "full", False),
+    ("full (DeepSpeed activation checkpointing)", "full", False),
+    ("selective (attention core)", "selective", False), ("selective (op-level SAC)", "selective", True),
+    ("selective (per-op SAC)", "selective", True), ("", "none", True), ("none", "none", False),
+])
+def test_parse_recompute(cell: str, recompute: str, assumed: bool) -> None:
+    r, notes = parse_recompute(cell, "megatron-te")
+    assert r == recompute and bool(notes) == assumed
+
+
+@pytest.mark.parametrize(("cell", "fields"), [
+    ("FSDP8 (FSDP2, ZeRO-3-like)", {"fsdp": "full"}), ("FULL_SHARD (PyTorch FSDP, mixed_precision=PURE)",
+                                                        {"fsdp": "full"}),
+    ("SHARD_GRAD_OP", {"zero_stage": 2}), ("ZeRO-1 (DeepSpeed BF16_Optimizer)", {"zero_stage": 1}),
+    ("distributed optimizer (DDP)", {"zero_stage": 1}), ("", {"zero_stage": 1}),
+])
+def test_parse_sharding(cell: str, fields: dict) -> None:
+    assert parse_sharding(cell, STACKS["megatron-te"])[0] == fields
+
+
+@pytest.mark.parametrize(("cell", "stack", "assumed"), [
+    ("Megatron-Core r0.8.0", "megatron-te", False), ("NeMo 24.07 (Megatron-Core)", "megatron-te", False),
+    ("Megatron-LM (2021)", "megatron-legacy", False), ("Megatron-LM (2022)", "megatron-legacy", False),
+    ("torchtitan (eager)", "torchtitan-eager", False), ("torchtitan (compile+Float8)", "torchtitan-compile", False),
+    ("torchtitan + torch.compile (asyncTP)", "torchtitan-compile", False),
+    ("Composer/llm-foundry (FlashAttention)", "composer-fsdp", False), ("Megatron-DeepSpeed", "deepspeed", False),
+    ("Pathways (JAX)", "megatron-te", True), ("", "megatron-te", True),
+])
+def test_stack_from_framework_text(cell: str, stack: str, assumed: bool) -> None:
+    s, note = stack_from_text(cell)
+    assert s.name == stack and (note is not None) == assumed
+
+
+def test_unknown_stack_name_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="known stacks"):
+        get_stack("jax")
+
+
+def test_small_rows_parse_with_status_and_assumptions() -> None:
+    parsed = {r["run_id"]: parse_row({k: str(v) for k, v in r.items()}) for r in SMALL_ROWS}
+    fsdp = parsed["tiny-fsdp"]
+    assert fsdp.status == "ok" and fsdp.run is not None
+    assert fsdp.run.layout.fsdp == "full" and fsdp.run.layout.recompute == "full"
+    assert fsdp.run.hardware.gpu == "h100-sxm-96gb-500w" and fsdp.run.train.stack == "torchtitan-compile"
+    assert fsdp.measured_peak_mem_bytes == pytest.approx(20.0 * 1024**3)
+    tp = parsed["tiny-tp-fp8"]
+    assert tp.run is not None and tp.run.train.precision == "fp8" and tp.run.train.fp8_recipe == "delayed"
+    assert tp.run.layout.sequence_parallel and tp.run.layout.zero_stage == 1
+    assert any("seq_parallel not given" in a for a in tp.assumptions)
+    unknown = parsed["tiny-unknown-gpu"]
+    assert unknown.status == "ok" and unknown.gpu_type == "h100-sxm"
+    assert any("has no profile" in a for a in unknown.assumptions)
+    assert parsed["tiny-no-layers"].status == "not simulatable: n_layers"
+    assert parsed["tiny-bad-layout"].status.startswith("error:") and "layout.tp" in parsed["tiny-bad-layout"].status
+
+
+def test_read_rows_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="not found"):
+        read_rows(tmp_path / "missing.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="run_id"):
+        read_rows(bad)
+
+
+def test_published_rows_all_parse_and_visible_ones_simulatable(published_csv) -> None:  # type: ignore[no-untyped-def]
+    rows = read_rows(published_csv)
+    parsed = [parse_row(r) for r in rows]
+    assert len(parsed) == len(rows) >= 80
+    for p in parsed:
+        assert p.status == "ok" or p.status.startswith(("not simulatable: ", "error: "))
+    # the rows with no architecture or layout say which field is missing
+    status = {p.run_id: p.status for p in parsed}
+    assert status["nemo2407-GPT3-5B-64"] == "not simulatable: n_layers"
+    assert status["sc21-a100-1.7B"] == "not simulatable: n_heads"
+    assert status["mcore-dsv3-gb200-guide"] == "not simulatable: n_gpus"

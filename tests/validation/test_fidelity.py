@@ -1,0 +1,107 @@
+"""simtrain validate: the row keys, robustness, the summary, FLOP conventions and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from simtrain.cli import main
+from simtrain.fidelity import (
+    ROW_KEYS,
+    convention_flops_per_token,
+    convention_of,
+    error_stats,
+    validate_runs,
+)
+from simtrain.model import ModelSpec, preset
+
+
+def test_validate_small_csv_rows_and_summary(small_csv: Path) -> None:
+    frame, summary = validate_runs(small_csv)
+    assert list(frame.columns) == list(ROW_KEYS)
+    rows = {r["run_id"]: r for r in frame.to_dict(orient="records")}
+    assert len(rows) == 5
+    ok = rows["tiny-fsdp"]
+    assert ok["status"] == "ok"
+    assert ok["step_time_error_pct"] == pytest.approx(
+        100 * (ok["predicted_step_time_s"] - 0.5) / 0.5)
+    assert ok["predicted_peak_mem_gib"] > 0 and ok["measured_peak_mem_gib"] == pytest.approx(20.0)
+    parts = ok["predicted_compute_s"] + ok["predicted_bubble_s"] + ok["predicted_optimizer_s"] + ok[
+        "predicted_other_s"] + sum(ok[f"predicted_exposed_{a}_s"] for a in ("tp", "cp", "ep", "dp", "pp"))
+    assert parts == pytest.approx(ok["predicted_step_time_s"], rel=1e-6)
+    # measured step time derived from tokens/s/GPU, and MFU recomputed in NeMo's convention
+    tp = rows["tiny-tp-fp8"]
+    assert tp["measured_step_time_s"] == pytest.approx(32 * 2048 / (40000 * 16))
+    assert tp["mfu_convention"] == "noncausal" and tp["predicted_mfu_pct_source_convention"] > 0
+    assert any("tokens_per_s_per_gpu" in a for a in tp["assumptions"])
+    assert rows["tiny-unknown-gpu"]["status"] == "ok"
+    assert rows["tiny-no-layers"]["status"] == "not simulatable: n_layers"
+    assert rows["tiny-bad-layout"]["status"].startswith("error:")
+    assert summary["rows"] == 5 and summary["simulated"] == 3 and summary["not_simulatable"] == 1
+    assert summary["errors"] == 1 and summary["compared"] == 3
+    assert set(summary["step_time"]) == {"count", "median_abs_pct", "mean_abs_pct", "p90_abs_pct"}
+    assert summary["by_gpu"]["h100-sxm-96gb-500w"]["count"] == 1
+
+
+def test_a_crashing_simulation_becomes_an_error_row(small_csv: Path) -> None:
+    def boom(run):  # type: ignore[no-untyped-def]
+        raise RuntimeError("kaput")
+
+    frame, summary = validate_runs(small_csv, simulate_fn=boom)
+    assert (frame.loc[frame["run_id"] == "tiny-fsdp", "status"] == "error: RuntimeError: kaput").all()
+    assert summary["simulated"] == 0 and summary["step_time"]["count"] == 0
+
+
+def test_error_stats() -> None:
+    s = error_stats([-10.0, 5.0, 1.0, -2.0, 20.0])
+    assert s["median_abs_pct"] == 5.0 and s["mean_abs_pct"] == pytest.approx(7.6) and s["p90_abs_pct"] == 20.0
+    assert error_stats([])["count"] == 0
+
+
+def test_nemo_convention_matches_the_readme_check() -> None:
+    """validation/README: NeMo's formula gives Llama3-70B 4.81e11 FLOP/token and Llama3-8B 5.79e10."""
+    assert convention_flops_per_token("noncausal", preset("llama3-70b"), 8192) == pytest.approx(4.81e11, rel=0.01)
+    assert convention_flops_per_token("noncausal", preset("llama3-8b"), 8192) == pytest.approx(5.79e10, rel=0.01)
+
+
+def test_conventions_reduce_to_the_published_formulas() -> None:
+    m = ModelSpec(name="gpt", n_layers=24, hidden=2048, n_heads=16, ffn_hidden=8192, activation="gelu",
+                  norm="layernorm", position="learned", vocab=51200, tied_embeddings=True, linear_bias=False)
+    s, h, n_layers, v = 2048, 2048, 24, 51200
+    # Narayanan et al.: 72 l h^2 (1 + s/6h + V/12lh) per token without recompute (non-causal)
+    assert convention_flops_per_token("noncausal", m, s) == pytest.approx(
+        72 * n_layers * h * h * (1 + s / (6 * h) + v / (12 * n_layers * h)), rel=1e-9)
+    assert convention_flops_per_token("causal", m, s) < convention_flops_per_token("noncausal", m, s)
+    assert convention_flops_per_token("sc21", m, s) == pytest.approx(
+        96 * n_layers * h * h * (1 + s / (6 * h) + v / (16 * n_layers * h)))
+    assert convention_flops_per_token("mpt", m, s) == pytest.approx(6 * m.param_count() + 12 * n_layers * h * s)
+    assert convention_flops_per_token("bloom", m, s) == pytest.approx(8 * m.param_count())
+    assert convention_of("Narayanan et al. eq.: 96*B*s*l*h^2*(1+s/(6h)+V/(16*l*h))") == "sc21"
+    assert convention_of("MFU = (6*N*s + 12*L*d*s^2 ...)") == "mpt"
+    assert convention_of("README: TFLOPs use 4*2 coefficient, i.e. 8*P*tokens") == "bloom"
+    assert convention_of("i.e. CAUSAL attention (half of the NeMo s/h term)") == "causal"
+    assert convention_of("NeMo 'Model TFLOP/s/GPU' ... (12Lh^2(1+g/a+s/h)+18Lfh+6Vh)") == "noncausal"
+    assert convention_of(None) is None
+
+
+def test_cli_validate_outputs(small_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, report = tmp_path / "pred.csv", tmp_path / "fidelity.html"
+    assert main(["validate", str(small_csv), "--json", "--out", str(out), "--report", str(report)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"summary", "rows"} and len(data["rows"]) == 5
+    assert set(data["rows"][0]) == set(ROW_KEYS)
+    assert all(v is None or not (isinstance(v, float) and math.isnan(v)) for r in data["rows"] for v in r.values())
+    assert out.read_text().startswith("run_id,") and len(out.read_text().splitlines()) == 6
+    page = report.read_text()
+    assert "data:image/png;base64," in page and "tiny-fsdp" in page and "http" not in page.split("<body>")[1][:200]
+    assert main(["validate", str(small_csv)]) == 0
+    text = capsys.readouterr().out
+    assert "tiny-no-layers" in text and "by source:" in text
+
+
+def test_cli_validate_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "nope.csv")]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,99 @@
+"""Accuracy on the published runs (validation/published_runs.csv), and the FLOP conventions behind it.
+
+The FLOP-convention check is fast and always runs: the source's own MFU, recomputed from its
+measured step time in the convention simtrain assigns it, must match what the source reports.
+
+The accuracy checks simulate every row (a few minutes on two cores), so they run only with
+``SIMTRAIN_VALIDATION=1``. The issue's targets are asserted as strict expected failures carrying
+today's numbers and what the model misses; a regression guard keeps the error from growing. When
+a model fix meets a target, its strict xfail turns into a failure: remove the marker then.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from simtrain.csv_runs import parse_row, read_rows
+from simtrain.fidelity import _measured_step_time, _source_mfu, convention_flops_per_token, convention_of
+from simtrain.hardware import load_gpu
+
+SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
+                          reason="simulates all published runs (minutes); set SIMTRAIN_VALIDATION=1")
+
+#: Today's |step-time error| on the visible rows (60 simulated), percent: the regression guard's bounds
+#: sit a little above them (median 14.2, p90 31.7 when measured).
+GUARD_MEDIAN_PCT, GUARD_P90_PCT = 16.0, 35.0
+
+MISSING = ("lowering._Emitter._overlapped serialises TP-overlap chunks (Megatron-LM H100 rows +13..+59 %); "
+           "torchtitan op-level SAC recompute and memory; allocator-reserved and eager-loss memory; ring "
+           "attention overheads at CP >= 4; FP8 GEMMs below best-shape MAMF; MoE dispatch")
+
+
+def test_source_mfu_recomputed_in_its_convention(published_csv: Path) -> None:
+    """Korthikanti, MPT and Megatron-LM MFU from the measured step time, in the assigned convention."""
+    checked = 0
+    for row in read_rows(published_csv):
+        p = parse_row(row)
+        conv = convention_of(p.flop_convention)
+        src = _source_mfu(p, conv)
+        if p.run is None or conv is None or not src or not p.n_gpus:
+            continue
+        step = _measured_step_time(p, row, conv)
+        assert step is not None
+        peak = (p.peak_tflops_used or 0.0) * 1e12 or load_gpu(p.gpu_type).bf16_flops_per_s
+        tokens = p.run.train.global_batch_seqs_resolved * p.run.train.seq_len
+        flops = convention_flops_per_token(conv, p.run.model, p.run.train.seq_len) * tokens
+        assert 100 * flops / (step * p.n_gpus * peak) == pytest.approx(src, rel=0.015), p.run_id
+        checked += 1
+    assert checked >= 16
+
+
+@pytest.fixture(scope="module")
+def table(published_csv: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    from simtrain.fidelity import validate_runs
+
+    return validate_runs(published_csv)
+
+
+def _visible_errors(frame: pd.DataFrame) -> list[float]:
+    ok = frame[(frame["status"] == "ok") & frame["visible"]]
+    return [abs(float(x)) for x in ok["step_time_error_pct"].dropna()]
+
+
+@SLOW
+def test_every_visible_row_is_simulated_or_says_why(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    frame, summary = table
+    visible = frame[frame["visible"]]
+    assert (visible["status"].str.match(r"^(ok|not simulatable: \w+|error: .+)$")).all()
+    assert summary["step_time_visible"]["count"] >= 55
+    assert all(isinstance(a, list) for a in frame["assumptions"])
+
+
+@SLOW
+def test_step_time_error_no_worse_than_today(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    s = table[1]["step_time_visible"]
+    assert s["median_abs_pct"] <= GUARD_MEDIAN_PCT and s["p90_abs_pct"] <= GUARD_P90_PCT
+
+
+@SLOW
+@pytest.mark.xfail(strict=True, reason="not met today: median 14.2 %, p90 31.7 % over 60 visible rows; "
+                                       f"missing: {MISSING}")
+def test_step_time_targets(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    s = table[1]["step_time_visible"]
+    assert s["median_abs_pct"] <= 8.0 and s["p90_abs_pct"] <= 15.0
+
+
+@SLOW
+@pytest.mark.xfail(strict=True, reason="not met today: torchtitan |peak-memory error| median 45 % (op-level SAC "
+                                       "simulated as none-saved; eager fp32 loss copies and allocator-reserved "
+                                       "memory not modelled)")
+def test_torchtitan_peak_memory_within_10_percent(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    frame = table[0]
+    rows = frame[(frame["source"] == "torchtitan") & frame["peak_mem_error_pct"].notna()]
+    assert len(rows) >= 18
+    assert (rows["peak_mem_error_pct"].abs() <= 10.0).all()
