@@ -30,6 +30,7 @@ from simtrain import StepResult, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_405B = ROOT / "examples" / "llama3_405b_h100.yaml"
+EXAMPLE_DSV3 = ROOT / "examples" / "deepseek_v3_h800.yaml"
 
 # Same model, schedule and micro-batch count as the 405B example, on 64 GPUs instead of 16,384.
 SMALL_405B_OVERRIDES = [
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     print(row("(c) 8B tp8 pp4 dp8, symmetric", t_sym, r_sym))
     rel = abs(r_full.step_time_s - r_sym.step_time_s) / r_full.step_time_s
     print(f"    full / symmetric wall time: {t_full / t_sym:.0f}x; step time difference {100 * rel:.3f} %")
+
+    t_ds, r_ds = time_it(lambda: simulate(EXAMPLE_DSV3, mode="symmetric"), args.repeats)
+    print(row("(d) DeepSeek-V3 DualPipe, EP64", t_ds, r_ds))
     return 0
 
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simtrain.trace import write_atomic
+
 
 class JournalMismatch(RuntimeError):
     """The journal on disk was measured on another device or software stack."""
@@ -64,6 +66,8 @@ class Journal:
             except json.JSONDecodeError:
                 if i < len(lines) - 1:  # only the last line may be cut short by an interruption
                     raise JournalMismatch(f"{self.path}: line {i + 1} is corrupt; start over with --fresh") from None
+                # drop the cut line, so that what is appended next starts a line of its own
+                write_atomic(self.path, "".join(line + "\n" for line in lines[:-1]))
         if not parsed or parsed[0].get("type") != "header":
             raise JournalMismatch(f"{self.path}: no header line; start over with --fresh")
         old = parsed[0].get("fingerprint")

@@ -345,9 +345,10 @@ class _StageLowering:
         if v == 0:
             yield from self.em.segment_steps(self.block.embedding_forward(), "fwd", a.microbatch, a.chunk,
                                              mem_start=embedding_activation_bytes(self.run.model, self._shape))
-        for i in range(self.layers[a.chunk]):
+        order = list(range(self.layers[a.chunk]))
+        for i in order:
             plan = self.plan(a.chunk, i)
-            self._fsdp_gather("F", a, i)
+            self._fsdp_gather("F", a, order, i)
             end = -(plan.act_bytes - plan.ckpt_bytes) if self._recompute_layer(i) else 0.0
             yield from self.em.segment_steps(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes,
                                              mem_end=end)
@@ -396,9 +397,10 @@ class _StageLowering:
                                              mem_end=-head_activation_bytes(m, self._shape))
         if not split:
             bucket.add(self._head_params(a.chunk))
-        for i in reversed(range(self.layers[a.chunk])):
+        order = list(reversed(range(self.layers[a.chunk])))
+        for pos, i in enumerate(order):
             plan = self.plan(a.chunk, i)
-            self._fsdp_gather("B", a, i)
+            self._fsdp_gather("B", a, order, pos)
             rec = self._recompute_layer(i)
             keep = plan.ckpt_bytes if rec else plan.act_bytes
             if rec:
@@ -489,16 +491,31 @@ class _StageLowering:
         self.dp_ops.append(op.idx)
         return op
 
-    def _fsdp_gather(self, kind: str, a: Action, i: int) -> None:
-        """ZeRO-3/FSDP: all-gather layer i's parameters (prefetched ``fsdp_prefetch_layers`` ahead)."""
+    def _fsdp_gather(self, kind: str, a: Action, order: list[int], pos: int) -> None:
+        """ZeRO-3/FSDP: the parameter all-gathers of the layer at ``order[pos]`` and its prefetch.
+
+        As FSDP2 (``fully_shard``; forward prefetch of the next block, backward prefetch of the
+        previous one; DeepSpeed ZeRO-3 prefetches the same way) does: when the layer at position
+        ``pos`` starts, the all-gathers of the layers at ``pos .. pos + fsdp_prefetch_layers`` of
+        this action's layer order (forward: ascending; backward: descending) are issued, each once,
+        on the all-gather stream (``Stream.DP_GATHER``), which runs beside the reduce-scatters of the
+        DP stream; the layer's first kernel waits for its own all-gather. The gathered layers held at
+        once (the running one and the prefetched ones) are ``memory.static_memory``'s ZeRO-3 buffers.
+        """
         lay = self.run.layout
         if lay.shard_stage < 3 or lay.data_degree == 1:
             return
-        size = 2.0 * self.plan(a.chunk, i).params_per_rank
         axis = "dp_shard" if lay.fsdp == "hybrid" else lay.data_axis
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
-        op = self.dp_collective("all_gather", axis, size, f"fsdp.all_gather.{kind}", deps)
-        self.em.extra_deps = [*self.em.extra_deps, op.idx]
+        for j in order[pos:pos + 1 + lay.fsdp_prefetch_layers]:
+            key = (kind, a.microbatch, a.chunk, j)
+            if key not in self.fsdp_gathers:
+                size = 2.0 * self.plan(a.chunk, j).params_per_rank
+                op = self.prog.add(OpKind.COLLECTIVE, Stream.DP_GATHER, f"fsdp.all_gather.{kind}", category="comm",
+                                   deps=deps, coll="all_gather", axis=axis, comm_bytes=size,
+                                   microbatch=a.microbatch, chunk=a.chunk)
+                self.fsdp_gathers[key] = op.idx
+        self.em.extra_deps = [*self.em.extra_deps, self.fsdp_gathers[(kind, a.microbatch, a.chunk, order[pos])]]
 
     def _fsdp_reduce(self, a: Action, i: int, is_last_mb: bool) -> None:
         lay = self.run.layout

@@ -23,6 +23,10 @@ class Stream(IntEnum):
     PP = 3
     CP = 4
     EP = 5
+    DP_GATHER = 6
+    """ZeRO-3/FSDP parameter all-gathers: FSDP2 issues them on their own stream and process group, so
+    they neither wait behind nor block the gradient reduce-scatters of the DP stream (PyTorch
+    ``torch.distributed.fsdp.fully_shard``: ``all_gather_stream`` / ``reduce_scatter_stream``)."""
 
 
 class OpKind(IntEnum):

@@ -19,6 +19,9 @@ EXPECTED_GPUS: dict[str, int] = {
     "llama3_70b_h100.yaml": 64,
     "gpt3_175b_a100.yaml": 1024,
     "llama3_405b_h100.yaml": 16384,
+    "llama3_405b_cp16_h100.yaml": 16384,
+    "mixtral_8x7b_h100.yaml": 64,
+    "deepseek_v3_h800.yaml": 2048,
 }
 
 

@@ -1,0 +1,264 @@
+"""Calibrated profiles without torch: the format, its validation, and how simtrain uses a profile.
+
+Profiles here are built by the real writer (``calibration.writer.build_profile``) from synthetic
+journal records with known numbers, so every assertion can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from calibration.journal import measurement_key
+from calibration.writer import build_profile, write_profile
+from simtrain import simulate
+from simtrain.calibrated import CollectiveTable, Curve, GemmModel, busbw_factor, gemm_role, memory_op_kind
+from simtrain.cli import main
+from simtrain.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
+from simtrain.costs import ComputeCostModel
+from simtrain.errors import ConfigError
+from simtrain.hardware import Topology
+from simtrain.profile import compute_calibration, load_profile, run_cluster
+from simtrain.simulate import cluster_of
+
+CPU_CONFIG = str(Path(__file__).parent / "data" / "cpu_llama.yaml")
+FSDP_EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_h100_fsdp.yaml")
+MiB = 1024**2
+GEMM_FLOPS_PER_S = 100e9  # the synthetic device: t = 10 us + 2mnk / 100 GFLOP/s
+LINK_BPS = 1e9  # synthetic collectives: t = 100 us + busbw bytes / 1 GB/s
+
+
+def rec(kind: str, params: dict[str, Any], median_s: float, **extra: Any) -> dict[str, Any]:
+    return {"key": measurement_key(kind, params), "kind": kind, "params": params, "status": "ok",
+            "stats": {"median_s": median_s, "p25_s": median_s * 0.99, "p75_s": median_s * 1.01, "repeats": 5}, **extra}
+
+
+def gemm_s(m: int, n: int, k: int) -> float:
+    return 1e-5 + 2.0 * m * n * k / GEMM_FLOPS_PER_S
+
+
+def coll_s(kind: str, p: int, size: float) -> float:
+    return 1e-4 + busbw_factor(kind, p) * size / LINK_BPS
+
+
+def records(ranks: int = 2) -> list[dict[str, Any]]:
+    out = [rec("launch", {}, 2e-6)]
+    out += [rec("copy", {"bytes": b}, 2 * b / 10e9, moved_bytes=2 * b) for b in (MiB, 4 * MiB, 16 * MiB)]
+    for m in (128, 512, 2048):
+        for n in (128, 512, 2048):
+            for k in (128, 512, 2048):
+                out.append(rec("gemm", {"kernel": "", "role": "fwd", "m": m, "n": n, "k": k}, gemm_s(m, n, k),
+                               flops=2.0 * m * n * k))
+    out.append(rec("gemm", {"kernel": "qkv", "role": "fwd", "m": 512, "n": 1024, "k": 512, "parts": [512, 256, 256]},
+                   0.123, flops=2.0 * 512 * 1024 * 512))
+    for s in (64, 256, 512):
+        fl = 4.0 * 2 * s * s * 8 * 64 * 0.5
+        key = {"b": 2, "s_q": s, "s_kv": s, "heads": 8, "kv_heads": 4, "d": 64, "causal": True}
+        out.append(rec("attention", {**key, "backward": False}, 1e-5 + fl / 50e9, flops=fl))
+        out.append(rec("attention", {**key, "backward": True}, 1e-5 + 2.5 * fl / 40e9, flops=2.5 * fl))
+    for op in ("norm", "norm.bwd", "act", "act.bwd", "rope", "rope.bwd", "residual", "cross_entropy",
+               "cross_entropy.bwd", "embedding", "embedding.bwd"):
+        for rows in (128, 512, 2048):
+            nb = rows * 512 * 6.0
+            out.append(rec("memory_op", {"op": op, "rows": rows, "cols": 512}, 5e-6 + nb / 5e9, sim_bytes=nb))
+    for layers, nb in ((1, 2e8), (4, 5e8)):
+        out.append(rec("optimizer", {"layers": layers, "params": [[4, 4]]}, 1e-3 + nb / 5e9, sim_bytes=nb))
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send"):
+        p = 2 if kind == "send" else ranks
+        for size in (1024, 64 * 1024, 4 * MiB, 64 * MiB):
+            out.append(rec("collective", {"collective": kind, "ranks": p, "nodes": 1, "size_bytes": size,
+                                          "members": list(range(p))}, coll_s(kind, p, size)))
+    for cls, f in (("gemm", 1.9), ("attention", 1.8), ("memory", 1.5)):
+        out.append({"key": f"contention|{cls}", "kind": "contention", "params": {"processes": ranks, "op_class": cls},
+                    "status": "ok", "result": {"solo_s": 1.0, "concurrent_s": f, "factor": f}})
+    out.append({"key": "interference", "kind": "interference", "status": "ok",
+                "params": {"ranks": ranks, "nodes": 1, "comm_bytes": 64 * MiB},
+                "result": {"gemm_s": 1.0, "gemm_with_comm_s": 1.5, "slowdown": 0.5}})
+    return out
+
+
+def header(kind: str = "cpu", count: int = 2) -> dict[str, Any]:
+    cuda = kind == "cuda"
+    return {"fingerprint": f"{kind}:test", "device": {
+        "kind": kind, "name": "NVIDIA H100 80GB HBM3" if cuda else "Test CPU", "count": count,
+        "dtype": "bf16" if cuda else "fp32", "threads_per_process": 1, "base_gpu": "h100-sxm" if cuda else None,
+        "memory_bytes": 80e9 if cuda else 16e9, "driver": None, "clocks": {}, "versions": {"torch": "test"}}}
+
+
+def make_profile(root: Path, name: str, kind: str = "cpu", ranks: int = 2) -> Path:
+    folder = root / "calibrated" / name
+    return write_profile(folder, build_profile(name, header(kind, ranks), records(ranks)))
+
+
+# -- the functions ------------------------------------------------------------------------------------
+
+
+def test_curve_interpolates_in_log_space_and_extrapolates_with_the_fit() -> None:
+    c = Curve(x=(1.0, 100.0), t_s=(1.0, 10.0), a_s=0.5, rate=10.0)
+    assert c(1.0) == pytest.approx(1.0) and c(100.0) == pytest.approx(10.0)
+    assert c(10.0) == pytest.approx(math.sqrt(10.0))  # halfway in log x is the geometric mean
+    assert c(1000.0) == pytest.approx(10.0 * c.fit(1000.0) / c.fit(100.0))  # continuous at the last point
+    assert c(0.5) == pytest.approx(1.0 * c.fit(0.5) / c.fit(1.0))
+
+
+def test_gemm_model_prefers_measured_then_fitted() -> None:
+    g = GemmModel(t0_s=0.0, peak_flops_per_s={"fwd": 1e9}, m_half=1.0, n_half=1.0, k_half=1.0,
+                  points={("", "fwd", 10, 10, 10): 5.0, ("qkv", "fwd", 10, 20, 10): 7.0})
+    assert g.time_s("fwd", 10, 10, 10) == 5.0
+    assert g.time_s("fwd", 10, 20, 10, kernel="qkv") == 7.0  # composite: as the stack runs it
+    assert g.time_s("fwd", 10, 10, 10, kernel="qkv") == 5.0  # falls back to the plain GEMM
+    far = g.time_s("dgrad", 10_000, 10_000, 10_000)
+    assert far == pytest.approx(g.fitted_s("dgrad", 10_000, 10_000, 10_000))  # outside the box: the fit alone
+
+
+@pytest.mark.parametrize("name,kind", [("ln1", "norm"), ("ln2.bwd", "norm.bwd"), ("final_norm", "norm"),
+                                       ("residual2", "residual"), ("optimizer.step", "optimizer.step"),
+                                       ("cross_entropy.bwd", "cross_entropy.bwd"), ("pos_embedding", "copy"),
+                                       ("something_new", "copy")])
+def test_memory_op_kinds(name: str, kind: str) -> None:
+    assert memory_op_kind(name) == kind
+
+
+def test_gemm_roles() -> None:
+    assert [gemm_role(n) for n in ("qkv", "qkv.dgrad", "mlp_up.wgrad")] == ["fwd", "dgrad", "wgrad"]
+
+
+def test_busbw_factors_follow_nccl_tests() -> None:
+    assert busbw_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert busbw_factor("send", 2) == 1.0
+
+
+# -- the file -------------------------------------------------------------------------------------------
+
+
+def test_profile_round_trip(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "test-cpu")
+    prof = load_profile("test-cpu")
+    assert prof.kind == "cpu" and prof.max_processes == 2 and prof.contention[2]["gemm"] == pytest.approx(1.9)
+    assert prof.compute.gemm is not None
+    assert prof.compute.gemm.time_s("fwd", 512, 512, 512) == pytest.approx(gemm_s(512, 512, 512))
+    fit = prof.compute.gemm.fitted_s("fwd", 1024, 1024, 1024)
+    assert fit == pytest.approx(gemm_s(1024, 1024, 1024), rel=0.05)  # the model fits the synthetic law
+    assert prof.compute.memory_op_s("ln1", 512 * 512 * 6.0) == pytest.approx(5e-6 + 512 * 512 * 6.0 / 5e9, rel=1e-6)
+    timing = prof.collectives.timing("all_reduce", 2, 1, 4 * MiB)
+    assert timing is not None and timing[1] == pytest.approx(coll_s("all_reduce", 2, 4 * MiB))
+    assert prof.summary["memory_Bps"] == pytest.approx(10e9)
+    text = (profiles_dir / "calibrated" / "test-cpu" / "profile.yaml").read_text()
+    assert text.rstrip().endswith("end_of_profile: true") and "busbw_Bps" in text
+
+
+def _corrupt(path: Path, how: str) -> None:
+    text = path.read_text()
+    if how == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif how == "truncated_at_line":
+        path.write_text("".join(text.splitlines(keepends=True)[:60]))
+    elif how == "wrong_version":
+        path.write_text(text.replace("schema_version: 1", "schema_version: 99"))
+    elif how == "not_yaml":
+        path.write_text("schema: [unclosed\n  : :")
+    elif how == "bad_number":
+        data = yaml.safe_load(text)
+        data["fits"]["gemm"]["t0_s"] = "fast"
+        data["fits"]["memory_ops"]["norm"]["x"] = [3.0, 2.0, 1.0]
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.mark.parametrize("how,needle", [("truncated", None), ("truncated_at_line", "truncated"),
+                                        ("wrong_version", "schema_version"), ("not_yaml", "malformed"),
+                                        ("bad_number", "t0_s")])
+def test_bad_profiles_are_clear_config_errors(profiles_dir: Path, how: str, needle: str | None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = make_profile(profiles_dir, "broken")
+    _corrupt(path, how)
+    with pytest.raises(ConfigError) as err:
+        load_profile("broken")
+    assert str(path.resolve()) in str(err.value) or "profile.yaml" in str(err.value)
+    if needle:
+        assert needle in str(err.value)
+    assert main(["simulate", CPU_CONFIG, "--set", "hardware.profile=broken"]) == 2
+    out = capsys.readouterr().err
+    assert "profile.yaml" in out and "Traceback" not in out
+
+
+def test_unknown_profile_lists_the_valid_ones(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "one")
+    with pytest.raises(ConfigError, match="valid names: one"):
+        load_profile("two")
+
+
+def test_profile_by_path(profiles_dir: Path) -> None:
+    path = make_profile(profiles_dir, "by-path")
+    assert load_profile(str(path)).name == "by-path"
+    assert load_profile(str(path.parent)).name == "by-path"
+
+
+# -- simtrain with a profile -----------------------------------------------------------------------
+
+
+def test_cpu_profile_predicts_a_cpu_run(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "this-cpu")
+    one = simulate(CPU_CONFIG, ["hardware.profile=this-cpu"])
+    two = simulate(CPU_CONFIG, ["hardware.profile=this-cpu", "layout.dp=2", "train.global_batch_seqs=4"])
+    assert one.n_gpus == 1 and two.n_gpus == 2
+    assert two.step_time_s > 1.5 * one.step_time_s  # two processes share the cores (contention 1.5-1.9)
+    assert two.breakdown_s["compute"] == pytest.approx(one.breakdown_s["compute"] * 1.9, rel=0.1)
+
+
+def test_cpu_profile_limits(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "this-cpu")
+    with pytest.raises(ConfigError, match="at most 2"):
+        simulate(CPU_CONFIG, ["hardware.profile=this-cpu", "layout.dp=4", "train.global_batch_seqs=8"])
+    with pytest.raises(ConfigError, match="hardware.node"):
+        simulate(CPU_CONFIG, ["hardware.profile=this-cpu", "hardware.node=dgx-h100"])
+
+
+def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
+    default = simulate(FSDP_EXAMPLE)
+    calibrated = simulate(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
+    assert calibrated.step_time_s != pytest.approx(default.step_time_s, rel=0.01)
+    from simtrain.config import load_config
+
+    run = load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
+    gpu = cluster_of(run).gpu
+    cost = ComputeCostModel(gpu, calibration=compute_calibration(gpu))
+    assert cost.gemm("qkv", 512, 1024, 512).time_s == pytest.approx(0.123)  # the composite, as measured
+    assert cost.gemm("out_proj", 512, 512, 512).time_s == pytest.approx(gemm_s(512, 512, 512))
+    assert gpu.comm_interference_nvlink == pytest.approx(0.5)
+
+
+def test_measured_collective_curve_replaces_the_link_model(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
+    from simtrain.config import load_config
+
+    cluster = cluster_of(load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"]))
+    topo = Topology(cluster)
+    gpus = tuple(range(8))
+    cands = collective_candidates("all_reduce", gpus, topo, cluster.gpu)
+    assert len(cands) == 1 and isinstance(cands[0], MeasuredCandidate)
+    size = 4 * MiB  # a measured size (between sizes the curve is interpolated in log-log space)
+    plan = plan_collective("all_reduce", gpus, size, topo, cluster.gpu)
+    t = plan.latency_s + idle_time(lambda e: topo.edge(*e).bandwidth_Bps, plan.phases)
+    assert t == pytest.approx(coll_s("all_reduce", 8, size), rel=1e-6)
+    assert collective_candidates("all_reduce", (0, 1), topo, cluster.gpu)[0].algorithm != "measured"  # not measured
+
+
+def test_calibrated_node_is_the_calibrated_machine(profiles_dir: Path) -> None:
+    make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
+    from simtrain.config import HardwareConfig
+
+    cluster = run_cluster(HardwareConfig(node="calibrated", profile="my-h100"), 1)
+    assert cluster.n_gpus == 1 and cluster.gpu.name == "h100-sxm"
+    with pytest.raises(ConfigError, match="had 8"):
+        run_cluster(HardwareConfig(node="calibrated", profile="my-h100"), 16)
+
+
+def test_collective_table_is_none_for_unmeasured_groups() -> None:
+    table = CollectiveTable({("all_reduce", 2, 1): Curve((1.0, 2.0), (1.0, 2.0), 0.0, 1.0)})
+    assert table.timing("all_reduce", 4, 1, 10.0) is None

@@ -1,0 +1,158 @@
+"""The calibration suite itself, on this CPU: a quick run end to end, resume, a failing rank, OOM, CLI.
+
+These runs use a tiny model and ``--quick`` (seconds each) and assert behaviour, not speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calibration.compute import Context, Measurement, PlanSettings, bench_gemm, compute_plan, run_plan  # noqa: E402
+from calibration.journal import Journal  # noqa: E402
+from calibration.shapes import Target, kernel_calls, read_run  # noqa: E402
+from calibration.timing import DeviceTimer, OutOfMemory, TimerSettings  # noqa: E402
+from simtrain.profile import load_profile  # noqa: E402
+
+TINY = str(Path(__file__).parent / "data" / "tiny_llama.yaml")
+
+
+def calibrate(out: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "simtrain.cli", "calibrate", "--device", "cpu", "--quick", "--config", TINY,
+           "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def journal_lines(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "measurements.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_quick_calibration_with_gloo_collectives(tmp_path: Path) -> None:
+    out = tmp_path / "quick"
+    proc = calibrate(out, "--processes", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prof = load_profile(str(out))
+    assert prof.kind == "cpu" and prof.max_processes == 2 and 2 in prof.contention
+    assert ("all_reduce", 2, 1) in prof.collectives.curves and ("send", 2, 1) in prof.collectives.curves
+    data = (out / "profile.yaml").read_text()
+    assert "algbw_Bps" in data and "busbw_Bps" in data and "interference" in data
+    sim = __import__("simtrain").simulate(TINY, [f"hardware.profile={out}", "layout.dp=2", "train.global_batch_seqs=4"])
+    assert sim.step_time_s > 0
+
+
+def test_interrupted_calibration_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "resume"
+    cmd = [sys.executable, "-m", "calibration", "--device", "cpu", "--quick", "--config", TINY, "--out", str(out),
+           "--no-collectives"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = out / "measurements.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not journal.exists() or len(journal.read_text().splitlines()) < 12):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # an interruption at an arbitrary point
+    proc.wait()
+    done = {r["key"] for r in journal_lines(out)[1:]}
+    assert len(done) >= 11
+    with open(journal, "a") as fh:
+        fh.write('{"key": "cut sho')  # a line cut short by the interruption
+    again = calibrate(out, "--no-collectives")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming: {len(done)} of" in again.stdout
+    keys = [r["key"] for r in journal_lines_tolerant(out)[1:]]
+    assert len(keys) == len(set(keys))  # nothing measured twice
+    assert load_profile(str(out)).compute.gemm is not None
+
+
+def journal_lines_tolerant(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in (folder / "measurements.jsonl").read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def test_a_failing_rank_ends_the_run_with_a_clear_message(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = calibrate(tmp_path / "fail", "--processes", "2", env={"SIMTRAIN_CALIBRATION_FAIL_RANK": "1"})
+    assert proc.returncode == 1
+    assert "rank 1 of 2 failed" in proc.stderr and "injected failure" in proc.stderr
+    assert time.monotonic() - t0 < 120  # stopped, not hung until a timeout
+
+
+def test_resuming_on_another_setup_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "mismatch"
+    assert calibrate(out, "--no-collectives").returncode == 0
+    proc = calibrate(out, "--no-collectives", "--threads", "2")
+    assert proc.returncode == 2 and "--fresh" in proc.stderr
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "simtrain.cli", "calibrate", "--device", "cpu", "--out",
+                           str(tmp_path / "x"), "--layout", "tp=two"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--layout" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_out_of_memory_is_recorded_and_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    timer = DeviceTimer(torch.device("cpu"), TimerSettings(warmup=1, min_repeats=3, target_s=0.001))
+
+    def boom() -> None:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    with pytest.raises(OutOfMemory):
+        timer.measure(boom)
+    import calibration.compute as compute
+
+    def fake(ctx: Any, meas: Measurement, target: Any) -> Any:
+        if meas.params.get("m") == 2:
+            raise OutOfMemory("out of memory")
+        return timer.measure(lambda: None), {}
+
+    monkeypatch.setattr(compute, "run_measurement", fake)
+    journal = Journal(tmp_path / "measurements.jsonl", {"fingerprint": "x", "device": {}})
+    plan = [Measurement("gemm", {"role": "fwd", "m": m, "n": 1, "k": 1}) for m in (1, 2, 3)]
+    counts = run_plan(Context(torch.device("cpu"), torch.float32, timer), plan, None, journal,  # type: ignore[arg-type]
+                      lambda _: None)
+    assert counts["ok"] == 2 and counts["oom"] == 1
+    assert [r["status"] for r in journal.records()] == ["ok", "oom", "ok"]
+
+
+def test_plan_uses_simtrains_kernel_shapes_and_bytes() -> None:
+    run = read_run(TINY)
+    target = Target(run.model, seq_len=run.train.seq_len, micro_batch_size=run.train.micro_batch_size)
+    calls = kernel_calls(target)
+    plan = compute_plan(target, PlanSettings.for_device("cpu", quick=True))
+    at_target = {m.params["op"]: m.extra["sim_bytes"] for m in plan
+                 if m.kind == "memory_op" and m.extra.get("at_target") and m.params.get("round") == 0}
+    for op, nbytes in at_target.items():
+        assert nbytes == pytest.approx(calls.memory_bytes[op])  # the x simtrain will ask the curve about
+    gemms = {(m.params["kernel"], m.params["role"], m.params["m"], m.params["n"], m.params["k"]) for m in plan
+             if m.kind == "gemm"}
+    assert {("qkv", "fwd", 64, 128, 64), ("mlp_up", "fwd", 64, 256, 64), ("", "fwd", 64, 256, 64)} <= gemms
+
+
+def test_composite_gemm_runs_the_stacks_linears() -> None:
+    ctx = Context(torch.device("cpu"), torch.float32,
+                  DeviceTimer(torch.device("cpu"), TimerSettings(warmup=1, min_repeats=3, target_s=0.001)))
+    for role in ("fwd", "dgrad", "wgrad"):
+        assert bench_gemm(ctx, role, 32, 48, 16, parts=[16, 16, 16] if role != "dgrad" else [8, 8]).median_s > 0
+
+
+def test_device_check_dry_run(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "calibration.device_check", "--dry-run", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "device_check.json").read_text())
+    assert res["measured_step_s"] > 0 and res["predicted_step_s"] > 0
+    assert "predicted" in proc.stdout and (tmp_path / "profile" / "profile.yaml").is_file()

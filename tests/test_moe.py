@@ -1,0 +1,110 @@
+"""Mixture of experts with expert parallelism: all-to-all cost, expert compute, routing skew, memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from simtrain.collectives import effective_bandwidth, plan_collective
+from simtrain.config import load_config
+from simtrain.costs import ComputeCostModel
+from simtrain.hardware import Topology, build_cluster, load_gpu
+from simtrain.lowering import lower
+from simtrain.routing import expert_loads
+from simtrain.simulate import simulate
+
+# a shrunk Mixtral: 4 layers, 8 experts top-2, h=1024
+SMALL_MOE = dict(name="moe-small", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=2048,
+                 activation="swiglu", norm="rmsnorm", position="rope", vocab=4096, tied_embeddings=False,
+                 linear_bias=False, moe=dict(n_experts=8, top_k=2, ffn_hidden=2048))
+BASE = dict(model=SMALL_MOE, hardware=dict(n_nodes=1), layout=dict(dp=8, ep=8),
+            train=dict(seq_len=2048, global_batch_seqs=16))
+
+
+def test_all_to_all_in_one_nvlink_node_is_closed_form() -> None:
+    """(p-1)/p * S / B + latency for S bytes per GPU on p GPUs of one NVSwitch node (reference Table B)."""
+    cluster = build_cluster("dgx-h100", 1)
+    topo, gpu = Topology(cluster), cluster.gpu
+    S = 256 * 2**20
+    plan = plan_collective("all_to_all", tuple(range(8)), S, topo, gpu)
+    bw = effective_bandwidth(topo, gpu, ("gpu0", "nvsw0"))
+    assert plan.estimate_s == pytest.approx(plan.latency_s + 7 / 8 * S / bw, rel=1e-9)
+
+
+def test_all_to_all_across_nodes_is_bound_by_one_nic_per_gpu() -> None:
+    """16 GPUs on 2 nodes: each GPU sends half its buffer off-node through its own NIC."""
+    cluster = build_cluster("dgx-h100", 2)
+    topo, gpu = Topology(cluster), cluster.gpu
+    S = 256 * 2**20
+    plan = plan_collective("all_to_all", tuple(range(16)), S, topo, gpu)
+    nic = effective_bandwidth(topo, gpu, ("nic0.0", "leaf0.0"))
+    assert plan.estimate_s == pytest.approx(plan.latency_s + 8 / 16 * S / nic, rel=1e-6)
+
+
+def _expert_flops_per_rank(cfg: dict) -> float:
+    run = load_config(cfg)
+    low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
+    return sum(k.flops for o in low.programs[0].ops for k in o.kernels if k.name.startswith("expert."))
+
+
+def test_balanced_expert_compute_per_gpu_is_active_flops_over_gpus() -> None:
+    """Routed-expert hardware FLOPs of one rank = every token's top-k expert FLOPs (fwd 2, bwd 4 per
+    parameter) / GPUs, for every EP degree."""
+    run = load_config(BASE)
+    m = run.model
+    tokens = 16 * 2048
+    n_gpus = 8
+    per_token = 6.0 * m.moe.top_k * m.expert_params() * m.n_layers  # type: ignore[union-attr]
+    for ep in (1, 2, 4, 8):
+        got = _expert_flops_per_rank(dict(BASE, layout=dict(dp=8, ep=ep)))
+        assert got == pytest.approx(per_token * tokens / n_gpus, rel=1e-9), ep
+
+
+def test_hot_expert_sets_the_pace_in_both_modes() -> None:
+    steps = {}
+    for hot in (1.0, 2.0, 4.0):
+        over = ["train.moe_routing=skewed", f"train.moe_hot_expert_load={hot}"]
+        sym, full = simulate(BASE, over, mode="symmetric"), simulate(BASE, over, mode="full")
+        steps[hot] = (sym.step_time_s, full.step_time_s)
+        assert full.step_time_s == pytest.approx(sym.step_time_s, rel=0.02)
+    assert steps[1.0][0] < steps[2.0][0] < steps[4.0][0]
+    assert steps[1.0][1] < steps[2.0][1] < steps[4.0][1]
+
+
+def test_capacity_factor_caps_the_hot_expert() -> None:
+    assert expert_loads(8, "skewed", 4.0, None)[0] == 4.0
+    assert expert_loads(8, "skewed", 4.0, 1.25)[0] == 1.25
+    assert sum(expert_loads(8, "skewed", 4.0, None)) == pytest.approx(8.0)
+    capped = simulate(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4", "train.moe_capacity_factor=1.25"])
+    hot = simulate(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4"])
+    assert capped.step_time_s < hot.step_time_s
+
+
+def test_symmetric_equals_full_balanced() -> None:
+    for layout in (dict(dp=8, ep=8), dict(dp=4, tp=2, ep=4, etp=1, sequence_parallel=True),
+                   dict(dp=4, pp=2, ep=2, zero_stage=1)):
+        cfg = dict(BASE, layout=layout)
+        sym, full = simulate(cfg, mode="symmetric"), simulate(cfg, mode="full")
+        assert sym.step_time_s == pytest.approx(full.step_time_s, rel=0.01), layout
+
+
+def test_experts_are_sharded_by_ep() -> None:
+    """Weights on a rank: dense part everywhere, routed experts divided by ep."""
+    run = load_config(BASE)
+    m = run.model
+    experts = m.routed_expert_param_count()
+    w = {ep: simulate(dict(BASE, layout=dict(dp=8, ep=ep))).memory[0].components["weights"] for ep in (1, 8)}
+    assert w[1] - w[8] == pytest.approx(2.0 * experts * (1 - 1 / 8), rel=1e-6)
+
+
+def test_dispatch_combine_show_up_as_exposed_ep() -> None:
+    r = simulate(dict(BASE, hardware=dict(n_nodes=2), layout=dict(dp=16, ep=8, etp=1)), ["train.global_batch_seqs=32",
+                                                                                     "layout.order=[dp,tp,cp,ep,pp]"])
+    assert r.breakdown_s["exposed_comm"]["ep"] > 0
+
+
+def test_moe_config_errors() -> None:
+    from simtrain.errors import ConfigError
+    with pytest.raises(ConfigError, match="layout.ep"):
+        load_config(BASE, ["layout.ep=3"])
+    with pytest.raises(ConfigError, match="sequence_parallel"):
+        load_config(BASE, ["layout.tp=2", "layout.dp=4", "layout.ep=4"])
