@@ -178,6 +178,11 @@ class CommPlanner:
         if hit is not None:
             return hit
         group = self.grid.group(op.axis, rank)
+        if self.symmetric and stage > 0 and (shift := self._translation(op.axis, rank, group)) is not None:
+            base = self.collective(op, self.grid.representative(0), 0)
+            out = (base[0], [[_shift_flow(f, *shift) for f in ph] for ph in base[1]], base[2])
+            self._cache[key] = out
+            return out
         plan = self._plan(op.coll, group, op.comm_bytes)
         if not self.symmetric:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
@@ -223,6 +228,22 @@ class CommPlanner:
         self._cache[key] = out
         return out
 
+    def _translation(self, axis: str, rank: int, group: tuple[int, ...]) -> tuple[int, int, int] | None:
+        """(GPU, node, leaf-group) offsets that map stage 0's representative and group onto ``rank``'s,
+        when the fabric looks the same from both: whole leaf groups apart, every leaf group full, and
+        the group a translate of stage 0's. Stages of a pipeline usually are (pp outermost), so their
+        symmetric-mode flows are stage 0's, renamed (``_shift_flow``), instead of planned again."""
+        topo = self.topo
+        base = self.grid.representative(0)
+        dg = place(rank) - place(base)
+        per_leaf = topo.gpus_per_node * topo.nodes_per_leaf
+        if dg % per_leaf or topo.n_nodes % topo.nodes_per_leaf:
+            return None
+        if tuple(place(r) - dg for r in group) != tuple(place(r) for r in self.grid.group(axis, base)):
+            return None
+        dn = dg // topo.gpus_per_node
+        return dg, dn, dn // topo.nodes_per_leaf
+
     def _localise(self, flows: list[tuple[Any, ...]], gpu: int) -> list[tuple[Any, ...]]:
         """Symmetric mode: keep, of the representative's flows, the edges at its own GPU, NIC and leaf
         switch. Every rank of the stage sends and receives the same traffic, so a remote GPU's or
@@ -265,6 +286,26 @@ def symmetry_violation(grid: RankGrid, topo: Topology) -> str | None:
             if len(set(next(iter(shapes)))) > 1:
                 return f"a {axis} group of stage {s} has more members on some nodes than on others"
     return None
+
+
+def _shift_vertex(v: str, dg: int, dn: int, dk: int) -> str:
+    """Vertex ``v`` (Topology naming) moved by dg GPUs, dn nodes and dk leaf groups."""
+    if v.startswith("gpu"):
+        return f"gpu{int(v[3:]) + dg}"
+    if v.startswith("nvsw"):
+        return f"nvsw{int(v[4:]) + dn}"
+    if v.startswith("nic"):
+        n, j = v[3:].split(".")
+        return f"nic{int(n) + dn}.{j}"
+    if v.startswith("leaf"):
+        j, k = v[4:].split(".")
+        return f"leaf{j}.{int(k) + dk}"
+    return v  # the spine
+
+
+def _shift_flow(flow: tuple[Any, ...], dg: int, dn: int, dk: int) -> tuple[Any, ...]:
+    path, w, nbytes, cap = flow
+    return (tuple((_shift_vertex(a, dg, dn, dk), _shift_vertex(b, dg, dn, dk)) for a, b in path), w, nbytes, cap)
 
 
 def _bundle(flows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
