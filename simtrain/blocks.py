@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simtrain.costs import ComputeCostModel
+from simtrain.memory import op_sac_recomputed
 from simtrain.model import ModelSpec
 from simtrain.ops import Kernel
 
@@ -182,7 +183,17 @@ class BlockBuilder:
         return self.cost.flash_attention(name, self.b, s_q, s_kv, heads, kv_heads, d,
                                          causal=True, backward=backward)
 
-    def _attention_segments(self, backward: bool) -> list[Segment]:
+    def _windowed(self, backward: bool, window: int) -> Segment:
+        """Sliding-window attention (GPT-OSS, Mistral): each query sees its last ``window`` keys, so the
+        kernel does s x w of the s x s scores (FlashAttention's local window; model FLOPs count
+        w - w^2/(2s) keys per query, the same to within w/2s)."""
+        heads, kv_heads = self.model.n_heads // self.t, max(self.model.kv_heads // self.t, 1)
+        name = "flash_attn.bwd" if backward else "flash_attn.fwd"
+        d = (self.model.d_head + self.model.v_head_dim) // 2
+        return (self.cost.flash_attention(name, self.b, self.s, window, heads, kv_heads, d, causal=False,
+                                          backward=backward),)
+
+    def _attention_segments(self, backward: bool, layer: int | None = None) -> list[Segment]:
         """Core attention with its context-parallel exchange (Megatron ``--cp-comm-type``).
 
         Every CP rank holds s/cp tokens in two balanced chunks (Megatron-core's causal load balancing:
@@ -194,6 +205,9 @@ class BlockBuilder:
         - a2a: Q, K, V all-to-all from sequence- to head-sharding, full-sequence attention on
           heads/cp, output all-to-all back (DeepSpeed-Ulysses, Jacobs et al. 2023).
         """
+        window = self.model.attention_window(layer) if layer is not None else None
+        if self.cp == 1 and window is not None and window < self.s and self.flash:
+            return [self._windowed(backward, window)]
         if self.cp == 1:
             return [self._attention_core(backward)]
         m = self.model
@@ -239,6 +253,27 @@ class BlockBuilder:
                     out.append(self.cost.memory_op("shared.act.recompute", (n_up + 1) * 2.0 * tokens * f_s))
         return tuple(out)
 
+    def op_sac_recompute(self, layer: int | None) -> tuple[Kernel, ...]:
+        """Kernels torchtitan's op-level SAC re-runs before a layer's backward (``memory.op_sac_linears``):
+        the matmuls it does not save (every second one) and every other op but attention: the norms,
+        RoPE, residual adds and the activation (unfused attention also its scores and softmax). TP
+        all-gathers it would re-run are not modelled."""
+        m = self.model
+        moe = layer is not None and m.is_moe_layer(layer)
+        _, q, kv, f, n_up = self._dims
+        out: list[Kernel | None] = [self._norm("ln1.recompute", False), self._norm("ln2.recompute", False),
+                                    self._residual("residual1.recompute", False)]
+        for name, d_in, d_out, style in op_sac_recomputed(m, layer):
+            n = d_out // self.t if style == "col" else d_out
+            out.append(self._gemm_fwd(name + ".recompute", n, d_in // self.t if style == "row" else d_in))
+        if m.position == "rope":
+            out.append(self.cost.memory_op("rope.recompute", 2 * 2.0 * self.T * (q + kv)))
+        if not moe:
+            out.append(self.cost.memory_op("act.recompute", (n_up + 1) * 2.0 * self.T * f))
+        if not self.flash:
+            out += self._attention_core(backward=False)
+        return tuple(k for k in out if k is not None)
+
     def _mlp_forward(self, moe: bool) -> list[Segment]:
         h, _, _, f, n_up = self._dims
         if moe:
@@ -259,7 +294,7 @@ class BlockBuilder:
         moe = layer is not None and self.model.is_moe_layer(layer)
         ln1, ln2 = self._norm("ln1", False), self._norm("ln2", False)
         rope = (self.cost.memory_op("rope", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
-        attn: list[Segment] = [(*self._attn_in_fwd(), *rope), *self._attention_segments(False),
+        attn: list[Segment] = [(*self._attn_in_fwd(), *rope), *self._attention_segments(False, layer),
                                (self._gemm_fwd("out_proj", h, self._o_in),)]
         mlp = self._mlp_forward(moe)
         res1, res2 = self._residual("residual1", False), self._residual("residual2", False)
@@ -280,7 +315,7 @@ class BlockBuilder:
         h, q, kv, f, n_up = self._dims
         moe = layer is not None and self.model.is_moe_layer(layer)
         rope = (self.cost.memory_op("rope.bwd", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
-        attn: list[Segment] = [self._gemm_bwd("out_proj", h, self._o_in), *self._attention_segments(True),
+        attn: list[Segment] = [self._gemm_bwd("out_proj", h, self._o_in), *self._attention_segments(True, layer),
                                (*rope, *self._attn_in_bwd())]
         mlp = self._mlp_backward(moe)
         res1, res2 = self._residual("residual1.bwd", True), self._residual("residual2.bwd", True)
