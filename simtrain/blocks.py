@@ -383,8 +383,13 @@ class BlockBuilder:
         tokens x top_k copies of h), and the expert-TP gather size."""
         tokens, k, _, _, _, _ = self._moe_dims()
         copies = float(tokens * k * self.model.hidden)
-        return (Comm("all_to_all", copies * self.dispatch_bytes_per_elem, "ep"),
-                Comm("all_to_all", copies * 2.0, "ep"), copies * 2.0 * self.etp)
+        moe = self.model.moe
+        assert moe is not None
+        # group-limited routing (DeepSeek-V3): tokens reach at most topk_group nodes, crossing the
+        # network once per node and fanning out over NVLink (collectives.py "node_limited" a2a)
+        coll = f"all_to_all_nodes_{moe.topk_group}_{k}" if moe.group_limited else "all_to_all"
+        return (Comm(coll, copies * self.dispatch_bytes_per_elem, "ep"),
+                Comm(coll, copies * 2.0, "ep"), copies * 2.0 * self.etp)
 
     def _moe_forward(self) -> list[Segment]:
         """Router, permute, dispatch, local experts, combine, unpermute, shared experts.
@@ -427,8 +432,8 @@ class BlockBuilder:
         router = (c.memory_op("moe.permute.bwd", 2 * 2.0 * tokens * k * h),
                   c.memory_op("router.topk.bwd", 3 * 4.0 * tokens * moe.n_experts),
                   c.gemm("router.dgrad", tokens, h, moe.n_experts), c.gemm("router.wgrad", h, moe.n_experts, tokens))
-        grad_combine = Comm("all_to_all", combine.size_bytes, "ep")
-        grad_dispatch = Comm("all_to_all", combine.size_bytes, "ep")  # gradients travel in BF16
+        grad_combine = Comm(combine.coll, combine.size_bytes, "ep")
+        grad_dispatch = Comm(combine.coll, combine.size_bytes, "ep")  # gradients travel in BF16
         shared = self._shared(True)
         if self.ep_overlap:
             return [unpermute, grad_combine.overlapped(), shared, *experts, grad_dispatch, router]

@@ -155,6 +155,9 @@ def _candidates(kind: str, topo: Topology, gpu: GpuSpec, gpus: tuple[int, ...], 
         hop = INTER_LAT_US["ring"]["Simple"] * US + net_lat if n_nodes > 1 else INTRA_LAT_US["ring"]["Simple"] * US
         yield "p2p", "Simple", BASE_LAT_US["ring"]["Simple"] * US + hop, (flows,), 1.0
         return
+    if kind.startswith("all_to_all_nodes_"):
+        yield from _node_limited_a2a(kind, topo, gpus, size, by_node, net_lat)
+        return
     if kind == "all_to_all":
         flows = tuple(_flow(topo, g, h, size / p) for g in gpus for h in gpus if g != h)
         yield "pairwise", "Simple", _ring_latency(kind, p, n_nodes, "Simple", "ring", net_lat), (flows,), 1.0
@@ -177,6 +180,31 @@ def _candidates(kind: str, topo: Topology, gpu: GpuSpec, gpus: tuple[int, ...], 
         up = tuple(Flow(g, ((f"gpu{g}", sw),), size, gpu.nvls_algbw_Bps) for g in gpus)
         down = tuple(Flow(g, ((sw, f"gpu{g}"),), size, gpu.nvls_algbw_Bps) for g in gpus)
         yield "nvls", "Simple", (BASE_LAT_US["nvls"]["Simple"] + INTRA_LAT_US["nvls"]["Simple"]) * US, (up + down,), 1.0
+
+
+def _node_limited_a2a(kind: str, topo: Topology, gpus: tuple[int, ...], size: float,
+                      by_node: dict[int, list[int]], net_lat: float):  # type: ignore[no-untyped-def]
+    """All-to-all of ``size`` bytes per GPU (k copies of each token) with node-limited routing,
+    ``all_to_all_nodes_{M}_{k}``: each token goes to at most M of the N nodes (DeepSeek-V3 sec. 3.2.2,
+    expert groups = nodes), crossing the network once per node to the rail peer, which forwards its k/M
+    copies over NVLink (DeepEP's internode kernels). Per GPU: size/k x M/N to each remote rail peer, and
+    size/L to each of the other L-1 GPUs of its node, concurrently (IB and NVLink are disjoint links)."""
+    m_nodes, k = (int(x) for x in kind.rsplit("_", 2)[-2:])
+    nodes = list(by_node.values())
+    n, local = len(nodes), len(nodes[0])
+    p = len(gpus)
+    lat = _ring_latency("all_to_all", p, n, "Simple", "ring", net_lat)
+    if n == 1 or any(len(v) != local for v in nodes):  # one node or irregular: plain pairwise
+        yield "pairwise", "Simple", lat, (tuple(_flow(topo, g, h, size / p) for g in gpus for h in gpus if g != h),), 1.0
+        return
+    m_nodes = min(m_nodes, n, k)
+    ib = size / k * m_nodes / n
+    flows = []
+    for ni, node in enumerate(nodes):
+        for j, g in enumerate(node):
+            flows += [_flow(topo, g, other[j], ib) for nj, other in enumerate(nodes) if nj != ni]
+            flows += [_flow(topo, g, h, size / local) for h in node if h != g]
+    yield "node_limited", "Simple", lat, (tuple(flows),), 1.0
 
 
 def _hier_latency(p: int, k: int, m: int, net_lat: float) -> float:

@@ -309,18 +309,21 @@ def _shift_flow(flow: tuple[Any, ...], dg: int, dn: int, dk: int) -> tuple[Any, 
 
 
 def _bundle(flows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Merge one phase's flows into a single flow when they all carry the same bytes at the same cap
-    (an all-to-all's p-1 flows, NVLS up/down): started together, max-min fairness gives each the rate
-    of its bottleneck, and the phase ends when the slowest ends, which is the merged flow's time at
-    rate min over edges of capacity / (flows on the edge); one flow instead of p-1 keeps the fluid
-    model's rebalancing cheap. Per-edge weights add up."""
-    if len(flows) < 2 or len({(f[2], f[3]) for f in flows}) > 1:
+    """Merge one phase's flows that carry the same bytes at the same cap into a single flow each (an
+    all-to-all's p-1 flows, NVLS up/down, a node-limited all-to-all's network and NVLink sets): started
+    together, max-min fairness gives each the rate of its bottleneck, and they end when the slowest
+    ends, which is the merged flow's time at rate min over edges of capacity / (flows on the edge);
+    one flow instead of p-1 keeps the fluid model's rebalancing cheap. Per-edge weights add up."""
+    if len(flows) < 2:
         return flows
-    weight: dict[Any, float] = {}
-    for path, w, _, _ in flows:
+    classes: dict[tuple[float, float], dict[Any, float]] = {}
+    for path, w, nbytes, cap in flows:
+        weight = classes.setdefault((nbytes, cap), {})
         for e, x in zip(path, w, strict=True):
             weight[e] = weight.get(e, 0.0) + x
-    return [(tuple(weight), tuple(weight.values()), flows[0][2], flows[0][3])]
+    if len(classes) == len(flows):
+        return flows
+    return [(tuple(weight), tuple(weight.values()), nbytes, cap) for (nbytes, cap), weight in classes.items()]
 
 
 def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...]) -> bool:

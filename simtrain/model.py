@@ -73,6 +73,15 @@ class MoESpec(BaseModel):
     """Router carries one bias per expert (GPT-OSS router bias; DeepSeek-V3 e_score_correction_bias)."""
     expert_bias: bool = False
     """Expert projections carry biases (GPT-OSS gate_up_proj_bias and down_proj_bias)."""
+    n_group: int = Field(default=1, gt=0)
+    """Expert groups for group-limited routing (HF n_group; DeepSeek-V3: 8, one per node of its EP64)."""
+    topk_group: int = Field(default=1, gt=0)
+    """Groups a token may be routed into (HF topk_group; DeepSeek-V3: 4, "at most 4 nodes", sec. 3.2.2)."""
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether routing limits each token to ``topk_group`` of ``n_group`` expert groups."""
+        return self.n_group > 1 and self.topk_group < self.n_group
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -601,7 +610,7 @@ def _moe_presets() -> dict[str, Callable[[], ModelSpec]]:
         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                     v_head_dim=128),
         moe=MoESpec(n_experts=256, top_k=8, ffn_hidden=2048, n_shared_experts=1, first_k_dense=3,
-                    router_bias=True),
+                    router_bias=True, n_group=8, topk_group=4),
         mtp_depth=1,
     )  # fmt: skip
     # Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json (Qwen3 report, arXiv 2505.09388,
@@ -919,6 +928,7 @@ def _deepseek_fields(cfg: Mapping[str, Any], family: str) -> dict[str, Any]:
             ffn_hidden=cfg["moe_intermediate_size"], n_shared_experts=cfg.get("n_shared_experts") or 0,
             first_k_dense=cfg.get("first_k_dense_replace") or 0, layer_freq=cfg.get("moe_layer_freq") or 1,
             router_bias=family == "deepseek_v3" or cfg.get("topk_method") == "noaux_tc",
+            n_group=cfg.get("n_group") or 1, topk_group=cfg.get("topk_group") or 1,
         )  # fmt: skip
     return fields
 

@@ -108,3 +108,24 @@ def test_moe_config_errors() -> None:
         load_config(BASE, ["layout.ep=3"])
     with pytest.raises(ConfigError, match="sequence_parallel"):
         load_config(BASE, ["layout.tp=2", "layout.dp=4", "layout.ep=4"])
+
+
+def test_node_limited_all_to_all_crosses_the_network_once_per_node() -> None:
+    """DeepSeek-V3 group-limited routing over 8 nodes, at most 4 per token, top-8: each GPU sends
+    size/8 x 4/8 to each of 7 remote rail peers through its NIC (half the bytes of a plain all-to-all)."""
+    cluster = build_cluster("hgx-h800", 8)
+    topo, gpu = Topology(cluster), cluster.gpu
+    S = 256 * 2**20
+    gpus = tuple(range(64))
+    limited = plan_collective("all_to_all_nodes_4_8", gpus, S, topo, gpu)
+    plain = plan_collective("all_to_all", gpus, S, topo, gpu)
+    nic = effective_bandwidth(topo, gpu, ("nic0.0", "leaf0.0"))
+    assert limited.estimate_s == pytest.approx(limited.latency_s + 7 * S / 8 * 4 / 8 / nic, rel=1e-6)
+    assert plain.estimate_s - plain.latency_s == pytest.approx(2 * (limited.estimate_s - limited.latency_s),
+                                                               rel=1e-6)
+
+
+def test_deepseek_v3_routes_to_at_most_four_nodes() -> None:
+    from simtrain.model import preset
+    moe = preset("deepseek-v3").moe
+    assert moe is not None and moe.group_limited and (moe.n_group, moe.topk_group) == (8, 4)
