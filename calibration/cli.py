@@ -116,7 +116,7 @@ def calibrate(args: argparse.Namespace, log: Any = print) -> Path:
     folder = profile_folder(args.out)
     header = {"fingerprint": fingerprint(desc), "device": desc, "software_stack": "eager_hf",
               "settings": {"timer": asdict(timer), "quick": bool(args.quick)},
-              "calibrated_for": target.describe()}
+              "calibrated_for": {**target.describe(), "model_spec": target.model.model_dump(mode="json")}}
     journal = Journal(folder / JOURNAL_FILE, header, fresh=args.fresh)
     plan = compute_plan(target, PlanSettings.for_device(args.device, args.quick))
     log(f"calibrating {desc['name']} ({args.device}, {dtype}) for {target.model.name} "

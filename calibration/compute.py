@@ -156,6 +156,17 @@ def bench_memory_op(ctx: Context, kind: str, shape: dict[str, Any]) -> Stats:
     return _timed(ctx, inputs, forward, kind.endswith(".bwd"))
 
 
+def bench_layer_step(ctx: Context, target: Target, backward: bool) -> Stats:
+    """A whole eager Llama layer (``ops.EagerLlamaLayer``) at the target's per-rank shape, forward
+    (with autograd recording) or backward: the in-situ reference for the sum of its kernels."""
+    m, t = target.model, target.tp
+    layer = ops.EagerLlamaLayer(m.hidden, max(m.n_heads // t, 1), max(m.kv_heads // t, 1), m.ffn_hidden // t,
+                                m.d_head).to(device=ctx.device, dtype=ctx.dtype)
+    x = ctx.randn(target.micro_batch_size, target.seq_len, m.hidden, grad=True)
+    cos, sin = ops.rope_tables(target.seq_len, m.d_head, ctx.dtype, ctx.device)
+    return _timed(ctx, [x], lambda x: layer(x, cos, sin), backward)
+
+
 def bench_optimizer(ctx: Context, shapes: list[list[int]]) -> Stats:
     """One ``torch.optim.AdamW.step()`` (library defaults) over parameters of these shapes."""
     params = [torch.nn.Parameter(ctx.randn(*s)) for s in shapes]
@@ -245,6 +256,7 @@ def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
         params = {"kernel": kernel if parts else "", "role": r, "m": m, "n": n, "k": k}
         exact.append(Measurement("gemm", {**params, "parts": parts} if parts else params, {"flops": 2.0 * m * n * k}))
     exact += [_attention(key) for key in sorted(calls.attention)]
+    exact += [Measurement("layer_step", {"pass": p, **target.describe()}) for p in ("fwd", "bwd")]
     memory = list(_memory_plan(target, calls.memory_bytes))
     exact += [m for m in memory if m.extra["at_target"]]
     grid = [m for m in memory if not m.extra["at_target"]]
@@ -308,6 +320,8 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
         return bench_memory_op(ctx, p["op"], shape), {}
     if kind == "optimizer":
         return bench_optimizer(ctx, p["params"]), {}
+    if kind == "layer_step":
+        return bench_layer_step(ctx, target, p["pass"] == "bwd"), {}
     if kind == "layer_memory":
         return None, layer_memory(ctx, target)
     raise ValueError(f"unknown measurement kind {kind!r}")

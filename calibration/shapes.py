@@ -60,6 +60,15 @@ class Target:
         return {"model": self.model.name, "tp": self.tp, "sequence_parallel": self.sp, "seq_len": self.seq_len,
                 "micro_batch_size": self.micro_batch_size}
 
+    @classmethod
+    def from_header(cls, data: dict[str, Any]) -> Target | None:
+        """The target a journal header's ``calibrated_for`` (with ``model_spec``) describes, if any."""
+        spec = data.get("model_spec")
+        if not spec:
+            return None
+        return cls(ModelSpec.model_validate(spec), data["tp"], data["sequence_parallel"], data["seq_len"],
+                   data["micro_batch_size"])
+
 
 def parse_layout(text: str) -> dict[str, Any]:
     """Parse ``"tp=2,sp=true"`` (comma or space separated) into {"tp": 2, "sp": True}.

@@ -17,8 +17,10 @@ from typing import Any
 import yaml
 
 from calibration.fit import fit_curve, fit_gemm
+from calibration.insitu import in_situ_factor
+from calibration.shapes import Target
 from simtrain.calibrated import busbw_factor
-from simtrain.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION
+from simtrain.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION, parse_profile
 from simtrain.trace import write_atomic
 
 
@@ -134,7 +136,7 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
     s: dict[str, Any] = {
         "peak_flops_per_s": _best(by_kind.get("gemm", []), "flops"),
         "memory_Bps": _best(by_kind.get("copy", []), "moved_bytes"),
-        "launch_s": launch[-1]["stats"]["median_s"] if launch else 0.0,
+        "launch_s": launch[-1]["stats"]["median_s"] if launch else None,
         "attention_fwd_flops_per_s": _best([r for r in att if not r["params"]["backward"]], "flops"),
         "attention_bwd_flops_per_s": _best([r for r in att if r["params"]["backward"]], "flops"),
         "memory_op_Bps": statistics.median(mem) if mem else None,
@@ -160,18 +162,21 @@ def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_kind[r["kind"]].append(r)
-    summary = _summary(by_kind, header)
-    if summary["peak_flops_per_s"] is None:
-        summary["peak_flops_per_s"] = header.get("assumed_peak_flops_per_s", 1.0)
-    if summary["memory_Bps"] is None:
-        summary["memory_Bps"] = header.get("assumed_memory_Bps", 1.0)
-    return {
+    summary = _summary(by_kind, header)  # figures not measured (e.g. a collectives-only run) are null
+    profile = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "name": name,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": header["device"], "software_stack": header.get("software_stack", "eager_hf"),
         "settings": header.get("settings", {}), "calibrated_for": header.get("calibrated_for", {}),
         "summary": summary, "fits": _fits(by_kind), "measurements": _tables(by_kind), "end_of_profile": True,
     }
+    compute = parse_profile(profile, f"{name} (being written)").compute
+    situ = in_situ_factor(Target.from_header(header.get("calibrated_for") or {}), records, compute)
+    if situ is not None:
+        summary["in_situ"] = situ["factor"]
+        profile["measurements"]["layer_step"] = {"columns": ["measured_s", "kernels_s", "factor"],
+                                                 "rows": [[situ["measured_s"], situ["kernels_s"], situ["factor"]]]}
+    return profile
 
 
 HEADER = """\

@@ -196,19 +196,26 @@ class CalibratedCompute:
         memory_ops: time curves over simtrain kernel bytes, by operation kind (``memory_op_kind``).
         contention: slowdown factor by op class ("gemm", "attention", "memory") when the run has
             several processes on one CPU (1.0 on GPUs, where each process has its own device).
+        in_situ: a whole layer step measured in one go over the sum of its kernels measured alone
+            (launch and dispatch gaps, allocations, caches: what isolated timings miss, reference
+            Notes 3 "Isolation vs in situ"); multiplies every kernel but the optimizer step, which
+            is measured whole.
     """
 
     gemm: GemmModel | None
     attention: AttentionModel | None
     memory_ops: Mapping[str, Curve]
     contention: Mapping[str, float] = field(default_factory=dict)
+    in_situ: float = 1.0
 
     def with_contention(self, factors: Mapping[str, float]) -> CalibratedCompute:
         """The same tables with per-class contention factors (see ``profile.CalibratedProfile``)."""
-        return CalibratedCompute(self.gemm, self.attention, self.memory_ops, dict(factors))
+        return CalibratedCompute(self.gemm, self.attention, self.memory_ops, dict(factors), self.in_situ)
 
-    def _scaled(self, op_class: str, t: float | None) -> float | None:
-        return None if t is None else t * self.contention.get(op_class, 1.0)
+    def _scaled(self, op_class: str, t: float | None, in_situ: bool = True) -> float | None:
+        if t is None:
+            return None
+        return t * self.contention.get(op_class, 1.0) * (self.in_situ if in_situ else 1.0)
 
     def gemm_s(self, name: str, m: int, n: int, k: int, batch: int = 1) -> float | None:
         """Seconds for ``batch`` GEMMs of kernel ``name``; None when GEMMs were not calibrated."""
@@ -224,8 +231,9 @@ class CalibratedCompute:
 
     def memory_op_s(self, name: str, nbytes: float) -> float | None:
         """Seconds for memory-bound kernel ``name`` moving ``nbytes`` (simtrain's count); None if unknown."""
-        curve = self.memory_ops.get(memory_op_kind(name)) or self.memory_ops.get("copy")
-        return self._scaled("memory", curve(nbytes)) if curve is not None else None
+        kind = memory_op_kind(name)
+        curve = self.memory_ops.get(kind) or self.memory_ops.get("copy")
+        return self._scaled("memory", curve(nbytes), in_situ=kind != "optimizer.step") if curve is not None else None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

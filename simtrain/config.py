@@ -65,7 +65,12 @@ class LayoutConfig(BaseModel):
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "dualpipev"] = "auto"
     """Pipeline schedule (simtrain.schedules): GPipe, 1F1B, interleaved 1F1B (vpp > 1), zero-bubble ZB-H1,
     DualPipe (DeepSeek-V3; two chunks per rank) or DualPipeV; ``auto``: interleaved when vpp > 1."""
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "full", "op_sac"] = "none"
+    """Activation recompute: ``none``; ``selective`` (Megatron-core ``--recompute-granularity selective``,
+    what ``recompute_modules`` names); ``full`` (each layer keeps its input and re-runs its forward in
+    backward; ``recompute_layers`` limits it); ``op_sac`` (torchtitan's op-level selective activation
+    checkpointing, ``mode: selective, selective_ac_option: op``: saves the outputs of every second
+    matmul, of attention and of TP reduce-scatters, recomputes the rest; ``simtrain.memory``)."""
     recompute_modules: tuple[Literal["core_attn", "layernorm", "mla_up_proj", "act"], ...] = ("core_attn",)
     """With ``selective``: what is recomputed instead of saved (Megatron-core ``--recompute-modules``):
     unfused attention's softmax (``core_attn``), the norms (``layernorm``), MLA's up-projections
@@ -146,7 +151,8 @@ class TrainConfig(BaseModel):
     """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
     stack: str = "megatron-te"
     """Software stack (``simtrain.stacks.STACKS``): kernel fusion, CPU launch cost, FlashAttention 2 or 3:
-    megatron-te, megatron-legacy, torchtitan-eager, torchtitan-compile, composer-fsdp, deepspeed, pytorch-eager."""
+    megatron-te, megatron-legacy, torchtitan-eager, torchtitan-compile, torchtitan-compile-2024, composer-fsdp, deepspeed,
+    pytorch-eager."""
 
     @field_validator("stack")
     @classmethod

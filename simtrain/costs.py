@@ -91,7 +91,9 @@ class ComputeCostModel:
         ``grouped``: the copies run as one grouped GEMM (CUTLASS grouped GEMM / TE GroupedLinear)."""
         flops = 2.0 * m * n * k * batch
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
-        measured = self.calibration.gemm_s(name, m, n, k, batch) if self.calibration else None
+        # calibrated GEMMs were measured in the profile's dtype (BF16 on GPUs): FP8 GEMMs keep the model
+        measured = (self.calibration.gemm_s(name, m, n, k, batch)
+                    if self.calibration and not self.is_fp8_gemm(name) else None)
         if measured is not None:
             return Kernel(name, flops, nbytes, measured)
         if self.is_fp8_gemm(name):

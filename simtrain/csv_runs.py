@@ -215,9 +215,9 @@ def parse_recompute(cell: str, stack_name: str = "") -> tuple[str, list[str]]:
         return "none", []
     if "full" in low or "activation checkpointing" in low:
         return "full", []
-    if "sac" in low or "op-level" in low or "per-op" in low or "op " in low:
-        return "selective", [f"recompute {cell!r}: torchtitan op-level SAC (recomputes every 2nd matmul and the "
-                             "elementwise ops) is simulated as attention-core selective recompute"]
+    if "sac" in low or "op-level" in low or "per-op" in low or "op " in low or "(op)" in low:
+        # torchtitan selective_ac_option "op": layout.recompute op_sac (simtrain.memory.op_sac_linears)
+        return "op_sac", []
     if "selective" in low:
         if "attention" in low or "core" in low or low == "selective":
             return "selective", []
@@ -389,7 +389,7 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
     from simtrain.config import load_config
     from simtrain.hardware import load_gpu, load_node
 
-    stack, stack_note = stack_from_text(row.get("framework"))
+    stack, stack_note = stack_from_text(row.get("framework"), row.get("source"))
     if stack_note:
         notes.append(stack_note)
     if out.n_gpus is None:

@@ -311,14 +311,20 @@ class Estimator:
         grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
         stage = layout.shard_stage
         if stage >= 3:
-            # Mirrors lowering: each layer's gather depends on the previous layer's compute and shares
-            # the DP stream with the previous layer's reduce-scatter, so forward waits for one gather
-            # and backward for a reduce-scatter plus a gather, per layer and micro-batch.
+            # Mirrors lowering (FSDP2 prefetch): gathers run on their own stream, issued
+            # ``fsdp_prefetch_layers`` layers ahead, so each action's first gather is exposed and a
+            # later one only where it outlasts the layer it hides behind (backward: sharing the links
+            # with the reduce-scatters); without prefetch every gather is exposed. The last layer's
+            # reduce-scatter is exposed before the optimizer.
             lp = self.model.layer_params() / layout.tp
             ag = self.collective_s("all_gather", group, 2.0 * lp)
             rs = self.collective_s("reduce_scatter", group, grad_b * lp)
             n_layers = max(sum(c) for c in split_layers(self.model.n_layers, layout.pp, layout.vpp))
-            return m * n_layers * (2 * ag + rs)
+            if layout.fsdp_prefetch_layers == 0:
+                return m * n_layers * 2 * ag + rs
+            fwd_l, bwd_l = lt.fwd_s + lt.fwd_tp_s, lt.bwd_s + lt.bwd_tp_s
+            per_layer = max(ag - fwd_l, 0.0) + max(ag + rs - bwd_l, 0.0)
+            return m * (2 * ag + max(n_layers - 1, 0) * per_layer) + rs
         bucket = layout.grad_bucket_MiB * MiB
         coll = "all_reduce" if stage == 0 else "reduce_scatter"
         reduce_s = self._bucketed_s(coll, group, grad_b * params, bucket)

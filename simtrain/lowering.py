@@ -26,10 +26,13 @@ from simtrain.memory import (
     head_activation_bytes,
     layer_activation_bytes,
     layer_checkpoint_bytes,
+    loss_backward_transient_bytes,
+    op_sac_activation_bytes,
     weight_grad_input_bytes,
 )
 from simtrain.ops import Kernel, Op, OpKind, Program, Stream
 from simtrain.schedules import Action, Route, build_schedule, schedule_route, split_backward_keys
+from simtrain.stacks import get_stack
 
 MiB = 1024.0**2
 STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stream.TP}
@@ -80,6 +83,9 @@ class LayerPlan:
     """The weight-gradient GEMMs alone (zero-bubble "W")."""
     weight_bytes: float = 0.0
     """Activations a split backward keeps from B until W: the linear layers' inputs."""
+    recompute_bytes: float = 0.0
+    """Activations ``selective_kernels`` rebuild before the layer's backward (op-level SAC: what it did
+    not save), allocated when they run and freed with the layer's backward."""
 
 
 @dataclass(slots=True)
@@ -393,8 +399,9 @@ class _StageLowering:
         bucket = BucketFiller(self, a, is_last_mb)
         if v == self.n_virtual - 1:
             yield from self._mtp_backward(a, bucket)
+            loss = self._loss_transient
             yield from self.em.segment_steps(self.block.head_backward(), "bwd", a.microbatch, a.chunk,
-                                             mem_end=-head_activation_bytes(m, self._shape))
+                                             mem_start=loss, mem_end=-(head_activation_bytes(m, self._shape) + loss))
         if not split:
             bucket.add(self._head_params(a.chunk))
         order = list(reversed(range(self.layers[a.chunk])))
@@ -406,9 +413,10 @@ class _StageLowering:
             if rec:
                 yield from self.em.segment_steps(plan.fwd, "recompute", a.microbatch, a.chunk,
                                                  mem_start=plan.act_bytes)
-            elif plan.selective_kernels and self.run.layout.recompute == "selective":
-                self.em.compute(plan.selective_kernels, "recompute", a.microbatch, a.chunk)
-            freed = keep + (plan.act_bytes if rec else 0.0) + plan.transient_bytes
+            elif plan.selective_kernels and self.run.layout.recompute in ("selective", "op_sac"):
+                self.em.compute(plan.selective_kernels, "recompute", a.microbatch, a.chunk,
+                                mem_start=plan.recompute_bytes)
+            freed = keep + (plan.act_bytes if rec else plan.recompute_bytes) + plan.transient_bytes
             if split:
                 yield from self.em.segment_steps(plan.bwd_input, "bwd", a.microbatch, a.chunk,
                                                  mem_start=plan.transient_bytes, mem_end=-(freed - plan.weight_bytes))
@@ -470,6 +478,11 @@ class _StageLowering:
     @property
     def _shape(self):  # type: ignore[no-untyped-def]
         return activation_shape(self.run.train, self.run.layout, self.run.model)
+
+    @property
+    def _loss_transient(self) -> float:
+        """Bytes the loss's backward holds beyond the head's activations (eager fp32 cross-entropy)."""
+        return loss_backward_transient_bytes(self.run.model, self._shape, get_stack(self.run.train.stack).eager_loss)
 
     def _send(self, kind: str, a: Action, dst_v: int) -> None:
         """Pipeline send of this action's output (activations or input gradients) to ``dst_v``."""
@@ -643,7 +656,15 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
     etp = lay.etp or lay.tp
     w_in = weight_grad_input_bytes(m, shape, layer)
     act = layer_activation_bytes(m, shape, recompute_attention=selective, layer=layer, recompute=modules)
-    if run.train.precision == "fp8":
+    recompute_kernels = block.selective_recompute(layer, modules)
+    rebuilt = 0.0
+    if lay.recompute == "op_sac":
+        # torchtitan op-level SAC: its saved tensors, and the rest rebuilt before the layer's backward
+        # (bounded by what the layer keeps without recompute); FP8 saves matmul outputs in BF16 there
+        full, act = act, op_sac_activation_bytes(m, shape, layer)
+        recompute_kernels, rebuilt = block.op_sac_recompute(layer), max(full - act, 0.0)
+        w_in = min(w_in, act)
+    elif run.train.precision == "fp8":
         # linear-layer inputs are saved as their FP8 casts for backward (Transformer Engine saves the
         # quantised input; DeepSeek-V3 sec. 3.3.3 caches activations in FP8): half of their BF16 bytes
         act, w_in = act - 0.5 * w_in, 0.5 * w_in
@@ -658,7 +679,8 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
         ckpt_bytes=layer_checkpoint_bytes(m, shape),
         transient_bytes=backward_transient_bytes(m, shape, layer),
         params_per_rank=(m.layer_params(layer) - experts) / lay.tp,
-        selective_kernels=block.selective_recompute(layer, modules),
+        selective_kernels=recompute_kernels,
+        recompute_bytes=rebuilt if recompute_kernels else 0.0,
         expert_params_per_rank=experts / (lay.ep * etp),
     )
 
@@ -691,8 +713,9 @@ def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:
             mem.fwd.append((plan.act_bytes, 0.0))
     if v == sl.n_virtual - 1:
         mem.fwd.append((head_activation_bytes(m, shape), 0.0))
-        mem.bwd.append((0.0, -head_activation_bytes(m, shape)))
-        mem.bwd_input.append((0.0, -head_activation_bytes(m, shape)))
+        loss = sl._loss_transient
+        mem.bwd.append((loss, -head_activation_bytes(m, shape) - loss))
+        mem.bwd_input.append((loss, -head_activation_bytes(m, shape) - loss))
     for i in reversed(range(sl.layers[chunk])):
         plan = sl.plan(chunk, i)
         rec = sl._recompute_layer(i)
@@ -700,6 +723,10 @@ def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:
         if rec:
             mem.bwd.append((plan.act_bytes, 0.0))
             mem.bwd_input.append((plan.act_bytes, 0.0))
+        elif plan.selective_kernels and sl.run.layout.recompute in ("selective", "op_sac"):
+            mem.bwd.append((plan.recompute_bytes, 0.0))
+            mem.bwd_input.append((plan.recompute_bytes, 0.0))
+            freed += plan.recompute_bytes
         mem.bwd.append((plan.transient_bytes, -freed))
         mem.bwd_input.append((plan.transient_bytes, -(freed - plan.weight_bytes)))
         mem.wgt.append((0.0, -plan.weight_bytes))

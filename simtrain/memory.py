@@ -137,6 +137,67 @@ def _selective_recompute(model: ModelSpec, a: ActivationShape, layer: int | None
     return replicated, attn, mlp
 
 
+#: torchtitan's op-level selective activation checkpointing (``activation_checkpoint.mode: selective``,
+#: ``selective_ac_option: op``; ``torchtitan/models/llama3/parallelize_llama.py``
+#: ``_apply_ac_to_transformer_block``): the block is checkpointed with a policy that saves the outputs
+#: of ``aten.mm``, SDPA (flash / memory-efficient), TP ``reduce_scatter_tensor`` and ``aten.max``
+#: (FP8 amax), except every second ``aten.mm`` (a per-block counter: the 2nd, 4th, ... matmul is
+#: recomputed), and recomputes everything else in backward. Under ``torch.compile`` the policy is
+#: applied once, when the block is traced, so the 1st, 3rd, ... matmuls are the saved ones; eager runs
+#: keep counting across calls, so with an odd number of matmuls per block the parity flips each step
+#: (modelled: the traced parity). Float8 linears (torchao ``Float8Linear``, Dec 2024) still dispatch
+#: ``aten.mm`` on their float8 tensor subclass, so they follow the same policy.
+
+
+def op_sac_linears(model: ModelSpec, layer: int | None = None) -> list[tuple[str, int, int, str]]:
+    """The matmuls of one block in forward order, as torchtitan's Llama runs them (separate wq, wk, wv,
+    then wo; feed-forward w1, w3, w2): (name, in features, out features, TP style), style ``col``
+    (output sharded over TP), ``row`` (input sharded; each rank's output is a partial sum of the full
+    width, reduce-scattered after) or ``rep`` (replicated: MLA's down projections). An MoE layer lists
+    only its attention (grouped expert GEMMs are not ``aten.mm``; see ``op_sac_activation_bytes``)."""
+    h = model.hidden
+    out = [(n, d_in, d_out, "rep" if "_a_" in n else "row" if n == "o_proj" else "col")
+           for n, d_in, d_out in model.attention_projections()]
+    if layer is not None and model.is_moe_layer(layer):
+        return out
+    f = model.ffn_hidden
+    if model.activation == "swiglu":
+        return [*out, ("w1", h, f, "col"), ("w3", h, f, "col"), ("w2", f, h, "row")]
+    return [*out, ("w1", h, f, "col"), ("w2", f, h, "row")]
+
+
+def op_sac_recomputed(model: ModelSpec, layer: int | None = None) -> list[tuple[str, int, int, str]]:
+    """The matmuls op-level SAC recomputes: the 2nd, 4th, ... of ``op_sac_linears``."""
+    return op_sac_linears(model, layer)[1::2]
+
+
+def op_sac_activation_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:
+    """Bytes one layer keeps for backward under torchtitan's op-level SAC, one micro-batch.
+
+    The block input (2sbh, /t with SP), the bf16 output of every saved matmul (column-parallel
+    2*T*out/t; row-parallel 2*T*out, the partial sum before the reduce-scatter), every TP
+    reduce-scatter output (2*T*h/t, TP > 1 with SP), and the attention output (2*T*a*d_v/t) with its
+    fp32 log-sum-exp (4*T*a/t, flash kernels). MoE layers keep their MoE block's activations as
+    without recompute (``moe_mlp_activation_bytes``): grouped expert GEMMs are not saved by name,
+    a case the policy was not written for.
+    """
+    tokens = float(a.tokens)
+    t = a.t
+    saved = 2.0 * tokens * model.hidden / (t if a.sp else 1)
+    for i, (_, _, d_out, style) in enumerate(op_sac_linears(model, layer)):
+        if style == "row" and t > 1 and a.sp:
+            saved += 2.0 * tokens * d_out / t  # the reduce-scatter output, saved whatever the matmul's parity
+        if i % 2:
+            continue  # recomputed
+        saved += 2.0 * tokens * d_out / (t if style == "col" else 1)
+    saved += 2.0 * tokens * model.n_heads * model.v_head_dim / t
+    if a.flash:
+        saved += 4.0 * tokens * model.n_heads / t
+    if layer is not None and model.is_moe_layer(layer):
+        saved += moe_mlp_activation_bytes(model, a) / t
+    return saved
+
+
 def layer_checkpoint_bytes(model: ModelSpec, a: ActivationShape) -> float:
     """Bytes kept per layer under full recompute: the layer input (2*s*b*h, /t with SP)."""
     x = 2.0 * a.tokens * model.hidden
@@ -178,6 +239,19 @@ def head_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
     """Last stage, per micro-batch: final-norm input, LM-head input and fp32 logits (4*s*b*V/t)."""
     x = 2.0 * a.tokens * model.hidden
     return (x / a.t if a.sp else x) + 2.0 * a.tokens * model.hidden + 4.0 * a.tokens * model.vocab / a.t
+
+
+def loss_backward_transient_bytes(model: ModelSpec, a: ActivationShape, eager_loss: bool) -> float:
+    """Extra bytes the loss's backward holds on the last stage, per micro-batch.
+
+    An eager ``F.cross_entropy(logits.float(), labels)`` (torchtitan ``cross_entropy_loss``; Hugging
+    Face) saves the fp32 log-softmax output (the 4*s*b*V/t of ``head_activation_bytes``); its backward
+    allocates the fp32 gradient of that output (nll_loss backward) and the fp32 gradient of its input
+    (log_softmax backward) while the saved output is alive: 2 x 4*s*b*V/t more at that moment. A
+    fused cross-entropy (Megatron-core vocab-parallel, Inductor-compiled) writes its gradient in place
+    of the saved softmax: nothing extra (0).
+    """
+    return 2 * 4.0 * a.tokens * model.vocab / a.t if eager_loss else 0.0
 
 
 def embedding_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:

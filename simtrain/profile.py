@@ -12,6 +12,7 @@ File format (``schema: simtrain-calibrated-profile``, ``schema_version: 1``; YAM
   library versions (informational).
 - ``summary``: headline figures derived from the measurements: ``peak_flops_per_s`` (best GEMM),
   ``memory_Bps`` (copy bandwidth), ``launch_s`` (smallest op), attention and memory-op throughput,
+  ``in_situ`` (a layer step measured whole over the sum of its kernels measured alone),
   ``comm_interference`` (GEMM slowdown while a collective runs: ``intra``/``inter`` node), and on a
   CPU ``contention`` (slowdown per op class when ``N`` processes share the machine).
 - ``fits``: the fitted cost functions (``simtrain/calibrated.py`` documents how each is evaluated):
@@ -214,12 +215,14 @@ def parse_profile(data: Any, file: str) -> CalibratedProfile:
     kind = device.get("kind")
     if kind not in KINDS:
         r.bad("device.kind", kind, f"valid: {', '.join(KINDS)}")
+    in_situ = r.number(summary, "in_situ", "summary", strict=True) if summary.get("in_situ") is not None else 1.0
     compute = CalibratedCompute(gemm=_gemm(r, fits, measurements), attention=_attention(r, fits, measurements),
-                                memory_ops=_memory_ops(r, fits))
+                                memory_ops=_memory_ops(r, fits), in_situ=in_situ)
     collectives = CollectiveTable(_collectives(r, fits))
     contention = _contention(r, summary)
-    for key in ("peak_flops_per_s", "memory_Bps", "launch_s"):
-        r.number(summary, key, "summary", minimum=0.0, strict=key != "launch_s")
+    for key in ("peak_flops_per_s", "memory_Bps", "launch_s"):  # null: not measured (collectives-only run)
+        if summary.get(key) is not None:
+            r.number(summary, key, "summary", minimum=0.0, strict=key != "launch_s")
     memory = r.number(device, "memory_bytes", "device", minimum=0.0, strict=True)
     threads = device.get("threads_per_process", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -451,9 +454,12 @@ def _cpu_cluster(prof: CalibratedProfile, hw: HardwareConfig, world_size: int) -
         problems.append(Problem("layout", f"{world_size} processes, but CPU profile {prof.name!r} was calibrated "
                                           f"for at most {prof.max_processes} (re-run `simtrain calibrate --device cpu "
                                           f"--processes {world_size}`)"))
+    s = prof.summary
+    if not (_positive(s.get("peak_flops_per_s")) and _positive(s.get("memory_Bps"))):
+        problems.append(Problem(f"{prof.file}: summary", "no compute measurements in this CPU profile; run "
+                                                          f"`simtrain calibrate --device cpu --out {prof.name}`"))
     if problems:
         raise ConfigError(problems)
-    s = prof.summary
     link_Bps = max(prof.collectives.peak_busbw_Bps, 1.0) if prof.collectives.curves else float(s["memory_Bps"])
     peak = float(s["peak_flops_per_s"])
     gpu = CalibratedGpuSpec(
@@ -461,7 +467,7 @@ def _cpu_cluster(prof: CalibratedProfile, hw: HardwareConfig, world_size: int) -
         fp32_flops_per_s=peak, hbm_bytes=prof.memory_bytes / world_size, hbm_Bps=float(s["memory_Bps"]),
         sm_count=prof.threads_per_process, l2_bytes=0.0, nvlink_Bps=link_Bps, nvlink_domain=prof.max_processes,
         gemm_efficiency=1.0, hbm_efficiency=1.0, nvlink_efficiency=1.0, nvls_algbw_Bps=0.0, nvls_min_gpus=0,
-        nic_efficiency=1.0, cuda_context_bytes=0.0, nccl_buffer_bytes=0.0, kernel_launch_s=float(s["launch_s"]),
+        nic_efficiency=1.0, cuda_context_bytes=0.0, nccl_buffer_bytes=0.0, kernel_launch_s=float(s.get("launch_s") or 0.0),
         **_measured_fractions(s, peak, float(s["memory_Bps"])),
         profile_name=prof.name, compute=prof.compute.with_contention(prof.contention_for(world_size)),
         collectives=prof.collectives)
@@ -502,9 +508,13 @@ def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:
     fields.update(_measured_fractions(s, peak, base.hbm_Bps, (base.attention_fwd_efficiency,
                                                               base.attention_bwd_efficiency,
                                                               base.memory_op_efficiency)))
-    fields.update(gemm_efficiency=min(float(s["peak_flops_per_s"]) / peak, 1.0),
-                  hbm_efficiency=min(float(s["memory_Bps"]) / base.hbm_Bps, 1.0),
-                  kernel_launch_s=float(s["launch_s"]))
+    measured = {"gemm_efficiency": (s.get("peak_flops_per_s"), peak), "hbm_efficiency": (s.get("memory_Bps"),
+                                                                                        base.hbm_Bps)}
+    for field, (value, ref) in measured.items():  # only what was measured replaces the base GPU's figure
+        if isinstance(value, int | float) and _positive(value):
+            fields[field] = min(float(value) / ref, 1.0)
+    if s.get("launch_s") is not None:
+        fields["kernel_launch_s"] = float(s["launch_s"])
     if prof.collectives.curves:
         fields["nvlink_efficiency"] = min(max(base.nvlink_efficiency, prof.collectives.peak_busbw_Bps
                                               / base.nvlink_Bps), 1.0)

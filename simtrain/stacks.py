@@ -83,6 +83,9 @@ class SoftwareStack:
         sequence_parallel: sequence parallelism on whenever tp > 1.
         pp_microbatches_equal_pp: the framework splits a local batch into ``pp`` micro-batches by default
             (torchtitan ``pipeline_parallel_microbatches``) instead of taking a micro-batch size.
+        eager_loss: the cross-entropy runs in eager PyTorch on an fp32 copy of the logits
+            (``F.cross_entropy(logits.float(), labels)``), whose backward holds two fp32 logit-sized
+            gradients beside the saved log-softmax (``memory.loss_backward_transient_bytes``).
     """
 
     name: str
@@ -99,6 +102,7 @@ class SoftwareStack:
     zero_stage: Literal[0, 1, 2, 3] = 0
     sequence_parallel: bool = True
     pp_microbatches_equal_pp: bool = False
+    eager_loss: bool = False
 
     def fusion_of(self, kernel_name: str) -> OpFusion:
         """The fusion of the memory-bound op a kernel name belongs to (names as ``simtrain.blocks`` emits)."""
@@ -140,13 +144,20 @@ STACKS: dict[str, SoftwareStack] = {
             "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
-            pp_microbatches_equal_pp=True),
+            pp_microbatches_equal_pp=True, eager_loss=True),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
-            "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts)",
+            "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
+            "is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True),
+        SoftwareStack(
+            "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
+            "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
+            norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
+            attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
+            pp_microbatches_equal_pp=True, eager_loss=True),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
@@ -157,7 +168,8 @@ STACKS: dict[str, SoftwareStack] = {
         SoftwareStack(
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
-            loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False),
+            loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
+            eager_loss=True),
     )
 }
 
@@ -184,9 +196,11 @@ _FRAMEWORK_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def stack_from_text(text: str | None) -> tuple[SoftwareStack, str | None]:
+def stack_from_text(text: str | None, version: str | None = None) -> tuple[SoftwareStack, str | None]:
     """The stack a free-text ``framework`` cell names, and an assumption when it had to guess.
 
+    ``version`` is free text that may date the framework (a row's ``source``): torchtitan with
+    torch.compile dated 2024 is ``torchtitan-compile-2024`` (its loss was not compiled yet).
     Returns the matching stack and None, or the default stack and the assumption made.
     """
     raw = (text or "").strip()
@@ -194,6 +208,8 @@ def stack_from_text(text: str | None) -> tuple[SoftwareStack, str | None]:
     if low:
         for pattern, name in _FRAMEWORK_PATTERNS:
             if re.search(pattern, low):
+                if name == "torchtitan-compile" and re.search(r"\b2024|2024\d\d", (version or "").lower()):
+                    return STACKS["torchtitan-compile-2024"], None
                 stack = STACKS[name]
                 if name == "torchtitan-eager" and "eager" not in low:
                     return stack, f"framework {raw!r}: torchtitan without torch.compile assumed eager"

@@ -138,6 +138,10 @@ E2E = [
          train=dict(global_batch_seqs=16, attention_kernel="unfused")),
     dict(layout=dict(pp=4, dp=2, schedule="gpipe"), train=dict(global_batch_seqs=8)),
     dict(model="llama", layout=dict(pp=2, tp=2, dp=2, sequence_parallel=True), train=dict(global_batch_seqs=8)),
+    dict(model="llama", layout=dict(pp=2, dp=4, fsdp="full", recompute="op_sac"),
+         train=dict(global_batch_seqs=8, stack="torchtitan-eager")),
+    dict(model="llama", layout=dict(tp=2, dp=2, sequence_parallel=True, recompute="op_sac", schedule="zb_h1", pp=2),
+         train=dict(global_batch_seqs=8)),
 ]
 STATIC_KEYS = ("weights", "grads", "optimizer", "comm_buffers", "workspace", "context")
 
@@ -189,3 +193,52 @@ def test_first_stage_holds_p_microbatches() -> None:
     assert res_m.memory[0].components["activations"] == pytest.approx(a0, rel=1e-9)  # independent of m
     a_last = res.memory[-1].components["activations"]
     assert a0 > a_last  # last stage holds one micro-batch (plus its head), first holds p
+
+
+# -- torchtitan op-level SAC and the eager loss ----------------------------------------------------
+
+def test_op_sac_saves_between_selective_and_full() -> None:
+    """Op-level SAC keeps less than no recompute and more than full recompute, and re-runs kernels."""
+    from simtrain.memory import (
+        activation_shape,
+        layer_checkpoint_bytes,
+        op_sac_activation_bytes,
+        op_sac_recomputed,
+    )
+    from simtrain.model import ModelSpec
+
+    spec = ModelSpec(**LLAMA_TINY)
+    shape = activation_shape(TrainConfig(global_batch_seqs=1, seq_len=1024), LayoutConfig(), spec)
+    sac = op_sac_activation_bytes(spec, shape)
+    assert layer_checkpoint_bytes(spec, shape) < sac < layer_activation_bytes(spec, shape)
+    # torchtitan's counter recomputes the 2nd, 4th and 6th matmul: wk, wo (o_proj), w3
+    assert [n for n, *_ in op_sac_recomputed(spec)] == ["k_proj", "o_proj", "w3"]
+
+    def run(recompute: str) -> tuple[float, float]:
+        res = simulate(_e2e_cfg(dict(model="llama", layout=dict(dp=8, recompute=recompute),
+                                     train=dict(global_batch_seqs=8))))
+        return res.breakdown_s["compute"], res.memory[0].components["activations"]
+
+    (t_none, m_none), (t_sac, m_sac), (t_full, m_full) = run("none"), run("op_sac"), run("full")
+    assert t_none < t_sac < t_full
+    assert m_full < m_sac < m_none
+
+
+def test_eager_loss_holds_fp32_gradients() -> None:
+    """An eager fp32 cross-entropy (torchtitan) peaks higher than a fused one by two fp32 logit tensors."""
+    def peak(stack: str) -> float:
+        res = simulate(_e2e_cfg(dict(model="llama", layout=dict(dp=8), train=dict(global_batch_seqs=8, stack=stack))))
+        return res.memory[0].peak_bytes / (1 + 0.05)
+
+    extra = peak("torchtitan-eager") - peak("torchtitan-compile")
+    assert extra == pytest.approx(2 * 4.0 * 1024 * LLAMA_TINY["vocab"], rel=1e-6)
+
+
+def test_fsdp_prefetch_hides_parameter_gathers() -> None:
+    """FSDP2-style prefetch: with one layer of prefetch the all-gathers overlap compute."""
+    def exposed_dp(prefetch: int) -> float:
+        cfg = _e2e_cfg(dict(model="llama", layout=dict(dp=8, fsdp="full", fsdp_prefetch_layers=prefetch),
+                            train=dict(global_batch_seqs=8)))
+        return simulate(cfg).breakdown_s["exposed_comm"]["dp"]
+
+    assert exposed_dp(1) < 0.5 * exposed_dp(0)

@@ -262,3 +262,13 @@ def test_calibrated_node_is_the_calibrated_machine(profiles_dir: Path) -> None:
 def test_collective_table_is_none_for_unmeasured_groups() -> None:
     table = CollectiveTable({("all_reduce", 2, 1): Curve((1.0, 2.0), (1.0, 2.0), 0.0, 1.0)})
     assert table.timing("all_reduce", 4, 1, 10.0) is None
+
+
+def test_in_situ_factor_scales_kernels_but_not_the_optimizer(profiles_dir: Path) -> None:
+    path = make_profile(profiles_dir, "situ")
+    data = yaml.safe_load(path.read_text())
+    data["summary"]["in_situ"] = 1.5
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    prof = load_profile("situ")
+    assert prof.compute.gemm_s("out_proj", 512, 512, 512) == pytest.approx(1.5 * gemm_s(512, 512, 512))
+    assert prof.compute.memory_op_s("optimizer.step", 2e8) == pytest.approx(1e-3 + 2e8 / 5e9)

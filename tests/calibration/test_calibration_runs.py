@@ -45,7 +45,8 @@ def test_quick_calibration_with_gloo_collectives(tmp_path: Path) -> None:
     assert prof.kind == "cpu" and prof.max_processes == 2 and 2 in prof.contention
     assert ("all_reduce", 2, 1) in prof.collectives.curves and ("send", 2, 1) in prof.collectives.curves
     data = (out / "profile.yaml").read_text()
-    assert "algbw_Bps" in data and "busbw_Bps" in data and "interference" in data
+    assert "algbw_Bps" in data and "busbw_Bps" in data and "interference" in data and "layer_step" in data
+    assert prof.compute.in_situ > 0.5
     sim = __import__("simtrain").simulate(TINY, [f"hardware.profile={out}", "layout.dp=2", "train.global_batch_seqs=4"])
     assert sim.step_time_s > 0
 

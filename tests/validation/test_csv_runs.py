@@ -75,8 +75,9 @@ def test_fp8_on_a_gpu_without_fp8_falls_back_to_bf16_with_an_assumption() -> Non
 @pytest.mark.parametrize(("cell", "recompute", "assumed"), [
     ("full", "full", False), ("full (activation checkpointing)", "full", False),
     ("full (DeepSpeed activation checkpointing)", "full", False),
-    ("selective (attention core)", "selective", False), ("selective (op-level SAC)", "selective", True),
-    ("selective (per-op SAC)", "selective", True), ("", "none", True), ("none", "none", False),
+    ("selective (attention core)", "selective", False), ("selective (op-level SAC)", "op_sac", False),
+    ("selective (per-op SAC)", "op_sac", False), ("selective (op SAC, config default)", "op_sac", False),
+    ("", "none", True), ("none", "none", False),
 ])
 def test_parse_recompute(cell: str, recompute: str, assumed: bool) -> None:
     r, notes = parse_recompute(cell, "megatron-te")

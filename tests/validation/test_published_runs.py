@@ -26,12 +26,13 @@ SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
                           reason="simulates all published runs (minutes); set SIMTRAIN_VALIDATION=1")
 
 #: Today's |step-time error| on the visible rows (60 simulated), percent: the regression guard's bounds
-#: sit a little above them (median 14.2, p90 31.7 when measured).
-GUARD_MEDIAN_PCT, GUARD_P90_PCT = 16.0, 35.0
+#: sit a little above them (median 18.9, p90 32.9 when measured, after FSDP prefetch hid the DP time
+#: that offset the rows' under-prediction).
+GUARD_MEDIAN_PCT, GUARD_P90_PCT = 21.0, 35.0
 
-MISSING = ("lowering._Emitter._overlapped serialises TP-overlap chunks (Megatron-LM H100 rows +13..+59 %); "
-           "torchtitan op-level SAC recompute and memory; allocator-reserved and eager-loss memory; ring "
-           "attention overheads at CP >= 4; FP8 GEMMs below best-shape MAMF; MoE dispatch")
+MISSING = ("nearly every row predicted too fast: the 500 W cap's clock throttling of GEMMs and attention "
+           "(torchtitan H100 rows -15..-35 %); ring attention overheads at CP >= 4; CPU-bound small-GEMM "
+           "TP runs; TP all-gathers re-run by op-level SAC; FP8 GEMMs below best-shape MAMF; MoE dispatch")
 
 
 def test_source_mfu_recomputed_in_its_convention(published_csv: Path) -> None:
@@ -81,7 +82,7 @@ def test_step_time_error_no_worse_than_today(table: tuple[pd.DataFrame, dict[str
 
 
 @SLOW
-@pytest.mark.xfail(strict=True, reason="not met today: median 14.2 %, p90 31.7 % over 60 visible rows; "
+@pytest.mark.xfail(strict=True, reason="not met today: median 18.9 %, p90 32.9 % over 60 visible rows; "
                                        f"missing: {MISSING}")
 def test_step_time_targets(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
     s = table[1]["step_time_visible"]
@@ -89,9 +90,10 @@ def test_step_time_targets(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
 
 
 @SLOW
-@pytest.mark.xfail(strict=True, reason="not met today: torchtitan |peak-memory error| median 45 % (op-level SAC "
-                                       "simulated as none-saved; eager fp32 loss copies and allocator-reserved "
-                                       "memory not modelled)")
+@pytest.mark.xfail(strict=True, reason="not met today: torchtitan |peak-memory error| median 4.6 %, 12 of 20 rows "
+                                       "within 10 %; the 405B PP rows are 44-54 % low (torchtitan's "
+                                       "reshard_after_forward=False under PP keeps unsharded parameters and "
+                                       "gradients, not modelled) and the 70B TP rows 17-22 % low")
 def test_torchtitan_peak_memory_within_10_percent(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
     frame = table[0]
     rows = frame[(frame["source"] == "torchtitan") & frame["peak_mem_error_pct"].notna()]
