@@ -101,10 +101,12 @@ def _cmd_models() -> int:
     from simtrain.model import preset_table
 
     rows = preset_table()
-    print(f"{'preset':<16}{'params':>10}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>5}{'ffn':>8}{'vocab':>9}")
+    print(f"{'preset':<16}{'params':>10}{'active':>10}{'layers':>8}{'hidden':>8}{'heads':>7}{'kv':>5}{'ffn':>8}"
+          f"{'vocab':>9}  experts")
     for r in rows:
-        print(f"{r['name']:<16}{r['params_B']:>9.2f}B{r['layers']:>8}{r['hidden']:>8}{r['heads']:>7}"
-              f"{r['kv_heads']:>5}{r['ffn']:>8}{r['vocab']:>9}")
+        active = r.get("active_params_B", r["params_B"])
+        print(f"{r['name']:<16}{r['params_B']:>9.2f}B{active:>9.2f}B{r['layers']:>8}{r['hidden']:>8}{r['heads']:>7}"
+              f"{r['kv_heads']:>5}{r['ffn']:>8}{r['vocab']:>9}  {r.get('experts') or '-'}")
     return 0
 
 
