@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from simtrain.engine import TraceEvent
+from simtrain.ops import Stream
 
 US_PER_S = 1e6  # the Chrome trace format counts microseconds
 
 
 def to_chrome_trace(events: list[TraceEvent], stage_of: dict[int, int]) -> dict[str, Any]:
     """Trace Event Format dict: pid = simulated rank (GPU), tid = stream."""
-    streams = {"compute": 0, "tp": 1, "dp": 2, "pp": 3}
+    streams = {s.name.lower(): int(s) for s in Stream}  # every stream the engine has, one thread each
     out: list[dict[str, Any]] = []
     for r, s in sorted(stage_of.items()):
         out.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r} (stage {s})"}})
@@ -43,6 +44,9 @@ def write_atomic(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file a normal file's mode
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

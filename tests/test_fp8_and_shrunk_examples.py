@@ -57,3 +57,19 @@ def test_fp8_needs_a_gpu_with_fp8() -> None:
     from simtrain.errors import ConfigError
     with pytest.raises(ConfigError):
         simulate(dict(H100, hardware=dict(node="dgx-a100", n_nodes=1)), ["train.precision=fp8"])
+
+
+@pytest.mark.parametrize("cfg", [DSV3, LLAMA_CP], ids=["ep-dualpipe", "cp"])
+def test_trace_covers_every_stream(cfg: dict, tmp_path) -> None:
+    """The Chrome trace names a thread for every stream the ops use (EP, CP, FSDP gathers...)."""
+    import json
+
+    from simtrain.trace import write_chrome_trace
+    r = simulate(cfg, trace=True)
+    path = tmp_path / "t.json"
+    write_chrome_trace(path, r.trace, r.stage_of)
+    events = json.loads(path.read_text())["traceEvents"]
+    used = {e["tid"] for e in events if e["ph"] == "X"}
+    named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert used and used <= named
+    assert path.stat().st_mode & 0o044  # readable by others (umask permitting), not mkstemp's 0600
