@@ -44,12 +44,15 @@ def _nvidia_smi() -> dict[str, str]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {}
-    try:
-        out = subprocess.run([exe, f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader", "-i", "0"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout.strip()
-    except (subprocess.SubprocessError, OSError):
-        return {}
-    return dict(zip(_SMI_FIELDS, (v.strip() for v in out.split(",")), strict=False))
+    out: dict[str, str] = {}
+    for field in _SMI_FIELDS:  # one by one: a field an old or new driver does not know costs only itself
+        try:
+            value = subprocess.run([exe, f"--query-gpu={field}", "--format=csv,noheader", "-i", "0"],
+                                   capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+        except (subprocess.SubprocessError, OSError):
+            continue
+        out[field] = value
+    return out
 
 
 def _cpu_name() -> str:

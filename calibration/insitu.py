@@ -13,27 +13,17 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from calibration.shapes import Target
+from calibration.shapes import Target, placeholder_gpu
 from simtrain.calibrated import CalibratedCompute
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import GpuSpec
 from simtrain.lowering import lower
 
 #: kernels of the embedding, the LM head and the optimizer (simtrain.blocks / lowering names): not the layer's
 NOT_LAYER = ("embedding", "pos_embedding", "final_norm", "lm_head", "cross_entropy", "optimizer")
 
-#: a stand-in GPU for the kernels the calibrated functions do not cover (none in a full calibration)
-_PLACEHOLDER = dict(name="calibration", bf16_flops_per_s=1e12, fp8_flops_per_s=0.0, tf32_flops_per_s=1e12,
-                    fp32_flops_per_s=1e12, hbm_bytes=1e9, hbm_Bps=1e11, sm_count=1, l2_bytes=0.0, nvlink_Bps=1e9,
-                    gemm_efficiency=1.0, attention_fwd_efficiency=1.0, attention_bwd_efficiency=1.0,
-                    hbm_efficiency=1.0, memory_op_efficiency=1.0, kernel_launch_s=0.0, nvlink_efficiency=1.0,
-                    nvls_algbw_Bps=0.0, nvls_min_gpus=0, nic_efficiency=1.0, comm_interference_nvlink=0.0,
-                    comm_interference_net=0.0, cuda_context_bytes=0.0, nccl_buffer_bytes=0.0)
-
-
 def layer_kernels_s(target: Target, compute: CalibratedCompute) -> float:
     """Seconds of one layer's forward and backward kernels (one micro-batch) priced by ``compute``."""
-    cost = ComputeCostModel(GpuSpec(**_PLACEHOLDER), calibration=compute)  # type: ignore[arg-type]
+    cost = ComputeCostModel(placeholder_gpu(), calibration=compute)
     lowered = lower(target.run(), cost)
     total = sum(k.time_s for op in lowered.programs[0].ops if op.category in ("fwd", "bwd")
                 for k in op.kernels if not k.name.startswith(NOT_LAYER))
@@ -49,8 +39,10 @@ def in_situ_factor(target: Target | None, records: list[dict[str, Any]],
     for r in records:
         if r["kind"] == "layer_step" and r["status"] == "ok":
             by_pass[r["params"]["pass"]].append(r["stats"]["median_s"])
-    if not by_pass["fwd"] or not by_pass["bwd"] or compute.gemm is None:
-        return None
+    needed = {"norm", "norm.bwd", "act", "act.bwd"}
+    if not by_pass["fwd"] or not by_pass["bwd"] or compute.gemm is None or compute.attention is None \
+            or not needed <= set(compute.memory_ops):
+        return None  # the layer's kernels are not all calibrated: no meaningful ratio
     measured = statistics.median(by_pass["fwd"]) + statistics.median(by_pass["bwd"])
     kernels = layer_kernels_s(target, compute)
     return {"measured_s": measured, "kernels_s": kernels, "factor": measured / kernels}

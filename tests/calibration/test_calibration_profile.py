@@ -272,3 +272,14 @@ def test_in_situ_factor_scales_kernels_but_not_the_optimizer(profiles_dir: Path)
     prof = load_profile("situ")
     assert prof.compute.gemm_s("out_proj", 512, 512, 512) == pytest.approx(1.5 * gemm_s(512, 512, 512))
     assert prof.compute.memory_op_s("optimizer.step", 2e8) == pytest.approx(1e-3 + 2e8 / 5e9)
+
+
+def test_committed_profiles_load() -> None:
+    from simtrain.profile import list_profiles
+
+    names = list_profiles()
+    assert "example-cpu" in names
+    for name in names:
+        assert load_profile(name).name == name
+    r = simulate(CPU_CONFIG, ["hardware.profile=example-cpu", "layout.dp=2", "train.global_batch_seqs=4"])
+    assert 0.1 < r.step_time_s < 10.0
