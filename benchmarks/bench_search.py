@@ -10,6 +10,9 @@ Cases:
   (b) the same without context parallelism (--cp 1).
   (c) Llama 3 70B on 256 H100 (0.5M-token batch at 4K) on the restricted space of
       tests/test_search.py: the search's best (top 4 simulated) against simulating every fitting layout.
+  (d) DeepSeek-V3 on 2,048 H800 (examples/deepseek_v3_h800.yaml, 63M-token batch), MoE space restricted
+      to TP 1/2, PP 8/16, micro-batch 1, ZeRO-1, selective/full recompute (every EP, ETP, CP, VPP,
+      1F1B/interleaved/DualPipe), top 3 simulated.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from simtrain.sweep import base_data, run_points
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_405B = ROOT / "examples" / "llama3_405b_h100.yaml"
+EXAMPLE_DSV3 = ROOT / "examples" / "deepseek_v3_h800.yaml"
+SPACE_DSV3 = SearchSpace(tp=(1, 2), pp=(8, 16), micro_batch_size=(1,), zero_stage=(1,), recompute=("selective", "full"))
 CFG_70B = {"name": "exhaustive", "model": "llama3-70b", "hardware": {"node": "dgx-h100", "n_nodes": 32},
            "layout": {"tp": 8, "pp": 4, "dp": 8}, "train": {"seq_len": 4096, "global_batch_seqs": 128}}
 SPACE_70B = SearchSpace(tp=(4, 8), pp=(2, 4, 8), cp=(1,), micro_batch_size=(1,), zero_stage=(1,),
@@ -53,6 +58,15 @@ def case_exhaustive() -> None:
           f"({len(fitting)} layouts, {t_all:.1f} s) -> {best['step_time_s']:.4f} s; gap {gap:+.2f} %")
 
 
+def case_moe() -> None:
+    t0 = time.perf_counter()
+    r = search(EXAMPLE_DSV3, space=SPACE_DSV3, top_k=3)
+    wall = time.perf_counter() - t0
+    print(f"(d) DeepSeek-V3/2,048 H800, restricted MoE space: {wall:.1f} s wall ({r.n_enumerated} layouts, "
+          f"{r.n_memory} over memory, {r.n_simulated} simulated)")
+    print(render_search(r, 6))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only case (a)")
@@ -62,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     case_405b(SearchSpace(cp=(1,)), "(b) 405B/16,384 H100, no CP")
     case_exhaustive()
+    case_moe()
     return 0
 
 

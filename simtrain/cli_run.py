@@ -44,8 +44,11 @@ def add_parsers(sub: Any) -> None:
     se.add_argument("--top", type=int, default=8, help="simulate up to this many best estimates (default 8)")
     se.add_argument("--budget", type=int, help="simulation budget, micro-batches x layers (default 100,000)")
     se.add_argument("--show", type=int, default=15, help="candidates to print (default 15)")
-    for knob in ("tp", "pp", "vpp", "cp", "mbs", "zero"):
+    for knob in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero"):
         se.add_argument(f"--{knob}", metavar="N,...", help=f"restrict {knob} to these values")
+    se.add_argument("--schedule", metavar="KIND,...",
+                    help="pipeline schedules to try: auto (1F1B/interleaved), dualpipe, zb_h1 (default: auto; "
+                         "MoE models auto,dualpipe)")
     se.add_argument("--recompute", metavar="KIND,...", help="restrict recompute to none,selective,full")
     se.add_argument("--out", help="write every candidate as a table (.parquet or .csv)")
     _workers(se)
@@ -191,6 +194,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         DEFAULT_BUDGET_UNITS,
         MICRO_BATCHES,
         RECOMPUTE,
+        SEARCH_SCHEDULES,
         ZERO_STAGES,
         SearchSpace,
         render_search,
@@ -201,12 +205,17 @@ def _cmd_search(args: argparse.Namespace) -> int:
     bad = [r for r in rec if r not in RECOMPUTE]
     if bad:
         raise ConfigError(Problem("--recompute", f"{bad!r} not valid; use none, selective, full"))
+    schedules = tuple(k.strip() for k in args.schedule.split(",")) if args.schedule else None
+    bad = [k for k in schedules or () if k not in SEARCH_SCHEDULES]
+    if bad:
+        raise ConfigError(Problem("--schedule", f"{bad!r} not valid; use {', '.join(SEARCH_SCHEDULES)}"))
     zero = _ints(args.zero, "--zero") or ZERO_STAGES
     if any(z > 3 for z in zero):
         raise ConfigError(Problem("--zero", f"{args.zero!r}: ZeRO stages are 0-3"))
     space = SearchSpace(tp=_ints(args.tp, "--tp"), pp=_ints(args.pp, "--pp"), vpp=_ints(args.vpp, "--vpp"),
                         cp=_ints(args.cp, "--cp"), micro_batch_size=_ints(args.mbs, "--mbs") or MICRO_BATCHES,
-                        zero_stage=zero, recompute=rec)
+                        zero_stage=zero, recompute=rec, ep=_ints(args.ep, "--ep"), etp=_ints(args.etp, "--etp"),
+                        schedule=schedules)
     result = run_search(args.config, gpus=args.gpus, space=space, top_k=args.top,
                         budget_units=args.budget or DEFAULT_BUDGET_UNITS, overrides=args.overrides,
                         workers=args.workers, scheduler=args.scheduler, progress=_progress(args))

@@ -3,18 +3,34 @@
 Used by the layout search to rank and prune thousands of layouts before simulating the best few.
 It reuses the simulator's own cost pieces, so the two agree where the closed form is exact:
 
-- compute: the kernels ``simtrain.blocks`` builds for one layer, embedding and head at the layout's
-  shape (GEMM tile/wave efficiency included), times layers per stage, plus the recomputed forwards;
-- TP/DP collectives: the (algorithm, protocol) NCCL would pick for the group's placement and its
-  idle-network time (``simtrain.collectives``); PP sends: latency + bytes over the route;
-- pipeline: micro-batches x the slowest stage's micro-batch time, plus the fill/drain bubble
-  (p - 1)/v x the mean stage time (Narayanan et al. 2021 sec. 2.2: bubble fraction (p - 1)/(v m));
+- layers: ``simtrain.lowering``'s own per-layer plans (``layer_plans``: segments, activation,
+  checkpoint and transient bytes, parameters per rank), one per distinct layer structure (dense or
+  MoE MLP, full or sliding-window attention, the MTP block), so every layer of a chunk is costed
+  as the engine costs it;
+- compute: the kernels ``simtrain.blocks`` builds for each layer, the embedding and the head at the
+  layout's shape (GEMM tile/wave efficiency included), summed over the layers of each stage, plus
+  the recomputed forwards; routed-expert kernels are scaled by the hottest EP rank's load
+  (``simtrain.routing``; 1 with balanced routing), as the engine scales them;
+- TP/CP/EP/ETP/DP collectives: the (algorithm, protocol) NCCL would pick for the group's placement
+  and its idle-network time (``simtrain.collectives``): an EP group inside a node runs its
+  dispatch/combine all-to-alls on NVLink, one spanning nodes is bound by the NICs, and
+  group-limited routing (``moe.group_limited``) uses the node-limited all-to-all (DeepSeek-V3
+  sec. 3.2.2); a collective the blocks mark as overlapped costs only what exceeds the compute
+  segment beside it; PP sends: latency + bytes over the route;
+- pipeline: 1F1B/interleaved: micro-batches x the slowest stage's micro-batch time, plus the
+  fill/drain bubble (p - 1)/v x the mean stage time (Narayanan et al. 2021 sec. 2.2: bubble
+  fraction (p - 1)/(v m)); ZB-H1 and DualPipe: ``simtrain.schedules.makespan`` of the schedule
+  itself with per-(stage, chunk) F, B, W costs (DualPipe's overlapped F&B pairs cost their compute,
+  their communication hidden by the other chain: DeepSeek-V3 sec. 3.2.1, Table 2), extrapolated
+  linearly past the warm-up;
 - DP overlap: the gradient reduction hides behind the last micro-batch's backward (Megatron DDP
   buckets), the ZeRO-1/2 parameter all-gather behind the first forward, the ZeRO-3 per-layer gathers
-  behind each layer's compute;
-- memory: ``simtrain.memory``'s static state and per-op activation deltas walked over the stage's
-  schedule, exactly as the engine's closed-form cross-check does (on a schedule cut to the
-  micro-batches past which a 1F1B/interleaved peak no longer grows).
+  behind each layer's compute; routed-expert gradients reduce over the expert-data-parallel group
+  (edp = tp x cp x dp / (ep x etp); Megatron-core's expert buckets, as ``lowering.BucketFiller``);
+- memory: ``simtrain.memory``'s static state (expert weights/grads/optimizer sharded by EP x ETP
+  and ZeRO over edp, ``expert_static_memory``; FP8 weight copies) and the plans' per-op activation
+  deltas walked over the stage's schedule, exactly as the engine's ledger attaches them (on a
+  schedule cut to the micro-batches past which a 1F1B/interleaved peak no longer grows).
 
 It ignores contention between concurrent flows, compute slowed by overlapped communication, and the
 exact dependency timing; the search simulates its best candidates to get those right.
@@ -23,6 +39,7 @@ exact dependency timing; the search simulates its best candidates to get those r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
 from simtrain.collectives import (
@@ -32,29 +49,31 @@ from simtrain.collectives import (
     plan_send,
     unit_idle_times,
 )
-from simtrain.config import LayoutConfig, TrainConfig
+from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
-from simtrain.lowering import split_layers
+from simtrain.lowering import LayerPlan, _first_layers, layer_plans, split_layers
 from simtrain.memory import (
     ChunkMemory,
     activation_shape,
-    backward_transient_bytes,
     closed_form_peak,
     embedding_activation_bytes,
+    expert_static_memory,
     head_activation_bytes,
-    layer_activation_bytes,
-    layer_checkpoint_bytes,
+    loss_backward_transient_bytes,
     static_memory,
 )
 from simtrain.model import ModelSpec
 from simtrain.profile import compute_calibration
-from simtrain.schedules import build_schedule
+from simtrain.routing import expert_loads_by_rank
+from simtrain.schedules import Action, ActionCosts, Route, build_schedule, makespan, schedule_route
+from simtrain.stacks import get_stack
 
 MiB = 1024.0**2
 PEAK_MICROBATCHES_PER_STAGE = 4  # the 1F1B/interleaved peak is reached within 4 x pp micro-batches
+EP_AXES = ("ep", "etp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +91,8 @@ class Estimate:
     stage_peak_bytes: tuple[float, ...]
     capacity_bytes: float
     mfu: float
+    ep_s: float = 0.0
+    """Exposed MoE dispatch/combine (EP) and expert-TP communication."""
 
     @property
     def peak_bytes(self) -> float:
@@ -85,21 +106,103 @@ class Estimate:
 
     def components(self) -> dict[str, float]:
         """Where the estimated time goes, seconds, by cause (compute, bubble, comm per axis, optimizer)."""
-        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp/cp comm": self.tp_s, "pp comm": self.pp_s,
-                "dp comm": self.dp_s, "optimizer": self.optimizer_s}
+        return {"compute": self.compute_s, "bubble": self.bubble_s, "tp/cp comm": self.tp_s, "ep comm": self.ep_s,
+                "pp comm": self.pp_s, "dp comm": self.dp_s, "optimizer": self.optimizer_s}
 
 
 @dataclass(frozen=True, slots=True)
 class _LayerTimes:
-    """One micro-batch through one layer/embedding/head on one rank: compute and TP comm, seconds."""
+    """One micro-batch through one layer on one rank, seconds: compute, exposed comm (TP/CP and
+    EP/ETP apart), the weight-gradient GEMMs inside the backward, and selective recompute."""
 
     fwd_s: float
     bwd_s: float
-    fwd_tp_s: float
-    bwd_tp_s: float
+    fwd_comm_s: float
+    bwd_comm_s: float
+    fwd_ep_s: float
+    bwd_ep_s: float
+    wgrad_s: float
+    selective_s: float
+
+    @property
+    def fwd_total_s(self) -> float:
+        """Forward with its exposed communication."""
+        return self.fwd_s + self.fwd_comm_s + self.fwd_ep_s
+
+    @property
+    def bwd_total_s(self) -> float:
+        """Backward with its exposed communication."""
+        return self.bwd_s + self.bwd_comm_s + self.bwd_ep_s
+
+
+@dataclass(frozen=True, slots=True)
+class _EdgeTimes:
+    """Embedding (forward + backward), head (forward + backward) and MTP projection times, seconds."""
+
     emb_s: float
     head_s: float
-    selective_s: float
+    mtp_proj_fwd_s: float
+    mtp_proj_bwd_s: float
+
+
+@dataclass(slots=True)
+class _ChunkCost:
+    """One micro-batch through one (stage, chunk): forward, backward, its weight-gradient part, the
+    exposed comm inside them (TP/CP, EP), seconds."""
+
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    wgrad_s: float = 0.0
+    comm_s: float = 0.0
+    ep_s: float = 0.0
+
+
+_Pipe = tuple[float, float, float, float, float, float]
+"""A pipeline's (compute, bubble, TP/CP comm, EP comm, forward and backward per micro-batch), seconds."""
+
+
+def _layer_run(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> RunConfig:
+    """A RunConfig of an already-valid (model, layout, train) without re-validation (lowering's
+    plan functions read only these three)."""
+    return RunConfig.model_construct(model=model, layout=layout, train=train)
+
+
+def _block(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, cost: ComputeCostModel) -> BlockBuilder:
+    """The BlockBuilder ``lowering.lower`` builds for this layout (same arguments)."""
+    shape = activation_shape(train, layout, model)
+    dualpipe = layout.resolved_schedule == "dualpipe"
+    fp8_blockwise = train.precision == "fp8" and train.fp8_recipe == "blockwise"
+    return BlockBuilder(model, cost, shape.b, shape.s, layout.tp, layout.sequence_parallel, shape.flash,
+                        shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.etp or layout.tp,
+                        layout.ep_comm_overlap or dualpipe, 1.0 if fp8_blockwise else 2.0)
+
+
+def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tuple[object, ...]:
+    """What a layer plan depends on: the activation shape, precision, stack, CP/EP/ETP, overlap and
+    the selective-recompute modules (full recompute is applied per layer by the stage, not the plan)."""
+    rec = layout.recompute if layout.recompute in ("selective", "op_sac") else "none"
+    modules = layout.recompute_modules if rec == "selective" else ()
+    dualpipe = layout.resolved_schedule == "dualpipe"
+    return (activation_shape(train, layout, model), train.precision, train.fp8_recipe, train.stack, layout.cp,
+            layout.cp_comm, layout.ep, layout.etp or layout.tp, layout.ep_comm_overlap or dualpipe, rec, modules)
+
+
+@dataclass(frozen=True, slots=True)
+class _Structure:
+    """Where the layers sit: the schedule's route, layers per (stage, chunk) and each chunk's first
+    global layer (``lowering.split_layers`` / ``_first_layers``)."""
+
+    route: Route
+    layers: list[list[int]]
+    firsts: list[list[int]]
+
+    def chunk(self, s: int, c: int) -> range:
+        """Global layer indices of (stage, chunk), in forward order."""
+        return range(self.firsts[s][c], self.firsts[s][c] + self.layers[s][c])
+
+    def position(self, s: int, c: int) -> int:
+        """Model stage (position on the path) of (stage, chunk)."""
+        return self.route.position(0, s, c)
 
 
 @dataclass(slots=True)
@@ -110,8 +213,14 @@ class Estimator:
     cluster: ClusterSpec
     fragmentation_ratio: float = 0.05
     topo: Topology = field(init=False)
-    _layers: dict[tuple[object, ...], _LayerTimes] = field(default_factory=dict)
     _colls: dict[tuple[str, tuple[int, ...]], tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    _costs: dict[tuple[str, str, str], ComputeCostModel] = field(default_factory=dict)
+    _plans: dict[tuple[object, ...], dict[int, LayerPlan]] = field(default_factory=dict)
+    _times: dict[tuple[object, ...], dict[int, _LayerTimes]] = field(default_factory=dict)
+    _edges: dict[tuple[object, ...], _EdgeTimes] = field(default_factory=dict)
+    _structs: dict[tuple[int, int, str], _Structure] = field(default_factory=dict)
+    _params: dict[tuple[int, int, int], list[tuple[float, float]]] = field(default_factory=dict)
+    _pipes: dict[tuple[object, ...], tuple[list[list[_ChunkCost]], _Pipe]] = field(default_factory=dict)
     _dynamic: dict[tuple[object, ...], tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,11 +245,13 @@ class Estimator:
         gpu = self.cluster.gpu
         return plan.latency_s + idle_time(lambda e: effective_bandwidth(self.topo, gpu, e), plan.phases)
 
-    def _segments_s(self, segs: list[Segment], groups: dict[str, tuple[int, ...]]) -> tuple[float, float]:
-        """(compute, exposed comm) of a segment list; an overlapped collective costs only what
-        exceeds the compute segment it runs beside."""
-        compute = comm = 0.0
-        hidden = 0.0
+    def _segments_s(self, segs: list[Segment], groups: dict[str, tuple[int, ...]],
+                    load: float = 1.0) -> tuple[float, float, float]:
+        """(compute, exposed TP/CP comm, exposed EP/ETP comm) of a segment list; an overlapped
+        collective costs only what exceeds the compute segment it runs beside; routed-expert kernels
+        take ``load`` x their time (the engine's ``load_factor``)."""
+        compute = comm = ep = 0.0
+        hidden, hidden_ep = 0.0, False
         for s in segs:
             if isinstance(s, Ring):
                 # ring attention: block i+1 waits for KV block i's transfer, which runs beside block i
@@ -151,101 +262,217 @@ class Estimator:
             elif isinstance(s, Comm):
                 t = self.collective_s(s.coll, groups.get(s.axis, ()), s.size_bytes)
                 if s.overlap:
-                    hidden = t
+                    hidden, hidden_ep = t, s.axis in EP_AXES
+                elif s.axis in EP_AXES:
+                    ep += t
                 else:
                     comm += t
             else:
-                t = sum(k.time_s for k in s)
+                t = sum(k.time_s + (load - 1.0) * k.time_s * k.name.startswith("expert.") for k in s)
                 compute += t
-                comm += max(hidden - t, 0.0)
+                if hidden_ep:
+                    ep += max(hidden - t, 0.0)
+                else:
+                    comm += max(hidden - t, 0.0)
                 hidden = 0.0
-        return compute, comm + hidden
+        if hidden_ep:
+            return compute, comm, ep + hidden
+        return compute, comm + hidden, ep
 
-    def cost_model(self, precision: str) -> ComputeCostModel:
-        """The compute cost model ``simulate`` uses for this GPU (calibrated when the profile is)."""
-        return ComputeCostModel(self.cluster.gpu, precision, calibration=compute_calibration(self.cluster.gpu))
+    def cost_model(self, train: TrainConfig) -> ComputeCostModel:
+        """The compute cost model ``simulate`` uses for this GPU and train section (calibrated when
+        the profile is; the run's software stack and FP8 recipe)."""
+        key = (train.precision, train.stack, train.fp8_recipe)
+        hit = self._costs.get(key)
+        if hit is None:
+            gpu = self.cluster.gpu
+            hit = self._costs[key] = ComputeCostModel(gpu, train.precision, calibration=compute_calibration(gpu),
+                                                      stack=get_stack(train.stack), fp8_recipe=train.fp8_recipe)
+        return hit
 
-    def layer_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> _LayerTimes:
-        """Per-micro-batch times of a layer, the embedding and the head at this layout's shape (cached)."""
-        shape = activation_shape(train, layout, self.model)
-        groups = {axis: grid.group(axis, 0) for axis in ("tp", "cp")}
-        key = (shape, train.precision, layout.cp_comm, groups["tp"], groups["cp"])
-        hit = self._layers.get(key)
+    def plans(self, layout: LayoutConfig, train: TrainConfig) -> dict[int, LayerPlan]:
+        """Lowering's plan of every layer (main layers, then MTP blocks), one per distinct structure."""
+        key = _plan_key(self.model, layout, train)
+        hit = self._plans.get(key)
+        if hit is None:
+            block = _block(self.model, layout, train, self.cost_model(train))
+            run = _layer_run(self.model, layout, train)
+            hit = self._plans[key] = layer_plans(run, block, self.model.n_layers + self.model.mtp_depth)
+        return hit
+
+    def _groups(self, grid: RankGrid) -> dict[str, tuple[int, ...]]:
+        """Rank 0's process groups of the axes a layer communicates on."""
+        axes = ("tp", "cp", "ep", "etp") if self.model.is_moe else ("tp", "cp")
+        return {axis: grid.group(axis, 0) for axis in axes}
+
+    def _load(self, layout: LayoutConfig, train: TrainConfig) -> float:
+        """The hottest EP rank's routed load (what the engine charges every rank in symmetric mode)."""
+        if not self.model.is_moe:
+            return 1.0
+        return max(expert_loads_by_rank(_layer_run(self.model, layout, train)))
+
+    def layer_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> dict[int, _LayerTimes]:
+        """Per-micro-batch times of every layer (by global index) at this layout's shape (cached)."""
+        plans = self.plans(layout, train)
+        groups = self._groups(grid)
+        load = self._load(layout, train)
+        key = (_plan_key(self.model, layout, train), tuple(groups.values()), load)
+        hit = self._times.get(key)
         if hit is not None:
             return hit
-        blk = BlockBuilder(self.model, self.cost_model(train.precision), shape.b, shape.s, shape.t, shape.sp,
-                           shape.flash, shape.dropout, layout.cp, layout.cp_comm)
-        f, f_tp = self._segments_s(blk.layer_forward(), groups)
-        b, b_tp = self._segments_s(blk.layer_backward(), groups)
+        by_plan: dict[int, _LayerTimes] = {}
+        for plan in plans.values():
+            if id(plan) not in by_plan:
+                by_plan[id(plan)] = self._plan_times(plan, groups, load)
+        out = self._times[key] = {i: by_plan[id(p)] for i, p in plans.items()}
+        return out
+
+    def _plan_times(self, plan: LayerPlan, groups: dict[str, tuple[int, ...]], load: float) -> _LayerTimes:
+        f, f_comm, f_ep = self._segments_s(plan.fwd, groups, load)
+        b, b_comm, b_ep = self._segments_s(plan.bwd, groups, load)
+        wgrad = sum(k.time_s * (load if k.name.startswith("expert.") else 1.0) for k in plan.bwd_weight)
+        selective = sum(k.time_s for k in plan.selective_kernels)
+        return _LayerTimes(f, b, f_comm, b_comm, f_ep, b_ep, wgrad, selective)
+
+    def edge_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> _EdgeTimes:
+        """Embedding, head and MTP-projection times of one micro-batch (cached)."""
+        groups = {"tp": grid.group("tp", 0)}
+        key = (activation_shape(train, layout, self.model), train.precision, train.stack, train.fp8_recipe,
+               groups["tp"])
+        hit = self._edges.get(key)
+        if hit is not None:
+            return hit
+        blk = _block(self.model, layout, train, self.cost_model(train))
         emb = sum(self._segments_s(blk.embedding_forward() + blk.embedding_backward(), groups))
         head = sum(self._segments_s(blk.head_forward() + blk.head_backward(), groups))
-        selective = sum(k.time_s for k in blk.attention_core_recompute()) if not shape.flash else 0.0
-        out = self._layers[key] = _LayerTimes(f, b, f_tp, b_tp, emb, head, selective)
+        proj_f = blk.mtp_projection(False)[0].time_s if self.model.mtp_depth else 0.0
+        proj_b = sum(k.time_s for k in blk.mtp_projection(True)) if self.model.mtp_depth else 0.0
+        out = self._edges[key] = _EdgeTimes(emb, head, proj_f, proj_b)
         return out
+
+    def structure(self, layout: LayoutConfig) -> _Structure:
+        """Route and layer placement of the layout's schedule (cached)."""
+        kind = layout.resolved_schedule
+        key = (layout.pp, layout.vpp, kind)
+        hit = self._structs.get(key)
+        if hit is None:
+            route = schedule_route(kind, layout.pp, 0, layout.vpp)
+            layers = split_layers(self.model.n_layers, layout.pp, layout.vpp, route)
+            hit = self._structs[key] = _Structure(route, layers, _first_layers(layers, route))
+        return hit
+
+    def chunk_layers(self, layout: LayoutConfig) -> list[list[int]]:
+        """Layers of each (stage, chunk) of the layout's schedule."""
+        return self.structure(layout).layers
 
     # -- memory ----------------------------------------------------------------------------------
-    def stage_params(self, layout: LayoutConfig) -> list[float]:
-        """Parameters on one rank of each stage (TP-sharded), as lowering places them."""
+    def _mtp_plans(self, plans: dict[int, LayerPlan]) -> list[LayerPlan]:
+        n = self.model.n_layers
+        return [plans[n + k] for k in range(self.model.mtp_depth)]
+
+    def layer_params(self, layout: LayoutConfig) -> list[tuple[float, float]]:
+        """(dense, routed-expert) parameters of every layer (main, then MTP) on one rank, as
+        ``lowering._layer_plan`` shards them: dense part / tp, routed experts / (ep x etp)."""
+        m = self.model
+        key = (layout.tp, layout.ep, layout.etp or layout.tp)
+        hit = self._params.get(key)
+        if hit is None:
+            kinds: dict[bool, tuple[float, float]] = {}
+            hit = []
+            for i in range(m.n_layers + m.mtp_depth):
+                moe = m.is_moe_layer(i)
+                if moe not in kinds:
+                    experts = m.layer_routed_expert_params(i) if m.is_moe else 0
+                    kinds[moe] = ((m.layer_params(i) - experts) / layout.tp, experts / (layout.ep * key[2]))
+                hit.append(kinds[moe])
+            self._params[key] = hit
+        return hit
+
+    def stage_params(self, layout: LayoutConfig) -> list[tuple[float, float, float]]:
+        """Per stage, on one rank: (dense parameters incl. embedding/head/MTP, routed-expert
+        parameters, transformer-layer parameters), as ``lowering`` places them."""
         m, tp = self.model, layout.tp
-        layers = split_layers(m.n_layers, layout.pp, layout.vpp)
-        n_virtual = layout.pp * layout.vpp
+        per_layer, st = self.layer_params(layout), self.structure(layout)
+        mtp = per_layer[m.n_layers:]
+        last = st.route.length - 1
         out = []
-        for s, chunks in enumerate(layers):
-            total = sum(chunks) * m.layer_params() / tp
+        for s, chunks in enumerate(st.layers):
+            dense = expert = layer = 0.0
             for c in range(len(chunks)):
-                v = c * layout.pp + s
+                for i in st.chunk(s, c):
+                    d, e = per_layer[i]
+                    dense, expert, layer = dense + d, expert + e, layer + d + e
+                v = st.position(s, c)
                 if v == 0:
-                    total += (m.embedding_params() + m.position_params()) / tp
-                if v == n_virtual - 1:
-                    head = m.lm_head_params() or (m.embedding_params() if n_virtual > 1 else 0)
-                    total += head / tp + m.final_norm_params()
-            out.append(total)
+                    dense += (m.embedding_params() + m.position_params()) / tp
+                if v == last:
+                    head = m.lm_head_params() or (m.embedding_params() if last > 0 else 0)
+                    dense += head / tp + m.final_norm_params() + sum(d for d, _ in mtp)
+                    dense += m.mtp_depth * (2 * m.hidden * m.hidden / tp + 3 * m.hidden)
+                    expert += sum(e for _, e in mtp)
+            out.append((dense, expert, layer))
         return out
 
-    def stage_memory(self, layout: LayoutConfig, train: TrainConfig, microbatches: int) -> tuple[float, ...]:
-        """Peak bytes of each stage, fragmentation included (``simtrain.memory``'s closed form)."""
+    def static_memory(self, layout: LayoutConfig, train: TrainConfig) -> tuple[float, ...]:
+        """Bytes each stage holds for the whole step (weights, grads, optimizer, buffers, context;
+        ``simulate._attach_static_memory``), without fragmentation: a lower bound of its peak that
+        needs no layer plan (the search prunes with it first)."""
         m = self.model
-        layers = split_layers(m.n_layers, layout.pp, layout.vpp)
+        layers = self.structure(layout).layers
         shard = layout.fsdp_shard_size if layout.fsdp == "hybrid" and layout.fsdp_shard_size else layout.data_degree
+        edp = _edp(layout)
         context = self.cluster.gpu.cuda_context_bytes + self.cluster.gpu.nccl_buffer_bytes
-        dynamic = self.dynamic_peaks(layout, train, microbatches)
+        max_layer = max(d + e for d, e in self.layer_params(layout))
         out = []
-        for s, params in enumerate(self.stage_params(layout)):
-            static = static_memory(params, m.layer_params() / layout.tp, sum(layers[s]), layout, train, shard, context)
-            out.append((sum(static.values()) + dynamic[s]) * (1 + self.fragmentation_ratio))
+        for s, (dense, expert, layer) in enumerate(self.stage_params(layout)):
+            static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context)
+            if train.precision == "fp8":  # as simulate._attach_static_memory: FP8 weight copies
+                static["fp8_weights"] = 2.0 * layer / (shard if layout.shard_stage >= 3 else 1)
+            if expert and m.is_moe:
+                for k, v in expert_static_memory(expert, layout, train, edp).items():
+                    static[k] += v
+            out.append(sum(static.values()))
         return tuple(out)
+
+    def stage_memory(self, layout: LayoutConfig, train: TrainConfig, microbatches: int) -> tuple[float, ...]:
+        """Peak bytes of each stage, fragmentation included (``simulate``'s static memory plus the
+        ledger's activation peak)."""
+        dynamic = self.dynamic_peaks(layout, train, microbatches)
+        return tuple((static + dynamic[s]) * (1 + self.fragmentation_ratio)
+                     for s, static in enumerate(self.static_memory(layout, train)))
 
     def dynamic_peaks(self, layout: LayoutConfig, train: TrainConfig, microbatches: int) -> tuple[float, ...]:
         """Peak activation/backward bytes per stage (independent of ZeRO, so cached without it)."""
-        key = (layout.tp, layout.pp, layout.vpp, layout.cp, layout.sequence_parallel, layout.recompute,
-               layout.recompute_layers, layout.resolved_schedule, train.micro_batch_size, train.seq_len,
-               train.attention_kernel, train.dropout, microbatches)
+        kind = layout.resolved_schedule
+        mb = _peak_microbatches(layout, microbatches)
+        key = (_plan_key(self.model, layout, train), layout.pp, layout.vpp, kind, layout.recompute,
+               layout.recompute_layers, mb)
         hit = self._dynamic.get(key)
         if hit is not None:
             return hit
-        m = self.model
-        shape = activation_shape(train, layout, m)
-        selective = layout.recompute == "selective" and not shape.flash
-        act = layer_activation_bytes(m, shape, recompute_attention=selective)
-        ckpt, transient = layer_checkpoint_bytes(m, shape), backward_transient_bytes(m, shape)
-        emb, head = embedding_activation_bytes(m, shape), head_activation_bytes(m, shape)
-        layers = split_layers(m.n_layers, layout.pp, layout.vpp)
-        kind = layout.resolved_schedule
-        n_virtual = layout.pp * layout.vpp
-        schedule = None
-        if kind == "interleaved_1f1b":
-            schedule = build_schedule(kind, layout.pp, min(microbatches, _peak_microbatches(layout)), layout.vpp)
+        chunks = self._chunk_memories(layout, train)
+        schedule = None if kind in ("1f1b", "gpipe") else _schedule(kind, layout.pp, mb, layout.vpp)
         out = []
         for s in range(layout.pp):
-            chunks = {c: _chunk_memory(layers[s][c], c * layout.pp + s, n_virtual, layout, act, ckpt, transient,
-                                       emb, head) for c in range(len(layers[s]))}
             if schedule is not None:
-                out.append(closed_form_peak(schedule[s], chunks))
+                out.append(closed_form_peak(schedule[s], chunks[s]))
             else:
                 in_flight = microbatches if kind == "gpipe" else min(layout.pp - s, microbatches)
-                out.append(single_chunk_peak(chunks[0], in_flight))
+                out.append(single_chunk_peak(chunks[s][0], in_flight))
         result = self._dynamic[key] = tuple(out)
         return result
+
+    def _chunk_memories(self, layout: LayoutConfig, train: TrainConfig) -> list[dict[int, ChunkMemory]]:
+        """Ledger deltas of every (stage, chunk), as lowering attaches them to ops."""
+        m = self.model
+        plans, st = self.plans(layout, train), self.structure(layout)
+        shape = activation_shape(train, layout, m)
+        edges = (embedding_activation_bytes(m, shape), head_activation_bytes(m, shape),
+                 loss_backward_transient_bytes(m, shape, get_stack(train.stack).eager_loss))
+        last = st.route.length - 1
+        mtp = self._mtp_plans(plans)
+        return [{c: _chunk_memory([plans[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edges, mtp)
+                 for c in range(len(st.layers[s]))} for s in range(layout.pp)]
 
     # -- time ------------------------------------------------------------------------------------
     def estimate(self, layout: LayoutConfig, train: TrainConfig) -> Estimate:
@@ -253,46 +480,46 @@ class Estimator:
         grid = RankGrid(layout)
         seqs = train.global_batch_seqs_resolved
         m = seqs // (train.micro_batch_size * layout.dp)
-        lt = self.layer_times(layout, train, grid)
-        layers = split_layers(self.model.n_layers, layout.pp, layout.vpp)
-        stage_s, fwd_mb, bwd_mb = self._stage_times(layout, lt, layers)
-        t_max, t_mean = max(stage_s), sum(stage_s) / len(stage_s)
-        compute = m * t_max
-        bubble = (layout.pp - 1) / layout.vpp * t_mean
-        tp_layer = lt.fwd_tp_s + lt.bwd_tp_s
-        tp_s = m * max(sum(c) for c in layers) * tp_layer  # TP comm is already inside the stage times
+        costs, pipe = self._pipeline(layout, train, grid, m)
+        compute, bubble, tp_s, ep_s, fwd_mb, bwd_mb = pipe
         pp_s = self._pp_s(layout, grid, train, m)
-        params = max(self.stage_params(layout))
-        dp_s = self._dp_s(layout, train, grid, params, m, fwd_mb, bwd_mb, lt)
-        opt_s = self._optimizer_s(layout, train, params)
+        params = _heaviest(self.stage_params(layout))
+        groups = self._dp_groups(layout, grid)
+        dp_s = max(self._dp_s(layout, train, groups, d, e, m, fwd_mb, bwd_mb, costs) for d, e in params)
+        opt_s = max(self._optimizer_s(layout, train, d, e) for d, e in params)
         step = compute + bubble + pp_s + dp_s + opt_s
         tokens = seqs * train.seq_len
         flops = model_flops_per_step(self.model, train.seq_len, tokens)
-        peak = self.cluster.gpu.peak_flops_per_s(train.precision)
+        peak = self.cluster.gpu.bf16_flops_per_s  # MFU against the dense BF16 peak, as simulate reports it
         mem = self.stage_memory(layout, train, m)
-        return Estimate(step, compute - tp_s, bubble, tp_s, pp_s, dp_s, opt_s, mem, self.cluster.gpu.hbm_bytes,
-                        flops / (step * self.cluster.n_gpus * peak))
+        return Estimate(step, compute - tp_s - ep_s, bubble, tp_s, pp_s, dp_s, opt_s, mem, self.cluster.gpu.hbm_bytes,
+                        flops / (step * self.cluster.n_gpus * peak), ep_s)
 
-    def _stage_times(self, layout: LayoutConfig, lt: _LayerTimes,
-                     layers: list[list[int]]) -> tuple[list[float], float, float]:
-        """Per-stage time of one micro-batch (all chunks), and the slowest stage's forward/backward parts."""
-        n_virtual = layout.pp * layout.vpp
-        out, fwds, bwds = [], [], []
-        for s, chunks in enumerate(layers):
-            fwd = bwd = 0.0
-            for c, n in enumerate(chunks):
-                v = c * layout.pp + s
-                rec = _recomputed_layers(layout, n)
-                fwd += n * (lt.fwd_s + lt.fwd_tp_s) + (lt.emb_s / 2 if v == 0 else 0.0)
-                fwd += lt.head_s / 3 if v == n_virtual - 1 else 0.0
-                bwd += n * (lt.bwd_s + lt.bwd_tp_s) + rec * (lt.fwd_s + lt.fwd_tp_s) + (lt.emb_s / 2 if v == 0 else 0.0)
-                bwd += 2 * lt.head_s / 3 if v == n_virtual - 1 else 0.0
-                bwd += n * lt.selective_s if layout.recompute == "selective" else 0.0
-            out.append(fwd + bwd)
-            fwds.append(fwd)
-            bwds.append(bwd)
-        i = max(range(len(out)), key=out.__getitem__)
-        return out, fwds[i], bwds[i]
+    def _pipeline(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid,
+                  m: int) -> tuple[list[list[_ChunkCost]], _Pipe]:
+        """Chunk costs and the pipeline's (compute, bubble, TP/CP comm, EP comm, forward and backward
+        per micro-batch); cached, as ZeRO stages share them."""
+        kind = layout.resolved_schedule
+        key = (_plan_key(self.model, layout, train), tuple(self._groups(grid).values()), self._load(layout, train),
+               layout.pp, layout.vpp, kind, layout.recompute, layout.recompute_layers, m)
+        hit = self._pipes.get(key)
+        if hit is None:
+            costs = self._chunk_costs(layout, train, grid)
+            if kind in ("1f1b", "interleaved_1f1b", "gpipe"):
+                hit = self._pipes[key] = (costs, _pipeline_1f1b(layout, costs, m))
+            else:
+                hit = self._pipes[key] = (costs, _pipeline_scheduled(layout, kind, costs, m))
+        return hit
+
+    def _chunk_costs(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> list[list[_ChunkCost]]:
+        """One micro-batch's cost of every (stage, chunk): its layers, embedding, head and MTP blocks."""
+        times = self.layer_times(layout, train, grid)
+        edge = self.edge_times(layout, train, grid)
+        st = self.structure(layout)
+        last = st.route.length - 1
+        mtp = [times[self.model.n_layers + k] for k in range(self.model.mtp_depth)]
+        return [[_chunk_cost([times[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edge, mtp)
+                 for c in range(len(st.layers[s]))] for s in range(layout.pp)]
 
     def _pp_s(self, layout: LayoutConfig, grid: RankGrid, train: TrainConfig, m: int) -> float:
         """Exposed pipeline sends: one activation/gradient transfer per virtual micro-batch boundary."""
@@ -302,39 +529,37 @@ class Estimator:
         peer = grid.group("pp", 0)[1]
         return (m * layout.vpp + layout.pp - 1) * self._send_s(0, peer, size)
 
-    def _dp_s(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid, params: float, m: int,
-              fwd_mb: float, bwd_mb: float, lt: _LayerTimes) -> float:
-        """Exposed data-parallel communication (gradient reduction, parameter gathers)."""
-        if layout.dp * layout.cp == 1:
+    def _dp_groups(self, layout: LayoutConfig, grid: RankGrid) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Rank 0's data-parallel group (dp, or dp x cp: grads and ZeRO span both) and its
+        expert-data-parallel group (empty for a dense model)."""
+        group = grid.group(layout.data_axis, 0) if layout.data_degree > 1 else (0,)
+        egroup = grid.group("edp", 0) if self.model.is_moe and _edp(layout) > 1 else ()
+        return group, egroup
+
+    def _dp_s(self, layout: LayoutConfig, train: TrainConfig, groups: tuple[tuple[int, ...], tuple[int, ...]],
+              params: float, experts: float, m: int, fwd_mb: float, bwd_mb: float,
+              costs: list[list[_ChunkCost]]) -> float:
+        """Exposed data-parallel communication (gradient reduction, parameter gathers): dense
+        parameters over dp (x cp), routed-expert parameters over the expert-data-parallel group."""
+        group, egroup = groups
+        if len(group) < 2 and len(egroup) < 2:
             return 0.0
-        group = grid.group("dp_cp" if layout.cp > 1 else "dp", 0)  # grads and ZeRO span dp x cp
         grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
         stage = layout.shard_stage
         if stage >= 3:
-            # Mirrors lowering (FSDP2 prefetch): gathers run on their own stream, issued
-            # ``fsdp_prefetch_layers`` layers ahead, so each action's first gather is exposed and a
-            # later one only where it outlasts the layer it hides behind (backward: sharing the links
-            # with the reduce-scatters); without prefetch every gather is exposed. The last layer's
-            # reduce-scatter is exposed before the optimizer.
-            lp = self.model.layer_params() / layout.tp
-            ag = self.collective_s("all_gather", group, 2.0 * lp)
-            rs = self.collective_s("reduce_scatter", group, grad_b * lp)
-            n_layers = max(sum(c) for c in split_layers(self.model.n_layers, layout.pp, layout.vpp))
-            if layout.fsdp_prefetch_layers == 0:
-                return m * n_layers * 2 * ag + rs
-            fwd_l, bwd_l = lt.fwd_s + lt.fwd_tp_s, lt.bwd_s + lt.bwd_tp_s
-            per_layer = max(ag - fwd_l, 0.0) + max(ag + rs - bwd_l, 0.0)
-            return m * (2 * ag + max(n_layers - 1, 0) * per_layer) + rs
+            return self._zero3_s(layout, train, group, m, costs)
         bucket = layout.grad_bucket_MiB * MiB
+        chunks = len(costs[0])
         coll = "all_reduce" if stage == 0 else "reduce_scatter"
-        reduce_s = self._bucketed_s(coll, group, grad_b * params, bucket)
+        reduce_s = (self._bucketed_s(coll, group, grad_b * params, bucket)
+                    + self._bucketed_s(coll, egroup, grad_b * experts, bucket))
         last = self.collective_s(coll, group, min(bucket, grad_b * params))
         if not layout.overlap_grad_reduce:
             exposed = reduce_s
-        elif layout.vpp > 1 and stage != 2:
-            # Interleaved: each chunk reduces as its last backward ends; only the last chunk's share
-            # (1/v) has no backward left to hide behind.
-            exposed = reduce_s / layout.vpp + last
+        elif chunks > 1 and stage != 2:
+            # Interleaved (and DualPipe's two chunks): each chunk reduces as its last backward ends;
+            # only the last chunk's share (1/v) has no backward left to hide behind.
+            exposed = reduce_s / chunks + last
         elif stage == 2:
             # ZeRO-2 reduce-scatters every micro-batch; nothing waits for it before the optimizer, so
             # it hides behind all the compute after the first backward.
@@ -342,7 +567,8 @@ class Estimator:
         else:
             exposed = max(reduce_s - bwd_mb, 0.0) + last
         if stage in (1, 2):
-            gather_s = self._bucketed_s("all_gather", group, 2.0 * params, bucket)
+            gather_s = (self._bucketed_s("all_gather", group, 2.0 * params, bucket)
+                        + self._bucketed_s("all_gather", egroup, 2.0 * experts, bucket))
             # Lowering issues every chunk's gather at the start and a chunk's first forward waits for
             # its own share: interleaved, the first chunk's 1/v is exposed and the rest hides behind
             # earlier chunks; otherwise the gather mostly overlaps the first forward (calibrated
@@ -353,16 +579,189 @@ class Estimator:
                 exposed += gather_s / layout.vpp if layout.vpp > 1 else max(gather_s - fwd_mb, 0.0)
         return exposed
 
+    def _zero3_s(self, layout: LayoutConfig, train: TrainConfig, group: tuple[int, ...], m: int,
+                 costs: list[list[_ChunkCost]]) -> float:
+        """ZeRO-3: mirrors lowering (FSDP2 prefetch): gathers run on their own stream, issued
+        ``fsdp_prefetch_layers`` layers ahead, so each action's first gather is exposed and a later one
+        only where it outlasts the layer it hides behind (backward: sharing the links with the
+        reduce-scatters); without prefetch every gather is exposed. The last layer's reduce-scatter is
+        exposed before the optimizer. Lowering gathers the dense part of each layer only."""
+        grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+        lp = max(d for d, _ in self.layer_params(layout))
+        ag = self.collective_s("all_gather", group, 2.0 * lp)
+        rs = self.collective_s("reduce_scatter", group, grad_b * lp)
+        layers = self.structure(layout).layers
+        s = max(range(layout.pp), key=lambda i: sum(c.fwd_s + c.bwd_s for c in costs[i]))
+        n_layers = max(sum(layers[s]), 1)
+        if layout.fsdp_prefetch_layers == 0:
+            return m * n_layers * 2 * ag + rs
+        fwd_l = sum(c.fwd_s for c in costs[s]) / n_layers
+        bwd_l = sum(c.bwd_s for c in costs[s]) / n_layers
+        per_layer = max(ag - fwd_l, 0.0) + max(ag + rs - bwd_l, 0.0)
+        return m * (2 * ag + max(n_layers - 1, 0) * per_layer) + rs
+
     def _bucketed_s(self, coll: str, group: tuple[int, ...], total_bytes: float, bucket_bytes: float) -> float:
+        if len(group) < 2 or total_bytes <= 0:
+            return 0.0
         full, rest = divmod(total_bytes, bucket_bytes)
         return full * self.collective_s(coll, group, bucket_bytes) + self.collective_s(coll, group, rest)
 
-    def _optimizer_s(self, layout: LayoutConfig, train: TrainConfig, params: float) -> float:
-        """Fused optimizer step as lowering charges it (bytes moved through HBM)."""
+    def _optimizer_s(self, layout: LayoutConfig, train: TrainConfig, params: float, experts: float) -> float:
+        """Fused optimizer step as lowering charges it (bytes moved through HBM; experts sharded
+        over the expert-data-parallel group)."""
         grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
         per_param = grad_b + (24.0 + 2.0 if train.optimizer != "sgd" else 16.0 + 2.0)
         shard = layout.data_degree if layout.shard_stage >= 1 else 1
-        return self.cost_model(train.precision).memory_op("optimizer.step", per_param * params / shard).time_s
+        expert_shard = _edp(layout) if layout.shard_stage >= 1 else 1
+        return self.cost_model(train).memory_op("optimizer.step",
+                                                per_param * (params / shard + experts / expert_shard)).time_s
+
+
+def _heaviest(stages: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """The (dense, expert) parameter pairs of the stages no other stage exceeds in both (DP and
+    optimizer times grow with each, so only these can be the slowest)."""
+    pairs = {(d, e) for d, e, _ in stages}
+    return [p for p in pairs if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in pairs)]
+
+
+def _edp(layout: LayoutConfig) -> int:
+    """Expert-data-parallel degree: tp x cp x dp / (ep x etp) (``lowering._StageLowering.edp``)."""
+    return max(layout.tp * layout.data_degree // (layout.ep * (layout.etp or layout.tp)), 1)
+
+
+def _chunk_cost(times: list[_LayerTimes], v: int, last: int, layout: LayoutConfig, edge: _EdgeTimes,
+                mtp: list[_LayerTimes]) -> _ChunkCost:
+    """One micro-batch through a chunk: its layers (full recompute re-runs the forward of its first
+    ``recompute_layers``; selective recompute its plan's kernels), the embedding on the first model
+    stage (half in forward, half in backward), the head (a third in forward) and MTP blocks on the last."""
+    cc = _ChunkCost()
+    rec = _recomputed_layers(layout, len(times))
+    selective = layout.recompute in ("selective", "op_sac")
+    for j, t in enumerate(times):
+        again = j < rec
+        cc.fwd_s += t.fwd_total_s
+        cc.bwd_s += t.bwd_total_s + (t.fwd_total_s if again else 0.0) + (t.selective_s if selective else 0.0)
+        cc.wgrad_s += t.wgrad_s
+        cc.comm_s += t.fwd_comm_s + t.bwd_comm_s + (t.fwd_comm_s if again else 0.0)
+        cc.ep_s += t.fwd_ep_s + t.bwd_ep_s + (t.fwd_ep_s if again else 0.0)
+    if v == 0:
+        cc.fwd_s += edge.emb_s / 2
+        cc.bwd_s += edge.emb_s / 2
+    if v == last:
+        cc.fwd_s += edge.head_s / 3
+        cc.bwd_s += 2 * edge.head_s / 3
+        for t in mtp:  # DeepSeek-V3 sec. 2.2: projection, block and the shared head per MTP module
+            cc.fwd_s += edge.mtp_proj_fwd_s + t.fwd_total_s + edge.head_s / 3
+            cc.bwd_s += edge.mtp_proj_bwd_s + t.bwd_total_s + 2 * edge.head_s / 3
+            cc.comm_s += t.fwd_comm_s + t.bwd_comm_s
+            cc.ep_s += t.fwd_ep_s + t.bwd_ep_s
+    return cc
+
+
+def _pipeline_1f1b(layout: LayoutConfig, costs: list[list[_ChunkCost]],
+                   m: int) -> _Pipe:
+    """(compute, bubble, TP/CP comm, EP comm, slowest stage's forward and backward per micro-batch)
+    of 1F1B, interleaved 1F1B or GPipe: m x the slowest stage plus (p - 1)/v x the mean stage
+    (Narayanan et al. 2021 sec. 2.2)."""
+    stage_s = [sum(c.fwd_s + c.bwd_s for c in row) for row in costs]
+    i = max(range(len(stage_s)), key=stage_s.__getitem__)
+    compute = m * stage_s[i]
+    bubble = (layout.pp - 1) / layout.vpp * sum(stage_s) / len(stage_s)
+    comm = m * sum(c.comm_s for c in costs[i])
+    ep = m * sum(c.ep_s for c in costs[i])
+    return compute, bubble, comm, ep, sum(c.fwd_s for c in costs[i]), sum(c.bwd_s for c in costs[i])
+
+
+def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_ChunkCost]],
+                        m: int) -> _Pipe:
+    """As ``_pipeline_1f1b`` for ZB-H1 and DualPipe: the schedule executed by ``schedules.makespan``
+    with each (stage, chunk)'s F, B (input gradients) and W (weight gradients); an overlapped F&B
+    pair costs its two computes, or its communication where that is longer (each chain's
+    all-to-alls run while the other computes: DeepSeek-V3 sec. 3.2.1). Past ``_steady_microbatches``
+    the makespan and busy times grow linearly (steady state), so they are extrapolated from two
+    short schedules (exact for ZB-H1, within 2 % for DualPipe on 16 stages with uneven stages)."""
+    p = layout.pp
+
+    def action_costs(s: int, c: int) -> ActionCosts:
+        cc = costs[s][c]
+        comm = cc.comm_s + cc.ep_s
+        fb = max(cc.fwd_s + cc.bwd_s - comm, comm) if kind in ("dualpipe", "dualpipev") else None
+        return ActionCosts(cc.fwd_s, cc.bwd_s - cc.wgrad_s, cc.wgrad_s, fb)
+
+    def timed(n: int) -> tuple[float, tuple[float, ...]]:
+        t = makespan(_schedule(kind, p, n, 1), action_costs, schedule_route(kind, p, n))
+        return t.makespan_s, t.busy_s
+
+    cut = _steady_microbatches(p)
+    if m <= cut + 2:
+        total, busy = timed(m)
+    else:
+        (t1, b1), (t2, b2) = timed(cut), timed(cut + 2)
+        total = t1 + (m - cut) / 2 * (t2 - t1)
+        busy = tuple(x + (m - cut) / 2 * (y - x) for x, y in zip(b1, b2, strict=True))
+    i = max(range(p), key=busy.__getitem__)
+    share = m / len(costs[i])  # micro-batches through each chunk
+    plain = share * sum(c.fwd_s + c.bwd_s for c in costs[i])
+    hidden = busy[i] / plain if plain > 0 else 1.0  # overlapped pairs hide their communication
+    comm = hidden * share * sum(c.comm_s for c in costs[i])
+    ep = hidden * share * sum(c.ep_s for c in costs[i])
+    n = len(costs[i])
+    return (busy[i], total - busy[i], comm, ep, sum(c.fwd_s for c in costs[i]) / n,
+            sum(c.bwd_s for c in costs[i]) / n)
+
+
+def _steady_microbatches(pp: int) -> int:
+    """Micro-batches (even) past which a ZB-H1/DualPipe schedule is in its steady state: its memory
+    peak no longer grows and its makespan grows linearly (both checked against full schedules of
+    2 to 16 stages and up to 8 x pp micro-batches)."""
+    return 2 * pp + 4
+
+
+@lru_cache(maxsize=256)
+def _schedule(kind: str, pp: int, microbatches: int, vpp: int) -> list[list[Action]]:
+    """``build_schedule``, memoised (DualPipe's construction is costly; read-only here)."""
+    return build_schedule(kind, pp, microbatches, vpp)
+
+
+def _chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig,
+                  edges: tuple[float, float, float], mtp: list[LayerPlan]) -> ChunkMemory:
+    """Ledger deltas of one chunk, op by op, as ``simtrain.lowering`` attaches them (its forward,
+    backward, split backward B and W; MTP blocks and the loss on the last model stage)."""
+    emb, head, loss = edges
+    mem = ChunkMemory()
+    rec = _recomputed_layers(layout, len(plans))
+    if v == 0:
+        mem.fwd.append((emb, 0.0))
+    for j, p in enumerate(plans):
+        mem.fwd.append((p.act_bytes, -(p.act_bytes - p.ckpt_bytes)) if j < rec else (p.act_bytes, 0.0))
+    if v == last:
+        mem.fwd.append((head, 0.0))
+        for p in mtp:
+            mem.fwd += [(p.act_bytes, 0.0), (head, 0.0)]
+        for p in reversed(mtp):
+            for seq in (mem.bwd, mem.bwd_input):
+                seq += [(0.0, -head), (p.transient_bytes, -(p.act_bytes + p.transient_bytes))]
+        mem.bwd.append((loss, -head - loss))
+        mem.bwd_input.append((loss, -head - loss))
+    selective = layout.recompute in ("selective", "op_sac")
+    for j in reversed(range(len(plans))):
+        p = plans[j]
+        again = j < rec
+        freed = (p.ckpt_bytes + p.act_bytes if again else p.act_bytes) + p.transient_bytes
+        if again:
+            mem.bwd.append((p.act_bytes, 0.0))
+            mem.bwd_input.append((p.act_bytes, 0.0))
+        elif p.selective_kernels and selective:
+            mem.bwd.append((p.recompute_bytes, 0.0))
+            mem.bwd_input.append((p.recompute_bytes, 0.0))
+            freed += p.recompute_bytes
+        mem.bwd.append((p.transient_bytes, -freed))
+        mem.bwd_input.append((p.transient_bytes, -(freed - p.weight_bytes)))
+        mem.wgt.append((0.0, -p.weight_bytes))
+    if v == 0:
+        mem.bwd.append((0.0, -emb))
+        mem.wgt.append((0.0, -emb))
+    return mem
 
 
 def single_chunk_peak(mem: ChunkMemory, in_flight: int) -> float:
@@ -388,40 +787,22 @@ def single_chunk_peak(mem: ChunkMemory, in_flight: int) -> float:
     return max((n - 1) * net + fwd_top, n * net + bwd_top)
 
 
-def _peak_microbatches(layout: LayoutConfig) -> int:
-    """Micro-batches past which a stage's peak stops growing: 1F1B holds at most p - s in flight,
+def _peak_microbatches(layout: LayoutConfig, microbatches: int) -> int:
+    """Micro-batches of the schedule the memory walk needs: 1F1B holds at most p - s in flight,
     reached before the (p + 1)-th micro-batch; interleaved warm-up is (p - s - 1) * 2 + (v - 1) * p
     virtual micro-batches, so 4 x p micro-batches cover it and one steady period (tested against the
-    engine's closed form on full schedules)."""
-    if layout.resolved_schedule == "interleaved_1f1b":
-        return PEAK_MICROBATCHES_PER_STAGE * layout.pp
-    return layout.pp + 1
+    engine's closed form on full schedules); ZB-H1 and DualPipe up to ``_steady_microbatches``."""
+    kind = layout.resolved_schedule
+    if kind == "interleaved_1f1b":
+        return min(microbatches, PEAK_MICROBATCHES_PER_STAGE * layout.pp)
+    if kind == "1f1b":
+        return min(microbatches, layout.pp + 1)
+    if kind in ("zb_h1", "dualpipe"):
+        return min(microbatches, _steady_microbatches(layout.pp))
+    return microbatches
 
 
 def _recomputed_layers(layout: LayoutConfig, n_layers: int) -> int:
     if layout.recompute != "full":
         return 0
     return n_layers if layout.recompute_layers is None else min(layout.recompute_layers, n_layers)
-
-
-def _chunk_memory(n_layers: int, v: int, n_virtual: int, layout: LayoutConfig, act: float, ckpt: float,
-                  transient: float, emb: float, head: float) -> ChunkMemory:
-    """Ledger deltas of one chunk, op by op, as ``simtrain.lowering`` attaches them."""
-    mem = ChunkMemory()
-    rec = _recomputed_layers(layout, n_layers)
-    if v == 0:
-        mem.fwd.append((emb, 0.0))
-    for i in range(n_layers):
-        mem.fwd.append((act, -(act - ckpt)) if i < rec else (act, 0.0))
-    if v == n_virtual - 1:
-        mem.fwd.append((head, 0.0))
-        mem.bwd.append((0.0, -head))
-    for i in reversed(range(n_layers)):
-        if i < rec:
-            mem.bwd.append((act, 0.0))
-            mem.bwd.append((transient, -(ckpt + act + transient)))
-        else:
-            mem.bwd.append((transient, -(act + transient)))
-    if v == 0:
-        mem.bwd.append((0.0, -emb))
-    return mem

@@ -6,8 +6,18 @@
    the sequences per DP rank), recompute (none; selective only with unfused attention, since with
    FlashAttention there is nothing to recompute; full with the fewest recomputed layers per chunk
    that fit), sequence parallelism on whenever TP > 1 (Megatron's advice: it only saves memory).
-   CP 1, 2, 4, 8 (sequence divisible by 2 x CP, Megatron's load-balanced causal split); EP stays 1
-   (``simulate`` refuses EP until MoE layers are simulated, and the search covers dense models).
+   CP 1, 2, 4, 8 (sequence divisible by 2 x CP, Megatron's load-balanced causal split).
+   Mixture-of-experts models also get: EP (every divisor of the routed experts such that
+   EP x ETP divides the stage's tp x cp x dp ranks it folds over, Megatron-core's expert mesh), ETP
+   1 or TP (Megatron's ``--expert-tensor-parallel-size``: experts unsharded, or sharded like the
+   dense layers), sequence parallelism whenever TP > 1 (required), and the pipeline schedule:
+   1F1B/interleaved (``auto``), DualPipe (DeepSeek-V3 sec. 3.2.1; pp even, micro-batches even and at
+   least 2 x pp, vpp 1) and, when asked, ZB-H1. Not enumerated for MoE: ZeRO-3/FSDP (lowering gathers
+   and reduce-scatters only the dense part of each layer under ZeRO-3, so the engine would not charge
+   the routed experts' gathers and gradient reduction), DualPipeV, ETP other than 1 and TP.
+   Sliding-window models are searched like the others: the estimate costs each layer's own window.
+   The config's ``cp_comm``, ``ep_comm_overlap`` and ``recompute_modules`` are kept (selective
+   recompute is tried when they name something besides unfused attention's ``core_attn``).
 2. **Prune** with the memory closed form (``simtrain.estimate``, exact against the engine's ledger)
    and rank the layouts that fit by the closed-form step estimate.
 3. **Simulate** the best ``top_k`` estimates (worker processes, or Dask) and rank them by simulated
@@ -34,6 +44,7 @@ GiB = 1024.0**3
 ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
+SEARCH_SCHEDULES = ("auto", "dualpipe", "zb_h1")
 # Simulation budget of a search, micro-batches x layers summed over the simulated layouts: about 40 s
 # of CPU on this project's 2-core machine with today's engine (Llama 3.1 405B, 16 micro-batches x 126
 # layers = 2,016 units, simulates in ~0.7 s).
@@ -56,7 +67,13 @@ class SearchSpace:
     zero_stage: tuple[int, ...] = ZERO_STAGES
     recompute: tuple[str, ...] = RECOMPUTE
     cp: tuple[int, ...] | None = None
-    ep: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees (MoE models; dense models always 1)."""
+    etp: tuple[int, ...] | None = None
+    """Expert tensor-parallel degrees (MoE models): default 1 and tp."""
+    schedule: tuple[str, ...] | None = None
+    """Pipeline schedules: ``auto`` (1F1B, interleaved when vpp > 1), ``dualpipe``, ``zb_h1``; default
+    ``auto`` for dense models, ``auto`` and ``dualpipe`` for MoE models."""
 
 
 @dataclass(slots=True)
@@ -87,8 +104,10 @@ class Candidate:
         lay = self.layout
         rec = lay["recompute"] + (f"({lay['recompute_layers']})" if lay.get("recompute_layers") else "")
         cp = f" cp{lay['cp']}" if lay.get("cp", 1) > 1 else ""
-        return (f"tp{lay['tp']} pp{lay['pp']} vpp{lay['vpp']} dp{lay['dp']}{cp} zero{lay['zero_stage']} "
-                f"mbs{self.micro_batch_size} {rec}")
+        ep = f" ep{lay['ep']} etp{lay['etp']}" if lay.get("etp") is not None else ""
+        sched = f" {lay['schedule']}" if lay.get("schedule", "auto") != "auto" else ""
+        return (f"tp{lay['tp']} pp{lay['pp']} vpp{lay['vpp']} dp{lay['dp']}{cp}{ep} zero{lay['zero_stage']} "
+                f"mbs{self.micro_batch_size} {rec}{sched}")
 
 
 @dataclass(slots=True)
@@ -150,13 +169,50 @@ def _tp_ok(run: RunConfig, tp: int) -> bool:
     """TP divides heads, KV heads (or is a multiple of them), FFN and vocab, as ``validate`` demands."""
     m = run.model
     kv_ok = m.kv_heads % tp == 0 or tp % m.kv_heads == 0
-    return m.n_heads % tp == 0 and kv_ok and m.ffn_hidden % tp == 0 and m.vocab % tp == 0
+    dims_ok = m.n_heads % tp == 0 and kv_ok and m.ffn_hidden % tp == 0 and m.vocab % tp == 0
+    # MoE with TP needs sequence parallelism (validate._expert_problems), so tp must divide the sequence
+    return dims_ok and (m.moe is None or tp == 1 or run.train.seq_len % tp == 0)
+
+
+def _expert_degrees(run: RunConfig, tp: int, plane: int, space: SearchSpace) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs of a stage of ``plane`` = tp x cp x dp ranks: ETP 1 or TP dividing the expert
+    width, EP dividing the routed experts with EP x ETP dividing the plane (validate._expert_problems).
+    A dense model gets (1, None)."""
+    moe = run.model.moe
+    if moe is None:
+        return [(1, None)]
+    etps = sorted({e for e in (space.etp or (1, tp)) if tp % e == 0 and moe.ffn_hidden % e == 0})
+    return [(ep, etp) for etp in etps for ep in _divisors(moe.n_experts)
+            if plane % (ep * etp) == 0 and (space.ep is None or ep in space.ep)]
+
+
+def _schedules(run: RunConfig, pp: int, vpp: int, microbatches: int, space: SearchSpace) -> list[str]:
+    """Schedules worth trying: ``auto`` (1F1B/interleaved); for MoE models DualPipe where it can run
+    (even pp, an even micro-batch count of at least 2 x pp, vpp 1: deepseek-ai/DualPipe's asserts,
+    validate._schedule_batch_problems); ZB-H1 when the space names it (vpp 1, pp > 1)."""
+    allowed = space.schedule or (("auto", "dualpipe") if run.model.is_moe else ("auto",))
+    out = ["auto"] if "auto" in allowed else []
+    if vpp > 1 or pp == 1:
+        return out
+    if "dualpipe" in allowed and pp % 2 == 0 and microbatches % 2 == 0 and microbatches >= 2 * pp:
+        out.append("dualpipe")
+    if "zb_h1" in allowed:
+        out.append("zb_h1")
+    return out
+
+
+def _recompute_choices(run: RunConfig, space: SearchSpace) -> list[str]:
+    """none, full, and selective where it recomputes something (unfused attention, or modules
+    besides ``core_attn``)."""
+    tr, modules = run.train, run.layout.recompute_modules
+    useful = tr.attention_kernel != "flash" or any(mod != "core_attn" for mod in modules)
+    return [r for r in RECOMPUTE if r in space.recompute and (r != "selective" or useful)]
 
 
 def _base_layout(run: RunConfig) -> dict[str, Any]:
     """The config's layout switches that the search keeps (overlaps, rank order, buckets)."""
     keep = ("order", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "grad_bucket_MiB",
-            "fsdp_prefetch_layers")
+            "fsdp_prefetch_layers", "cp_comm", "ep_comm_overlap", "recompute_modules")
     dumped = run.layout.model_dump()
     return {k: dumped[k] for k in keep}
 
@@ -171,7 +227,8 @@ def enumerate_layouts(run: RunConfig, n_gpus: int, space: SearchSpace) -> list[t
     gpn = cluster_of(run).gpus_per_node
     seqs = tr.global_batch_seqs_resolved
     tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpn)
-    recompute = [r for r in RECOMPUTE if r in space.recompute and (r != "selective" or tr.attention_kernel != "flash")]
+    recompute = _recompute_choices(run, space)
+    zeros = [z for z in space.zero_stage if not (m.is_moe and z >= 3)]
     base = _base_layout(run)
     out = []
     for tp in (t for t in tps if n_gpus % t == 0 and _tp_ok(run, t)):
@@ -183,15 +240,16 @@ def enumerate_layouts(run: RunConfig, n_gpus: int, space: SearchSpace) -> list[t
                 dp = rest // pp
                 for mbs in (b for b in space.micro_batch_size if seqs % (b * dp) == 0):
                     mb = seqs // (mbs * dp)
+                    train = tr.model_copy(update={"micro_batch_size": mbs})
                     for vpp in _vpps(m.n_layers, pp, mb, space.vpp):
-                        for ep in (e for e in space.ep if (dp * cp) % e == 0):
-                            lay = {**base, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp,
-                                   "sequence_parallel": tp > 1 and tr.seq_len % tp == 0, "schedule": "auto",
-                                   "fsdp": "none", "fsdp_shard_size": None, "recompute_layers": None}
-                            train = tr.model_copy(update={"micro_batch_size": mbs})
-                            for zero in space.zero_stage:
-                                for rec in recompute:
-                                    out.append((LayoutConfig(**{**lay, "zero_stage": zero, "recompute": rec}), train))
+                        for ep, etp in _expert_degrees(run, tp, tp * cp * dp, space):
+                            for sched in _schedules(run, pp, vpp, mb, space):
+                                lay = {**base, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp,
+                                       "vpp": vpp, "sequence_parallel": tp > 1 and tr.seq_len % tp == 0,
+                                       "schedule": sched, "fsdp": "none", "fsdp_shard_size": None,
+                                       "recompute_layers": None}
+                                out += [(LayoutConfig(**{**lay, "zero_stage": zero, "recompute": rec}), train)
+                                        for zero in zeros for rec in recompute]
     return out
 
 
@@ -209,7 +267,7 @@ def _vpps(n_layers: int, pp: int, microbatches: int, allowed: tuple[int, ...] | 
 # -- pruning ----------------------------------------------------------------------------------------
 def _fit_recompute(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: int) -> tuple[LayoutConfig, tuple[float, ...]]:
     """Full recompute with the fewest layers per chunk that fit (binary search; memory falls as it grows)."""
-    per_chunk = max(max(c) for c in _layers(est, lay))
+    per_chunk = max(max(c) for c in est.chunk_layers(lay))
     hi_lay = lay.model_copy(update={"recompute_layers": per_chunk})
     hi_mem = est.stage_memory(hi_lay, train, mb)
     if max(hi_mem) > est.cluster.gpu.hbm_bytes:
@@ -227,12 +285,6 @@ def _fit_recompute(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: in
     return best
 
 
-def _layers(est: Estimator, lay: LayoutConfig) -> list[list[int]]:
-    from simtrain.lowering import split_layers
-
-    return split_layers(est.model.n_layers, lay.pp, lay.vpp)
-
-
 def _memory_reason(mem: tuple[float, ...], capacity: float, full: bool) -> str:
     s = max(range(len(mem)), key=mem.__getitem__)
     tail = " even with full recompute of every layer" if full else ""
@@ -240,7 +292,8 @@ def _memory_reason(mem: tuple[float, ...], capacity: float, full: bool) -> str:
 
 
 def _layout_dict(lay: LayoutConfig) -> dict[str, Any]:
-    keys = ("tp", "pp", "vpp", "dp", "cp", "ep", "zero_stage", "recompute", "recompute_layers", "sequence_parallel")
+    keys = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "schedule", "zero_stage", "recompute", "recompute_layers",
+            "sequence_parallel")
     return {k: getattr(lay, k) for k in keys}
 
 
@@ -251,7 +304,15 @@ def _estimate_all(est: Estimator, layouts: list[tuple[LayoutConfig, TrainConfig]
     capacity = est.cluster.gpu.hbm_bytes
     for lay, train in layouts:
         mb = train.global_batch_seqs_resolved // (train.micro_batch_size * lay.dp)
-        key = (lay.tp, lay.pp, lay.vpp, lay.dp, lay.cp, lay.ep, lay.zero_stage, train.micro_batch_size)
+        key = (lay.tp, lay.pp, lay.vpp, lay.dp, lay.cp, lay.ep, lay.etp, lay.schedule, lay.zero_stage,
+               train.micro_batch_size)
+        static = tuple(b * (1 + est.fragmentation_ratio) for b in est.static_memory(lay, train))
+        if max(static) > capacity:  # weights, gradients and optimizer state alone overflow
+            cand = Candidate(_layout_dict(lay), train.micro_batch_size, mb, est_peak_bytes=max(static),
+                             status="memory", lost_to="memory")
+            cand.reason = _memory_reason(static, capacity, False) + " before any activation"
+            out.append((cand, lay))
+            continue
         if lay.recompute == "full":
             if key in fits_without:
                 cand = Candidate(_layout_dict(lay), train.micro_batch_size, mb, status="dominated",
@@ -279,7 +340,7 @@ def _estimate_all(est: Estimator, layouts: list[tuple[LayoutConfig, TrainConfig]
 # -- simulation and ranking -------------------------------------------------------------------------
 def _point(c: Candidate) -> dict[str, Any]:
     lay = {f"layout.{k}": v for k, v in c.layout.items()}
-    return {**lay, "layout.schedule": "auto", "layout.fsdp": "none", "layout.fsdp_shard_size": None,
+    return {"layout.schedule": "auto", **lay, "layout.fsdp": "none", "layout.fsdp_shard_size": None,
             "train.micro_batch_size": c.micro_batch_size}
 
 
@@ -338,16 +399,6 @@ def _explain(ranked: list[Candidate]) -> None:
             c.reason = text.replace("vs best", "vs best estimate")
 
 
-def _check_supported(run: RunConfig) -> None:
-    """The closed-form estimate covers dense models with full causal attention only (for now)."""
-    m = run.model
-    if m.is_moe or m.sliding_window is not None:
-        what = "mixture-of-experts" if m.is_moe else "sliding-window attention"
-        raise ConfigError(Problem("model", f"{m.name!r} has {what} layers; the layout search's closed-form "
-                                           "estimate covers dense models only so far; compare layouts with "
-                                           "'simtrain sweep' instead"))
-
-
 def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = None,
            space: SearchSpace | None = None, top_k: int = 8, budget_units: int = DEFAULT_BUDGET_UNITS,
            overrides: list[str] | None = None,
@@ -377,7 +428,6 @@ def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = N
         run = run.model_copy(update={"hardware": run.hardware.model_copy(
             update={"n_nodes": gpus // cluster.gpus_per_node})})
         cluster = cluster_of(run)
-    _check_supported(run)
     if top_k < 1:
         raise ConfigError(Problem("--top", f"{top_k} must be at least 1"))
     layouts = enumerate_layouts(run, cluster.n_gpus, space or SearchSpace())
