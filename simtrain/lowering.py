@@ -272,7 +272,7 @@ class _StageLowering:
     dp_ops: list[int] = field(default_factory=list)
     deferred: list[tuple[str, float, str]] = field(default_factory=list)
     param_gathers: dict[int, list[int]] = field(default_factory=dict)
-    fsdp_gathers: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    fsdp_gathers: dict[tuple[str, int, int, int], list[int]] = field(default_factory=dict)
 
     @property
     def n_virtual(self) -> int:
@@ -516,27 +516,38 @@ class _StageLowering:
         once (the running one and the prefetched ones) are ``memory.static_memory``'s ZeRO-3 buffers.
         """
         lay = self.run.layout
-        if lay.shard_stage < 3 or lay.data_degree == 1:
+        if lay.shard_stage < 3 or (lay.data_degree == 1 and self.edp == 1):
             return
         axis = "dp_shard" if lay.fsdp == "hybrid" else lay.data_axis
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
         for j in order[pos:pos + 1 + lay.fsdp_prefetch_layers]:
             key = (kind, a.microbatch, a.chunk, j)
             if key not in self.fsdp_gathers:
-                size = 2.0 * self.plan(a.chunk, j).params_per_rank
-                op = self.prog.add(OpKind.COLLECTIVE, Stream.DP_GATHER, f"fsdp.all_gather.{kind}", category="comm",
-                                   deps=deps, coll="all_gather", axis=axis, comm_bytes=size,
-                                   microbatch=a.microbatch, chunk=a.chunk)
-                self.fsdp_gathers[key] = op.idx
-        self.em.extra_deps = [*self.em.extra_deps, self.fsdp_gathers[(kind, a.microbatch, a.chunk, order[pos])]]
+                plan = self.plan(a.chunk, j)
+                # dense weights over the data axis; routed experts over the expert-data-parallel group
+                ids = []
+                for params, ax, degree in ((plan.params_per_rank, axis, lay.data_degree),
+                                           (plan.expert_params_per_rank, "edp", self.edp)):
+                    if params > 0 and degree > 1:
+                        ids.append(self.prog.add(OpKind.COLLECTIVE, Stream.DP_GATHER, f"fsdp.all_gather.{kind}",
+                                                 category="comm", deps=deps, coll="all_gather", axis=ax,
+                                                 comm_bytes=2.0 * params, microbatch=a.microbatch,
+                                                 chunk=a.chunk).idx)
+                self.fsdp_gathers[key] = ids
+        self.em.extra_deps = [*self.em.extra_deps, *self.fsdp_gathers[(kind, a.microbatch, a.chunk, order[pos])]]
 
     def _fsdp_reduce(self, a: Action, i: int, is_last_mb: bool) -> None:
         lay = self.run.layout
-        if lay.shard_stage < 3 or lay.data_degree == 1:
+        if lay.shard_stage < 3:
             return
         grad_b = 4.0 if self.run.train.grad_dtype == "fp32" else 2.0
         size = grad_b * self.plan(a.chunk, i).params_per_rank
         deps = (self.em.last_compute,) if self.em.last_compute is not None else ()
+        experts = grad_b * self.plan(a.chunk, i).expert_params_per_rank
+        if experts > 0 and self.edp > 1:  # routed-expert gradients over the expert-data-parallel group
+            self.dp_collective("reduce_scatter", "edp", experts, "fsdp.reduce_scatter.experts", deps)
+        if lay.data_degree == 1:
+            return
         if lay.fsdp == "hybrid" and lay.fsdp_shard_size and lay.fsdp_shard_size < lay.dp:
             op = self.dp_collective("reduce_scatter", "dp_shard", size, "fsdp.reduce_scatter", deps)
             if is_last_mb:

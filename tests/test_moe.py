@@ -129,3 +129,15 @@ def test_deepseek_v3_routes_to_at_most_four_nodes() -> None:
     from simtrain.model import preset
     moe = preset("deepseek-v3").moe
     assert moe is not None and moe.group_limited and (moe.n_group, moe.topk_group) == (8, 4)
+
+
+def test_zero3_reduces_and_gathers_expert_weights_over_expert_data_parallel() -> None:
+    """FSDP/ZeRO-3 with experts: expert gradients are reduce-scattered (and weights gathered) over the
+    expert-data-parallel group, so ZeRO-3 costs more DP traffic than ZeRO-1 would leave out."""
+    run = load_config(BASE, ["layout.ep=4", "layout.zero_stage=3"])
+    low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
+    axes = {o.axis for o in low.programs[0].ops if o.name.startswith("fsdp.")}
+    assert "edp" in axes and "dp" in axes
+    sym, full = simulate(BASE, ["layout.ep=4", "layout.zero_stage=3"], mode="symmetric"), \
+        simulate(BASE, ["layout.ep=4", "layout.zero_stage=3"], mode="full")
+    assert sym.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
