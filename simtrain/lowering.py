@@ -600,6 +600,12 @@ class BucketFiller:
             if params <= 0 or degree == 1:
                 continue
             size = params * self._grad_bytes
+            if lay.shard_stage == 0:
+                # DDP's passes over the bucket (scale; PyTorch: copy in, divide, copy out), on the compute stream
+                passes = get_stack(self.sl.run.train.stack).ddp_grad_passes
+                self.sl.em.compute((self.sl.cost.memory_op("ddp.bucket", 2.0 * passes * size),), "bwd",
+                                   self.action.microbatch, self.action.chunk)
+                last = self.sl.em.last_compute
             if lay.overlap_grad_reduce:
                 self.sl.dp_collective(coll, axis, size, f"dp.{coll}", () if last is None else (last,))
             else:

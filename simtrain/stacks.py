@@ -103,6 +103,11 @@ class SoftwareStack:
     sequence_parallel: bool = True
     pp_microbatches_equal_pp: bool = False
     eager_loss: bool = False
+    ddp_grad_passes: int = 1
+    """Passes over a DDP bucket's gradients besides the all-reduce (each reads and writes them):
+    Megatron-core DDP accumulates into the contiguous bucket and only scales it (1); PyTorch DDP's
+    reducer copies each grad into the flat bucket, divides it by the world size and copies it back
+    (3; torch/csrc/distributed/c10d/reducer.cpp, without gradient_as_bucket_view)."""
 
     def fusion_of(self, kernel_name: str) -> OpFusion:
         """The fusion of the memory-bound op a kernel name belongs to (names as ``simtrain.blocks`` emits)."""
@@ -169,7 +174,7 @@ STACKS: dict[str, SoftwareStack] = {
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
             loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
-            eager_loss=True),
+            eager_loss=True, ddp_grad_passes=3),
     )
 }
 
