@@ -227,10 +227,6 @@ class BlockBuilder:
         first, last = (out, qkv) if backward else (qkv, out)
         return [Comm("all_to_all", first, "cp"), attn, Comm("all_to_all", last, "cp")]
 
-    def attention_core_recompute(self) -> tuple[Kernel, ...]:
-        """Kernels re-run by selective recompute (unfused attention only)."""
-        return self._attention_core(backward=False)
-
     def selective_recompute(self, layer: int | None, modules: tuple[str, ...]) -> tuple[Kernel, ...]:
         """Kernels selective recompute re-runs before a layer's backward (see memory._selective_recompute)."""
         out: list[Kernel] = []

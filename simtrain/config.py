@@ -111,6 +111,16 @@ class LayoutConfig(BaseModel):
         return self.dp * self.cp
 
     @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel degree: ``etp``, or tp when unset (Megatron's default)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_data_degree(self) -> int:
+        """Ranks of a stage holding the same experts: tp x cp x dp / (ep x etp) (Megatron-core's expert mesh)."""
+        return self.tp * self.data_degree // (self.ep * self.expert_tp)
+
+    @property
     def data_axis(self) -> str:
         """Process-group axis of gradient reduction and ZeRO sharding: ``dp``, or ``dp_cp`` with CP."""
         return "dp_cp" if self.cp > 1 else "dp"

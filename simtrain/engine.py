@@ -470,6 +470,7 @@ class Engine:
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
         is_compute = stream == Stream.COMPUTE
         keep = self.keep_trace
+        extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
         for op in ops:
             ready = env.now
             blocker: tuple[str, Any] | None = None
@@ -490,7 +491,7 @@ class Engine:
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
             if op.kind == OpKind.COMPUTE:
-                dur = (op.duration_s + (self.load_factor.get(rank, 1.0) - 1.0) * op.expert_s) * self._slowdown(rank)
+                dur = (op.duration_s + extra_load * op.expert_s) * self._slowdown(rank)
                 yield env.timeout(dur)
                 stats.busy[op.category] += dur
                 stats.flops += op.flops

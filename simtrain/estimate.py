@@ -54,7 +54,14 @@ from simtrain.costs import ComputeCostModel
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
-from simtrain.lowering import LayerPlan, _first_layers, layer_plans, split_layers
+from simtrain.lowering import (
+    LayerPlan,
+    chunk_memory,
+    first_layers,
+    layer_plans,
+    recomputed_layers,
+    split_layers,
+)
 from simtrain.memory import (
     ChunkMemory,
     activation_shape,
@@ -173,7 +180,7 @@ def _block(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, cost: Com
     dualpipe = layout.resolved_schedule == "dualpipe"
     fp8_blockwise = train.precision == "fp8" and train.fp8_recipe == "blockwise"
     return BlockBuilder(model, cost, shape.b, shape.s, layout.tp, layout.sequence_parallel, shape.flash,
-                        shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.etp or layout.tp,
+                        shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.expert_tp,
                         layout.ep_comm_overlap or dualpipe, 1.0 if fp8_blockwise else 2.0)
 
 
@@ -184,13 +191,13 @@ def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tup
     modules = layout.recompute_modules if rec == "selective" else ()
     dualpipe = layout.resolved_schedule == "dualpipe"
     return (activation_shape(train, layout, model), train.precision, train.fp8_recipe, train.stack, layout.cp,
-            layout.cp_comm, layout.ep, layout.etp or layout.tp, layout.ep_comm_overlap or dualpipe, rec, modules)
+            layout.cp_comm, layout.ep, layout.expert_tp, layout.ep_comm_overlap or dualpipe, rec, modules)
 
 
 @dataclass(frozen=True, slots=True)
 class _Structure:
     """Where the layers sit: the schedule's route, layers per (stage, chunk) and each chunk's first
-    global layer (``lowering.split_layers`` / ``_first_layers``)."""
+    global layer (``lowering.split_layers`` / ``first_layers``)."""
 
     route: Route
     layers: list[list[int]]
@@ -358,7 +365,7 @@ class Estimator:
         if hit is None:
             route = schedule_route(kind, layout.pp, 0, layout.vpp)
             layers = split_layers(self.model.n_layers, layout.pp, layout.vpp, route)
-            hit = self._structs[key] = _Structure(route, layers, _first_layers(layers, route))
+            hit = self._structs[key] = _Structure(route, layers, first_layers(layers, route))
         return hit
 
     def chunk_layers(self, layout: LayoutConfig) -> list[list[int]]:
@@ -374,7 +381,7 @@ class Estimator:
         """(dense, routed-expert) parameters of every layer (main, then MTP) on one rank, as
         ``lowering._layer_plan`` shards them: dense part / tp, routed experts / (ep x etp)."""
         m = self.model
-        key = (layout.tp, layout.ep, layout.etp or layout.tp)
+        key = (layout.tp, layout.ep, layout.expert_tp)
         hit = self._params.get(key)
         if hit is None:
             kinds: dict[bool, tuple[float, float]] = {}
@@ -471,7 +478,7 @@ class Estimator:
                  loss_backward_transient_bytes(m, shape, get_stack(train.stack).eager_loss))
         last = st.route.length - 1
         mtp = self._mtp_plans(plans)
-        return [{c: _chunk_memory([plans[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edges, mtp)
+        return [{c: chunk_memory([plans[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edges, mtp)
                  for c in range(len(st.layers[s]))} for s in range(layout.pp)]
 
     # -- time ------------------------------------------------------------------------------------
@@ -626,7 +633,7 @@ def _heaviest(stages: list[tuple[float, float, float]]) -> list[tuple[float, flo
 
 def _edp(layout: LayoutConfig) -> int:
     """Expert-data-parallel degree: tp x cp x dp / (ep x etp) (``lowering._StageLowering.edp``)."""
-    return max(layout.tp * layout.data_degree // (layout.ep * (layout.etp or layout.tp)), 1)
+    return max(layout.expert_data_degree, 1)
 
 
 def _chunk_cost(times: list[_LayerTimes], v: int, last: int, layout: LayoutConfig, edge: _EdgeTimes,
@@ -635,7 +642,7 @@ def _chunk_cost(times: list[_LayerTimes], v: int, last: int, layout: LayoutConfi
     ``recompute_layers``; selective recompute its plan's kernels), the embedding on the first model
     stage (half in forward, half in backward), the head (a third in forward) and MTP blocks on the last."""
     cc = _ChunkCost()
-    rec = _recomputed_layers(layout, len(times))
+    rec = recomputed_layers(layout, len(times))
     selective = layout.recompute in ("selective", "op_sac")
     for j, t in enumerate(times):
         again = j < rec
@@ -723,47 +730,6 @@ def _schedule(kind: str, pp: int, microbatches: int, vpp: int) -> list[list[Acti
     return build_schedule(kind, pp, microbatches, vpp)
 
 
-def _chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig,
-                  edges: tuple[float, float, float], mtp: list[LayerPlan]) -> ChunkMemory:
-    """Ledger deltas of one chunk, op by op, as ``simtrain.lowering`` attaches them (its forward,
-    backward, split backward B and W; MTP blocks and the loss on the last model stage)."""
-    emb, head, loss = edges
-    mem = ChunkMemory()
-    rec = _recomputed_layers(layout, len(plans))
-    if v == 0:
-        mem.fwd.append((emb, 0.0))
-    for j, p in enumerate(plans):
-        mem.fwd.append((p.act_bytes, -(p.act_bytes - p.ckpt_bytes)) if j < rec else (p.act_bytes, 0.0))
-    if v == last:
-        mem.fwd.append((head, 0.0))
-        for p in mtp:
-            mem.fwd += [(p.act_bytes, 0.0), (head, 0.0)]
-        for p in reversed(mtp):
-            for seq in (mem.bwd, mem.bwd_input):
-                seq += [(0.0, -head), (p.transient_bytes, -(p.act_bytes + p.transient_bytes))]
-        mem.bwd.append((loss, -head - loss))
-        mem.bwd_input.append((loss, -head - loss))
-    selective = layout.recompute in ("selective", "op_sac")
-    for j in reversed(range(len(plans))):
-        p = plans[j]
-        again = j < rec
-        freed = (p.ckpt_bytes + p.act_bytes if again else p.act_bytes) + p.transient_bytes
-        if again:
-            mem.bwd.append((p.act_bytes, 0.0))
-            mem.bwd_input.append((p.act_bytes, 0.0))
-        elif p.selective_kernels and selective:
-            mem.bwd.append((p.recompute_bytes, 0.0))
-            mem.bwd_input.append((p.recompute_bytes, 0.0))
-            freed += p.recompute_bytes
-        mem.bwd.append((p.transient_bytes, -freed))
-        mem.bwd_input.append((p.transient_bytes, -(freed - p.weight_bytes)))
-        mem.wgt.append((0.0, -p.weight_bytes))
-    if v == 0:
-        mem.bwd.append((0.0, -emb))
-        mem.wgt.append((0.0, -emb))
-    return mem
-
-
 def single_chunk_peak(mem: ChunkMemory, in_flight: int) -> float:
     """Peak of a one-chunk 1F1B (or GPipe) stage with ``in_flight`` micro-batches alive at most.
 
@@ -800,9 +766,3 @@ def _peak_microbatches(layout: LayoutConfig, microbatches: int) -> int:
     if kind in ("zb_h1", "dualpipe"):
         return min(microbatches, _steady_microbatches(layout.pp))
     return microbatches
-
-
-def _recomputed_layers(layout: LayoutConfig, n_layers: int) -> int:
-    if layout.recompute != "full":
-        return 0
-    return n_layers if layout.recompute_layers is None else min(layout.recompute_layers, n_layers)

@@ -73,7 +73,7 @@ class RankGrid:
     @property
     def etp(self) -> int:
         """Expert tensor-parallel degree (``layout.etp``, default tp as in Megatron)."""
-        return self.layout.etp or self.layout.tp
+        return self.layout.expert_tp
 
     def _expert_group(self, axis: str, rank: int) -> tuple[int, ...]:
         """Expert-tensor, expert-parallel and expert-data groups of ``rank`` (module docstring)."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
-from simtrain.config import RunConfig
+from simtrain.config import LayoutConfig, RunConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
     ChunkMemory,
@@ -113,7 +113,8 @@ class _Emitter:
         self.tp_overlap = tp_overlap
         self.last_compute: int | None = None
         self.pending_comm: Op | None = None
-        self.pending_comm_spec: tuple[str, float, str, int, int] | None = None
+        self.pending_comm_spec: Comm | None = None
+        """A TP collective whose chunks the next compute segment pipelines with (TP comm overlap)."""
         self.recv_key: tuple[str, int, int] | None = None
         self.recv_ops: dict[int, tuple[str, int, int]] = {}
         self.extra_deps: list[int] = []
@@ -124,7 +125,7 @@ class _Emitter:
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
         if self.tp_overlap and c.axis == "tp":
-            self.pending_comm_spec = (c.coll, c.size_bytes, category, mb, chunk)
+            self.pending_comm_spec = c
             return
         deps = [] if self.last_compute is None else [self.last_compute]
         if self.pending_comm is not None:  # two collectives in a row: the second follows the first
@@ -198,8 +199,8 @@ class _Emitter:
         # the all-gather chunks are issued first: the TP stream runs in order, so a reduce-scatter
         # chunk waiting for its GEMM chunk must not hold back the next all-gather chunk
         gathers = [] if before is None else [
-            self.prog.add(OpKind.COLLECTIVE, Stream.TP, f"tp.{before[0]}", category="comm", deps=producer,
-                          coll=before[0], axis="tp", comm_bytes=before[1] / n, microbatch=mb, chunk=chunk)
+            self.prog.add(OpKind.COLLECTIVE, Stream.TP, f"tp.{before.coll}", category="comm", deps=producer,
+                          coll=before.coll, axis="tp", comm_bytes=before.size_bytes / n, microbatch=mb, chunk=chunk)
             for _ in range(n)]
         op = None
         for i in range(n):
@@ -294,7 +295,7 @@ class _StageLowering:
         lay = self.run.layout
         if not self.run.model.is_moe:
             return 1
-        return lay.tp * lay.cp * lay.dp // (lay.ep * (lay.etp or lay.tp))
+        return lay.expert_data_degree
 
     def vstage(self, chunk: int) -> int:
         """Position of ``chunk`` of this stage on the pipeline path (Megatron's virtual stage
@@ -302,10 +303,7 @@ class _StageLowering:
         return self.route.position(0, self.stage, chunk)
 
     def _recompute_layer(self, i: int) -> bool:
-        lay = self.run.layout
-        if lay.recompute != "full":
-            return False
-        return lay.recompute_layers is None or i < lay.recompute_layers
+        return i < recomputed_layers(self.run.layout, i + 1)
 
     def _embed_params(self, chunk: int) -> float:
         """Input-embedding parameters on this rank for a chunk (TP-sharded; first virtual stage)."""
@@ -670,7 +668,7 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
     selective = "core_attn" in modules and not shape.flash
     m, lay = run.model, run.layout
     experts = m.layer_routed_expert_params(layer) if m.is_moe else 0
-    etp = lay.etp or lay.tp
+    etp = lay.expert_tp
     w_in = weight_grad_input_bytes(m, shape, layer)
     act = layer_activation_bytes(m, shape, recompute_attention=selective, layer=layer, recompute=modules)
     recompute_kernels = block.selective_recompute(layer, modules)
@@ -716,41 +714,62 @@ def layer_plans(run: RunConfig, block: BlockBuilder, n_layers: int) -> dict[int,
 
 
 def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:
-    """The ledger deltas of one chunk, from the memory formulas (for the closed-form peak)."""
-    shape, m = sl._shape, sl.run.model
+    """The ledger deltas of one chunk of a stage (see ``chunk_memory``)."""
+    m, shape = sl.run.model, sl._shape
+    plans = [sl.plan(chunk, i) for i in range(sl.layers[chunk])]
+    edges = (embedding_activation_bytes(m, shape), head_activation_bytes(m, shape), sl._loss_transient)
+    mtp = sl._mtp() if sl.vstage(chunk) == sl.n_virtual - 1 else []
+    return chunk_memory(plans, sl.vstage(chunk), sl.n_virtual - 1, sl.run.layout, edges, mtp)
+
+
+def chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig,
+                  edges: tuple[float, float, float], mtp: list[LayerPlan]) -> ChunkMemory:
+    """Ledger deltas of one chunk, op by op, as the emitters above attach them (its forward, backward,
+    split backward B and W; MTP blocks and the loss on the last position ``last``), for the closed-form
+    peak (``memory.closed_form_peak``) and layout search's estimate. ``plans``: the chunk's layers in
+    order; ``edges``: embedding, head and loss-transient bytes."""
+    emb, head, loss = edges
     mem = ChunkMemory()
-    v = sl.vstage(chunk)
+    rec = recomputed_layers(layout, len(plans))
     if v == 0:
-        mem.fwd.append((embedding_activation_bytes(m, shape), 0.0))
-    for i in range(sl.layers[chunk]):
-        plan = sl.plan(chunk, i)
-        if sl._recompute_layer(i):
-            mem.fwd.append((plan.act_bytes, -(plan.act_bytes - plan.ckpt_bytes)))
-        else:
-            mem.fwd.append((plan.act_bytes, 0.0))
-    if v == sl.n_virtual - 1:
-        mem.fwd.append((head_activation_bytes(m, shape), 0.0))
-        loss = sl._loss_transient
-        mem.bwd.append((loss, -head_activation_bytes(m, shape) - loss))
-        mem.bwd_input.append((loss, -head_activation_bytes(m, shape) - loss))
-    for i in reversed(range(sl.layers[chunk])):
-        plan = sl.plan(chunk, i)
-        rec = sl._recompute_layer(i)
-        freed = (plan.ckpt_bytes + plan.act_bytes if rec else plan.act_bytes) + plan.transient_bytes
-        if rec:
-            mem.bwd.append((plan.act_bytes, 0.0))
-            mem.bwd_input.append((plan.act_bytes, 0.0))
-        elif plan.selective_kernels and sl.run.layout.recompute in ("selective", "op_sac"):
-            mem.bwd.append((plan.recompute_bytes, 0.0))
-            mem.bwd_input.append((plan.recompute_bytes, 0.0))
-            freed += plan.recompute_bytes
-        mem.bwd.append((plan.transient_bytes, -freed))
-        mem.bwd_input.append((plan.transient_bytes, -(freed - plan.weight_bytes)))
-        mem.wgt.append((0.0, -plan.weight_bytes))
+        mem.fwd.append((emb, 0.0))
+    for j, p in enumerate(plans):
+        mem.fwd.append((p.act_bytes, -(p.act_bytes - p.ckpt_bytes)) if j < rec else (p.act_bytes, 0.0))
+    if v == last:
+        mem.fwd.append((head, 0.0))
+        for p in mtp:
+            mem.fwd += [(p.act_bytes, 0.0), (head, 0.0)]
+        for p in reversed(mtp):
+            for seq in (mem.bwd, mem.bwd_input):
+                seq += [(0.0, -head), (p.transient_bytes, -(p.act_bytes + p.transient_bytes))]
+        mem.bwd.append((loss, -head - loss))
+        mem.bwd_input.append((loss, -head - loss))
+    selective = layout.recompute in ("selective", "op_sac")
+    for j in reversed(range(len(plans))):
+        p = plans[j]
+        again = j < rec
+        freed = (p.ckpt_bytes + p.act_bytes if again else p.act_bytes) + p.transient_bytes
+        if again:
+            mem.bwd.append((p.act_bytes, 0.0))
+            mem.bwd_input.append((p.act_bytes, 0.0))
+        elif p.selective_kernels and selective:
+            mem.bwd.append((p.recompute_bytes, 0.0))
+            mem.bwd_input.append((p.recompute_bytes, 0.0))
+            freed += p.recompute_bytes
+        mem.bwd.append((p.transient_bytes, -freed))
+        mem.bwd_input.append((p.transient_bytes, -(freed - p.weight_bytes)))
+        mem.wgt.append((0.0, -p.weight_bytes))
     if v == 0:
-        mem.bwd.append((0.0, -embedding_activation_bytes(m, shape)))
-        mem.wgt.append((0.0, -embedding_activation_bytes(m, shape)))
+        mem.bwd.append((0.0, -emb))
+        mem.wgt.append((0.0, -emb))
     return mem
+
+
+def recomputed_layers(layout: LayoutConfig, n_layers: int) -> int:
+    """How many leading layers of a chunk of ``n_layers`` full recompute re-runs (``recompute_layers``)."""
+    if layout.recompute != "full":
+        return 0
+    return n_layers if layout.recompute_layers is None else min(layout.recompute_layers, n_layers)
 
 
 def microbatches(run: RunConfig) -> int:
@@ -764,14 +783,14 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     m = microbatches(run)
     shape = activation_shape(run.train, lay, run.model)
     block = BlockBuilder(run.model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
-                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.etp or lay.tp,
+                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
                          lay.ep_comm_overlap or lay.resolved_schedule == "dualpipe",
                          1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0)
     kind = lay.resolved_schedule
     route = schedule_route(kind, lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)
     plans = layer_plans(run, block, run.model.n_layers + run.model.mtp_depth)
-    firsts = _first_layers(layers, route)
+    firsts = first_layers(layers, route)
     schedule = build_schedule(kind, lay.pp, m, lay.vpp)
     lowered = Lowered(programs=[], schedule=schedule, chunk_memory=[], layers=layers, microbatches=m)
     stages = []
@@ -814,7 +833,7 @@ def _emit_actions(sl: _StageLowering, actions: list[Action]) -> None:
         i += 1
 
 
-def _first_layers(layers: list[list[int]], route: Route) -> list[list[int]]:
+def first_layers(layers: list[list[int]], route: Route) -> list[list[int]]:
     """Global index of each (stage, chunk)'s first layer: layers run in path order (position)."""
     at = {route.position(0, s, c): (s, c) for s in range(len(layers)) for c in range(len(layers[s]))}
     firsts = [[0] * len(row) for row in layers]

@@ -36,7 +36,7 @@ def rank_load_factors(run: RunConfig, grid: RankGrid, ranks: list[int]) -> dict[
     return {r: per_ep_rank[grid.group("ep", r).index(r)] for r in ranks}
 
 
-def symmetric_load_factors(run: RunConfig, grid: RankGrid, representatives: list[int]) -> dict[int, float]:
+def symmetric_load_factors(run: RunConfig, representatives: list[int]) -> dict[int, float]:
     """Symmetric mode: each stage's representative runs at the hottest EP rank's pace."""
     worst = max(expert_loads_by_rank(run))
     return {r: worst for r in representatives}

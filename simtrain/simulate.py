@@ -60,7 +60,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
     symmetric = mode == "symmetric"
     ranks = [grid.representative(s) for s in range(run.layout.pp)] if symmetric else list(range(grid.world_size))
-    loads = (symmetric_load_factors(run, grid, ranks) if symmetric else rank_load_factors(run, grid, ranks))
+    loads = (symmetric_load_factors(run, ranks) if symmetric else rank_load_factors(run, grid, ranks))
     engine = Engine(lowered.programs, grid, topo, gpu, symmetric=symmetric, trace=trace, load_factor=loads)
     res = engine.run()
     result = _result(run, mode, lowered, res, cluster, grid)
@@ -72,7 +72,7 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
     shard = run.layout.data_degree
     if run.layout.fsdp == "hybrid" and run.layout.fsdp_shard_size:
         shard = run.layout.fsdp_shard_size
-    edp = run.layout.tp * run.layout.data_degree // (run.layout.ep * (run.layout.etp or run.layout.tp))
+    edp = run.layout.expert_data_degree
     for s, prog in enumerate(lowered.programs):
         prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
                                         run.layout, run.train, shard, context_bytes)

@@ -68,7 +68,7 @@ def check_run(run: RunConfig) -> list[Problem]:
 def _expert_problems(run: RunConfig) -> list[Problem]:
     """EP x ETP tile the tp x cp x dp ranks of a stage (Megatron-core expert mesh); MoE with TP needs SP."""
     lay, m = run.layout, run.model
-    etp = lay.etp or lay.tp
+    etp = lay.expert_tp
     plane = lay.tp * lay.cp * lay.dp
     out = []
     if m.moe is None:

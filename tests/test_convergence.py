@@ -6,8 +6,8 @@ import math
 from typing import Any
 
 import pytest
+from test_run import BASE, fake_step  # the same tiny run and engine-free step
 
-from simtrain.config import RunConfig
 from simtrain.convergence import (
     NoiseScaleModel,
     deepseek_optimal_batch_tokens,
@@ -16,22 +16,7 @@ from simtrain.convergence import (
     noise_model,
 )
 from simtrain.errors import ConfigError
-from simtrain.results import StepResult
 from simtrain.run import batch_whatif
-
-BASE: dict[str, Any] = {
-    "name": "tiny-run", "model": "gpt-1.7b", "hardware": {"node": "dgx-h100", "n_nodes": 1},
-    "layout": {"tp": 1, "dp": 8}, "train": {"seq_len": 1024, "global_batch_seqs": 64},
-}
-
-
-def fake_step(run: RunConfig) -> StepResult:
-    """A StepResult whose step time is 1 ms per sequence (no engine)."""
-    seqs = run.train.global_batch_seqs_resolved
-    return StepResult(name=run.name, mode="symmetric", step_time_s=seqs * 1e-3, tokens_per_s=1.0,
-                      tokens_per_s_per_gpu=1.0, model_tflops_per_gpu=1.0, hardware_tflops_per_gpu=1.0, mfu=0.5,
-                      hfu=0.5, n_gpus=8, global_batch_tokens=seqs * run.train.seq_len, microbatches=seqs // 8,
-                      breakdown_s={}, memory=[], fits=True, layout={}, ops_executed=0)
 
 
 def test_mccandlish_tradeoff() -> None:
