@@ -6,6 +6,11 @@ Compute ops take their modelled time, slowed while a communication op of the sam
 (NCCL kernels take SMs and HBM bandwidth: Calculon's processor_usage, reference note 4).
 Communication becomes flows over the graph (``network.FlowNetwork``).
 
+Two exact fast paths cut the simpy events: a collective no other stream can contend with and that the
+next compute op waits for runs in line on the compute stream (``simtrain.inline``), and a compute
+stream whose rank is quiet runs ahead of the simpy clock until it must wait or fire an event
+(``Engine._compute_stream``). ``fast_paths=False`` turns both off; tests compare the two.
+
 Symmetric mode simulates one representative rank per pipeline stage and gives its flows the weight
 of the symmetric copies the other ranks of the stage put on the same links. Full mode simulates
 every rank: collectives rendezvous across their group and every flow is on the network.
@@ -31,11 +36,14 @@ from simtrain.collectives import (
     unit_idle_times,
 )
 from simtrain.hardware import GpuSpec, Topology
+from simtrain.inline import Inline, inline_plan
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+_FINISHED = object()  # a comm stream with no ops left
+CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
 
 @dataclass(slots=True)
@@ -371,11 +379,15 @@ class Engine:
         topo: the cluster topology; gpu: the GPU spec (interference factors, link efficiencies).
         symmetric: simulate one representative rank per stage (True) or every rank (False).
         trace: keep a TraceEvent per executed op.
+        fast_paths: run private blocking collectives in line and let a quiet rank's compute stream
+            run ahead of the simpy clock (exact: the same times; off only to check that).
     """
 
     def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
-                 symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None):
+                 symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
+                 fast_paths: bool = True):
         self.programs, self.grid, self.gpu = programs, grid, gpu
+        self.fast_paths = fast_paths
         self.load_factor = load_factor or {}
         """Routed-expert time factor per rank (simtrain.routing); missing ranks run at 1."""
         self.symmetric, self.keep_trace = symmetric, trace
@@ -395,8 +407,11 @@ class Engine:
         self.active_comm: dict[int, list[str]] = {r: [] for r in self.ranks}
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
-        self._needed = [self._needed_ops(p) for p in programs]
-        self._comm: dict[tuple[int, int], tuple[float, list[list[tuple[Any, ...]]], str, float | None]] = {}
+        self._comm: dict[int, list[CommEntry | None]] = {}
+        """Per rank, per op index: (latency s, phases of flows, link class, private duration s or None)."""
+        self._inline: dict[int, Inline] = {}
+        self._waiting: dict[int, dict[Stream, Any]] = {r: {} for r in self.ranks}
+        """What each comm stream of a rank waits for: an event, None while running, _FINISHED."""
 
     def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         stage = self.stage[rank]
@@ -414,32 +429,45 @@ class Engine:
         private, so their time is computed offline by the same fluid model (no contention possible:
         one stream runs one op at a time)."""
         owners: dict[Any, set[Any]] = defaultdict(set)
-        pending = []
-        memo: dict[tuple[int, Any], set[Any]] = {}
+        uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
         for r in self.ranks:
+            self._comm[r] = [None] * len(self.programs[self.stage[r]].ops)
+            # ops of one signature share an entry and an owner: plan each signature once per rank
+            by_sig: dict[tuple[Any, ...], list[int]] = {}
             for op in self.programs[self.stage[r]].ops:
-                if op.kind == OpKind.COMPUTE:
-                    continue
-                entry = self._comm_entry(r, op)
-                owner = self._owner(r, op)
-                key = (id(entry), owner)
-                if key not in memo:
-                    edges = {e for ph in entry[1] for f in ph for e in f[0]}
-                    memo[key] = edges
-                    for e in edges:
-                        owners[e].add(owner)
-                pending.append((r, op, entry, owner, key))
-        durations: dict[tuple[int, Any], float | None] = {}
-        for r, op, entry, owner, key in pending:
-            if key not in durations:
-                private = all(owners[e] == {owner} for e in memo[key])
-                durations[key] = (entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
-                                  if private else None)
-            self._comm[(r, op.idx)] = (*entry, durations[key])
+                if op.kind != OpKind.COMPUTE:
+                    by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
+                                      []).append(op.idx)
+            ops = self.programs[self.stage[r]].ops
+            for idxs in by_sig.values():
+                op = ops[idxs[0]]
+                entry, owner = self._comm_entry(r, op), self._owner(r, op)
+                uses.append((r, idxs, entry, owner))
+        edges_of: dict[tuple[int, Any], set[Any]] = {}
+        for _, _, entry, owner in uses:
+            key = (id(entry), owner)
+            if key not in edges_of:
+                edges_of[key] = {e for ph in entry[1] for f in ph for e in f[0]}
+                for e in edges_of[key]:
+                    owners[e].add(owner)
+        values: dict[tuple[int, Any], CommEntry] = {}
+        for r, idxs, entry, owner in uses:
+            key = (id(entry), owner)
+            if key not in values:
+                private = all(owners[e] == {owner} for e in edges_of[key])
+                values[key] = (*entry, entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
+                               if private else None)
+            value, table = values[key], self._comm[r]
+            for i in idxs:
+                table[i] = value
 
     @staticmethod
-    def _needed_ops(prog: Program) -> set[int]:
-        need = {d for op in prog.ops for d in op.deps}
+    def _needed_ops(prog: Program, inline: Inline) -> set[int]:
+        """Ops something waits for (their done events): deps, sends (a receiver waits), less what the
+        compute stream's in-line runs settle by order."""
+        moved = {op.idx for pre, _ in inline.values() for op in pre}
+        need = {d for op in prog.ops if op.idx not in moved and op.idx not in inline for d in op.deps}
+        need.update(d for _, rest in inline.values() for d in rest)
         need.update(op.idx for op in prog.ops if op.kind == OpKind.SEND)
         return need
 
@@ -448,14 +476,22 @@ class Engine:
         self._prepare_comm()
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
-            self.done[r] = {i: self.env.event() for i in self._needed[prog.stage]}
+            if self.symmetric and self.fast_paths:  # full mode: collectives rendezvous, none runs in line
+                self._inline[r] = inline_plan(prog.ops, [None if e is None else e[3] for e in self._comm[r]])
+            self.done[r] = {i: self.env.event() for i in self._needed_ops(prog, self._inline.get(r, {}))}
             self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
+            moved = {op.idx for pre, _ in self._inline.get(r, {}).values() for op in pre}
             for stream in Stream:
-                ops = prog.stream_ops(stream)
-                if ops:
-                    self.env.process(self._stream(r, stream, ops))
+                ops = [op for op in prog.stream_ops(stream) if op.idx not in moved]
+                if not ops:
+                    continue
+                if stream == Stream.COMPUTE:
+                    self.env.process(self._compute_stream(r, ops))
+                else:
+                    self._waiting[r][stream] = None
+                    self.env.process(self._comm_stream(r, stream, ops))
         self.env.run()
         step = max(s.end_s for s in self.stats.values())
         return EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
@@ -463,40 +499,24 @@ class Engine:
 
     def _remote_rank(self, rank: int, stage: int) -> int:
         if self.symmetric:
-            return self.grid.representative(stage)
+            return self.ranks[stage]  # the stage's representative
         return rank + (stage - self.stage[rank]) * self.grid.stride("pp")
 
-    def _stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
+    def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
+        """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
-        is_compute = stream == Stream.COMPUTE
-        keep = self.keep_trace
-        extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
+        keep, waiting = self.keep_trace, self._waiting[rank]
         for op in ops:
-            ready = env.now
-            blocker: tuple[str, Any] | None = None
             for d in op.deps:
                 ev = done[d]
                 if not ev.processed:
+                    waiting[stream] = ev
                     yield ev
-                    blocker = ("dep", d)
-            if op.remote is not None:
-                src = self._remote_rank(rank, op.remote[0])
-                ev = self.done[src][op.remote[1]]
-                if not ev.processed:
-                    yield ev
-                    blocker = ("remote", (src, op.remote[1]))
+            waiting[stream] = None  # running (or about to): not quiet
             start = env.now
-            if is_compute and start > ready and blocker is not None:
-                self._attribute(rank, blocker, ready, start)
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            if op.kind == OpKind.COMPUTE:
-                dur = (op.duration_s + extra_load * op.expert_s) * self._slowdown(rank)
-                yield env.timeout(dur)
-                stats.busy[op.category] += dur
-                stats.flops += op.flops
-            else:
-                yield from self._communicate(rank, op)
+            yield from self._communicate(rank, op)
             end = env.now
             if op.mem_end:
                 ledger.apply(end, op.mem_end)
@@ -506,11 +526,121 @@ class Engine:
             if keep:
                 self.trace.append(TraceEvent(rank, stream.name.lower(), op.name, op.category, start, end, op))
             self.executed += 1
-            if is_compute:
-                stats.last_compute_end_s = end
             if end >= stats.end_s:
                 stats.end_s = end
                 stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
+        waiting[stream] = _FINISHED
+
+    def _quiet(self, rank: int) -> bool:
+        """Whether none of ``rank``'s comm streams can act before its compute stream fires an event:
+        each has finished or waits for an event not yet triggered (comm ops wait only on their own
+        rank's ops, so only this rank's compute stream can wake them)."""
+        for ev in self._waiting[rank].values():
+            if ev is not _FINISHED and (ev is None or ev.triggered):
+                return False
+        return True
+
+    def _compute_stream(self, rank: int, ops: list[Op]):  # type: ignore[no-untyped-def]
+        """The compute stream of ``rank``, with the private collectives run in line before their
+        consumers (simtrain.inline).
+
+        The stream keeps its own clock ``t`` and runs ahead of the simpy clock while that cannot
+        change anything: the op is awaited by nothing (no done event), its deps are already done, and
+        the rank is quiet (``_quiet``), so no other process can touch this rank's state before ``t``.
+        It yields (catches up) only to wait, to fire an event, or at the end: the same times as one
+        timeout per op, with far fewer simpy events.
+        """
+        env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
+        keep = self.keep_trace
+        extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
+        inline = self._inline.get(rank, {})
+        t = env.now
+        for op in ops:
+            deps = op.deps
+            pre = inline.get(op.idx)
+            if pre is not None:
+                deps = pre[1]
+                for c in pre[0]:
+                    needed = c.idx in done
+                    if t > env.now and (needed or not self._quiet(rank)):
+                        yield env.timeout(t - env.now)  # catch up
+                        t = env.now
+                    end = self._inline_op(rank, c, t)
+                    if needed:
+                        yield env.timeout(end - t)
+                        self.started[(rank, c.idx)] = t
+                        done[c.idx].succeed()
+                        end = env.now
+                    t = end
+            ready = t
+            blocker: tuple[str, Any] | None = None
+            wait = [d for d in deps if not done[d].processed]
+            remote = None
+            if op.remote is not None:
+                src = self._remote_rank(rank, op.remote[0])
+                if not self.done[src][op.remote[1]].processed:
+                    remote = src
+            if t > env.now and (wait or remote is not None or op.idx in done or not self._quiet(rank)):
+                yield env.timeout(t - env.now)  # catch up
+                t = ready = env.now
+            for d in wait:
+                ev = done[d]
+                if not ev.processed:
+                    yield ev
+                    blocker = ("dep", d)
+            if remote is not None:
+                ev = self.done[remote][op.remote[1]]  # type: ignore[index]
+                if not ev.processed:
+                    yield ev
+                    blocker = ("remote", (remote, op.remote[1]))  # type: ignore[index]
+            if blocker is not None:
+                t = env.now
+            start = t
+            if start > ready and blocker is not None:
+                self._attribute(rank, blocker, ready, start)
+            if op.mem_start:
+                ledger.apply(start, op.mem_start)
+            dur = (op.duration_s + extra_load * op.expert_s) * self._slowdown(rank)
+            t = end = start + dur
+            if op.idx in done:
+                yield env.timeout(dur)
+                end = t = env.now
+            stats.busy[op.category] += dur
+            stats.flops += op.flops
+            if op.mem_end:
+                ledger.apply(end, op.mem_end)
+            if op.idx in done:
+                self.started[(rank, op.idx)] = start
+                done[op.idx].succeed()
+            if keep:
+                self.trace.append(TraceEvent(rank, "compute", op.name, op.category, start, end, op))
+            self.executed += 1
+            stats.last_compute_end_s = end
+            if end >= stats.end_s:
+                stats.end_s = end
+                stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
+        if t > env.now:
+            yield env.timeout(t - env.now)
+
+    def _inline_op(self, rank: int, op: Op, t: float) -> float:
+        """A private blocking collective on the compute stream from ``t`` (simtrain.inline): the same
+        start and end as on its own stream, the compute stream's idle time charged to its axis.
+        Returns its end time (the caller fires its done event, if it has one, at that time)."""
+        stats, ledger = self.stats[rank], self.ledgers[rank]
+        if op.mem_start:
+            ledger.apply(t, op.mem_start)
+        end = t + (self._comm[rank][op.idx][3] or 0.0)  # type: ignore[index]
+        axis = op.axis.split("_")[0] if op.axis else "other"
+        stats.exposed[axis] += end - t
+        if op.mem_end:
+            ledger.apply(end, op.mem_end)
+        if self.keep_trace:
+            self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, t, end, op))
+        self.executed += 1
+        if end >= stats.end_s:
+            stats.end_s = end
+            stats.last_axis = axis
+        return end
 
     def _slowdown(self, rank: int) -> float:
         active = self.active_comm[rank]
@@ -536,7 +666,7 @@ class Engine:
         stats.exposed["pp"] += (start - ready) - bubble
 
     def _communicate(self, rank: int, op: Op):  # type: ignore[no-untyped-def]
-        latency, phases, cls, private = self._comm[(rank, op.idx)]
+        latency, phases, cls, private = self._comm[rank][op.idx]  # type: ignore[misc]
         if op.kind == OpKind.SEND or self.symmetric:
             yield from self._transfer(rank, latency, phases, cls, private)
             return

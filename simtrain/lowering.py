@@ -121,6 +121,7 @@ class _Emitter:
         self.overlap_comm: Op | None = None
         self.overlap_skip = 0
         self.trailing: list[Op] = []
+        self._summaries: dict[tuple[int, str], tuple[tuple[Kernel, ...], tuple[str, float, float]]] = {}
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
@@ -172,18 +173,27 @@ class _Emitter:
                 deps.append(self.overlap_comm.idx)
                 self.overlap_comm = None
         self.extra_deps = []
-        op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, kernels[0].name if len(kernels) == 1 else
-                           f"{category}:{kernels[0].name}..{kernels[-1].name}", category=category,
-                           deps=tuple(deps), duration_s=sum(k.time_s for k in kernels),
-                           kernels=kernels, microbatch=mb, chunk=chunk,
+        name, duration, expert = self._summary(kernels, category)
+        op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, name, category=category, deps=tuple(deps),
+                           duration_s=duration, kernels=kernels, microbatch=mb, chunk=chunk,
                            mem_start=((tag, mem_start),) if mem_start else (),
-                           mem_end=((tag, mem_end),) if mem_end else (),
-                           expert_s=sum(k.time_s for k in kernels if k.name.startswith("expert.")))
+                           mem_end=((tag, mem_end),) if mem_end else (), expert_s=expert)
         if self.recv_key is not None:
             self.recv_ops[op.idx] = self.recv_key
             self.recv_key = None
         self.last_compute = op.idx
         return op
+
+    def _summary(self, kernels: tuple[Kernel, ...], category: str) -> tuple[str, float, float]:
+        """(op name, time s, routed-expert time s) of a compute op's kernels; memoised per kernel
+        tuple (a layer plan's segments are emitted once per micro-batch and layer)."""
+        key = (id(kernels), category)
+        hit = self._summaries.get(key)
+        if hit is None or hit[0] is not kernels:
+            name = kernels[0].name if len(kernels) == 1 else f"{category}:{kernels[0].name}..{kernels[-1].name}"
+            hit = self._summaries[key] = (kernels, (name, sum(k.time_s for k in kernels),
+                                                    sum(k.time_s for k in kernels if k.name.startswith("expert."))))
+        return hit[1]
 
     def _overlapped(self, kernels: tuple[Kernel, ...], category: str, mb: int, chunk: int,
                     mem_start: float, mem_end: float, tag: str, after: Comm | None = None) -> Op | None:
