@@ -36,7 +36,7 @@ from simtrain.collectives import (
     unit_idle_times,
 )
 from simtrain.hardware import GpuSpec, Topology
-from simtrain.inline import Inline, inline_plan
+from simtrain.inline import Inline, Window, inline_plan, time_bounds
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
@@ -410,6 +410,10 @@ class Engine:
         self._comm: dict[int, list[CommEntry | None]] = {}
         """Per rank, per op index: (latency s, phases of flows, link class, private duration s or None)."""
         self._inline: dict[int, Inline] = {}
+        self._alone: dict[int, list[float | None]] = {}
+        """Per rank, per op index: time of a comm op that may run in line (private, or private outside
+        its Window), seconds; None otherwise."""
+        self._window_of: dict[int, list[Window | None]] = {}
         self._waiting: dict[int, dict[Stream, Any]] = {r: {} for r in self.ranks}
         """What each comm stream of a rank waits for: an event, None while running, _FINISHED."""
 
@@ -427,18 +431,19 @@ class Engine:
     def _prepare_comm(self) -> None:
         """Plan every communication op once; mark those whose edges no other stream ever uses as
         private, so their time is computed offline by the same fluid model (no contention possible:
-        one stream runs one op at a time)."""
+        one stream runs one op at a time). In symmetric mode, also find where the others may run in
+        line because the streams they share edges with cannot be in flight then (``_windows``)."""
         owners: dict[Any, set[Any]] = defaultdict(set)
         uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
         for r in self.ranks:
-            self._comm[r] = [None] * len(self.programs[self.stage[r]].ops)
+            ops = self.programs[self.stage[r]].ops
+            self._comm[r] = [None] * len(ops)
             # ops of one signature share an entry and an owner: plan each signature once per rank
             by_sig: dict[tuple[Any, ...], list[int]] = {}
-            for op in self.programs[self.stage[r]].ops:
+            for op in ops:
                 if op.kind != OpKind.COMPUTE:
                     by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
                                       []).append(op.idx)
-            ops = self.programs[self.stage[r]].ops
             for idxs in by_sig.values():
                 op = ops[idxs[0]]
                 entry, owner = self._comm_entry(r, op), self._owner(r, op)
@@ -455,11 +460,45 @@ class Engine:
             key = (id(entry), owner)
             if key not in values:
                 private = all(owners[e] == {owner} for e in edges_of[key])
-                values[key] = (*entry, entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
-                               if private else None)
+                values[key] = (*entry, self._alone_s(entry) if private else None)
             value, table = values[key], self._comm[r]
             for i in idxs:
                 table[i] = value
+        if self.symmetric and self.fast_paths:
+            for r in self.ranks:
+                self._windows(r, [u for u in uses if u[0] == r], edges_of, owners)
+
+    def _alone_s(self, entry: tuple[float, list[list[tuple[Any, ...]]], str]) -> float:
+        """Time of a communication op on a network carrying nothing else, seconds."""
+        return entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
+
+    def _windows(self, rank: int, uses: list[tuple[int, list[int], Any, Any]],
+                 edges_of: dict[tuple[int, Any], set[Any]], owners: dict[Any, set[Any]]) -> None:
+        """For ``rank``'s comm ops that share edges only with other streams of the same rank: their
+        alone time and the Window of those streams' ops (simtrain.inline), so that they can run in
+        line where none of those can be in flight."""
+        table = self._comm[rank]
+        prog = self.programs[self.stage[rank]]
+        alone: list[float | None] = [None if e is None else e[3] for e in table]
+        windows: list[Window | None] = [None] * len(table)
+        bounds: tuple[list[int], list[int]] | None = None
+        for _, idxs, entry, owner in uses:
+            key = (id(entry), owner)
+            if table[idxs[0]][3] is not None:  # type: ignore[index]
+                continue  # private everywhere
+            mine = edges_of[key]
+            others = {o for e in mine for o in owners[e]} - {owner}
+            if any(o[1] != rank for o in others):
+                continue  # another rank's stream: its ops are not on this compute stream's positions
+            if bounds is None:
+                bounds = time_bounds(prog.ops)
+            lo, hi = bounds
+            brackets = [(lo[i], hi[i]) for _, idxs2, entry2, owner2 in uses if owner2 in others
+                        and not mine.isdisjoint(edges_of[(id(entry2), owner2)]) for i in idxs2]
+            window, duration = Window.of(brackets), self._alone_s(entry)
+            for i in idxs:
+                alone[i], windows[i] = duration, window
+        self._alone[rank], self._window_of[rank] = alone, windows
 
     @staticmethod
     def _needed_ops(prog: Program, inline: Inline) -> set[int]:
@@ -477,7 +516,7 @@ class Engine:
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
             if self.symmetric and self.fast_paths:  # full mode: collectives rendezvous, none runs in line
-                self._inline[r] = inline_plan(prog.ops, [None if e is None else e[3] for e in self._comm[r]])
+                self._inline[r] = inline_plan(prog.ops, self._alone[r], self._window_of[r])
             self.done[r] = {i: self.env.event() for i in self._needed_ops(prog, self._inline.get(r, {}))}
             self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
         for r in self.ranks:
@@ -629,7 +668,7 @@ class Engine:
         stats, ledger = self.stats[rank], self.ledgers[rank]
         if op.mem_start:
             ledger.apply(t, op.mem_start)
-        end = t + (self._comm[rank][op.idx][3] or 0.0)  # type: ignore[index]
+        end = t + (self._alone[rank][op.idx] or 0.0)
         axis = op.axis.split("_")[0] if op.axis else "other"
         stats.exposed[axis] += end - t
         if op.mem_end:

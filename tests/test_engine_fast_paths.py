@@ -9,7 +9,7 @@ import importlib
 import pytest
 from test_symmetric_full import CASES, _cfg
 
-from simtrain.inline import inline_plan
+from simtrain.inline import Window, inline_plan, time_bounds
 from simtrain.ops import OpKind, Program, Stream
 from simtrain.simulate import simulate
 
@@ -76,3 +76,25 @@ def test_inline_plan_takes_a_blocking_chain_only() -> None:
     assert [op.name for op in plan[3][0]] == ["ag", "rs"] and plan[3][1] == ()
     # not private: nothing runs in line
     assert inline_plan(prog.ops, [None] * len(prog.ops)) == {}
+
+
+def test_time_bounds_and_window_bracket_a_gradient_bucket() -> None:
+    """A DP bucket issued after compute op 2 and awaited by compute op 5 may be in flight in the gaps
+    (2,3), (3,4), (4,5) only; a TP collective there must stay on the network, elsewhere it may run in line."""
+    C, T, D = Stream.COMPUTE, Stream.TP, Stream.DP
+    prog = _prog([("c0", C, ()), ("c1", C, ()), ("c2", C, ()), ("bucket", D, (2,)), ("c3", C, ()),
+                  ("c4", C, ()), ("c5", C, (3,)), ("tp", T, (6,)), ("c6", C, (7,))])
+    lo, hi = time_bounds(prog.ops)
+    assert (lo[3], hi[3]) == (2, 5)
+    assert lo[7] == 5  # the TP op starts after compute position 5 (c5) ends
+    w = Window.of([(lo[3], hi[3])])
+    assert [k for k in range(1, 8) if not w.clear(k)] == [3, 4, 5]
+    priv = [None if op.kind == OpKind.COMPUTE else 1e-3 for op in prog.ops]
+    plan = inline_plan(prog.ops, priv, [w if op.stream == T else None for op in prog.ops])
+    assert [op.name for pre, _ in plan.values() for op in pre] == ["tp"]  # gap (5, 6): clear
+    moved = _prog([("c0", C, ()), ("c1", C, ()), ("c2", C, ()), ("bucket", D, (2,)), ("c3", C, ()),
+                   ("tp", T, (4,)), ("c4", C, (5,)), ("c5", C, (3,))])
+    lo, hi = time_bounds(moved.ops)
+    w = Window.of([(lo[3], hi[3])])
+    priv = [None if op.kind == OpKind.COMPUTE else 1e-3 for op in moved.ops]
+    assert inline_plan(moved.ops, priv, [w if op.stream == T else None for op in moved.ops]) == {}
