@@ -36,7 +36,7 @@ from simtrain.collectives import (
     unit_idle_times,
 )
 from simtrain.hardware import GpuSpec, Topology
-from simtrain.inline import Inline, Window, inline_plan, time_bounds
+from simtrain.inline import Guard, Inline, inline_plan, time_bounds
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
@@ -44,6 +44,15 @@ from simtrain.ops import Op, OpKind, Program, Stream
 AXES = ("tp", "cp", "ep", "dp", "pp")
 _FINISHED = object()  # a comm stream with no ops left
 CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
+
+
+@dataclass(slots=True)
+class _Sharing:
+    """Who uses which edges: per (rank, op indices, entry, owner) signature, its edges and each edge's owners."""
+
+    uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]]
+    edges_of: dict[tuple[int, Any], set[Any]]
+    owners: dict[Any, set[Any]]
 
 
 @dataclass(slots=True)
@@ -410,10 +419,12 @@ class Engine:
         self._comm: dict[int, list[CommEntry | None]] = {}
         """Per rank, per op index: (latency s, phases of flows, link class, private duration s or None)."""
         self._inline: dict[int, Inline] = {}
-        self._alone: dict[int, list[float | None]] = {}
-        """Per rank, per op index: time of a comm op that may run in line (private, or private outside
-        its Window), seconds; None otherwise."""
-        self._window_of: dict[int, list[Window | None]] = {}
+        self._alone: dict[int, dict[int, float]] = {}
+        """Per rank: in-line comm ops that may skip the network, op index -> time alone, seconds."""
+        self._guard: dict[int, dict[int, Guard]] = {}
+        """Per rank: of those, the ones that may only where their Guard is clear."""
+        self._finished: dict[int, dict[Stream, int]] = {r: defaultdict(int) for r in self.ranks}
+        """Per rank: ops each comm stream has finished."""
         self._waiting: dict[int, dict[Stream, Any]] = {r: {} for r in self.ranks}
         """What each comm stream of a rank waits for: an event, None while running, _FINISHED."""
 
@@ -428,11 +439,10 @@ class Engine:
             return (op.stream, rank)
         return (op.stream, self.grid.group(op.axis, rank))
 
-    def _prepare_comm(self) -> None:
+    def _prepare_comm(self) -> _Sharing:
         """Plan every communication op once; mark those whose edges no other stream ever uses as
         private, so their time is computed offline by the same fluid model (no contention possible:
-        one stream runs one op at a time). In symmetric mode, also find where the others may run in
-        line because the streams they share edges with cannot be in flight then (``_windows``)."""
+        one stream runs one op at a time). Returns who uses which edges (for ``_in_line_costs``)."""
         owners: dict[Any, set[Any]] = defaultdict(set)
         uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
         for r in self.ranks:
@@ -464,41 +474,53 @@ class Engine:
             value, table = values[key], self._comm[r]
             for i in idxs:
                 table[i] = value
-        if self.symmetric and self.fast_paths:
-            for r in self.ranks:
-                self._windows(r, [u for u in uses if u[0] == r], edges_of, owners)
+        return _Sharing(uses, edges_of, owners)
 
     def _alone_s(self, entry: tuple[float, list[list[tuple[Any, ...]]], str]) -> float:
         """Time of a communication op on a network carrying nothing else, seconds."""
         return entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
 
-    def _windows(self, rank: int, uses: list[tuple[int, list[int], Any, Any]],
-                 edges_of: dict[tuple[int, Any], set[Any]], owners: dict[Any, set[Any]]) -> None:
-        """For ``rank``'s comm ops that share edges only with other streams of the same rank: their
-        alone time and the Window of those streams' ops (simtrain.inline), so that they can run in
-        line where none of those can be in flight."""
-        table = self._comm[rank]
-        prog = self.programs[self.stage[rank]]
-        alone: list[float | None] = [None if e is None else e[3] for e in table]
-        windows: list[Window | None] = [None] * len(table)
-        bounds: tuple[list[int], list[int]] | None = None
-        for _, idxs, entry, owner in uses:
-            key = (id(entry), owner)
-            if table[idxs[0]][3] is not None:  # type: ignore[index]
-                continue  # private everywhere
-            mine = edges_of[key]
-            others = {o for e in mine for o in owners[e]} - {owner}
+    def _in_line_costs(self, rank: int, sharing: _Sharing) -> None:
+        """Which of ``rank``'s in-line comm ops may skip the network: the private ones always; those
+        whose edges only other streams of this rank share, where their Guard is clear."""
+        prog, table = self.programs[self.stage[rank]], self._comm[rank]
+        moved = {op.idx for pre, _ in self._inline[rank].values() for op in pre}
+        alone: dict[int, float] = {}
+        guards: dict[int, Guard] = {}
+        count: dict[int, int] = {}  # op -> ops its stream has run once it is done
+        runs: dict[Stream, int] = defaultdict(int)
+        for op in prog.ops:
+            if op.stream != Stream.COMPUTE and op.idx not in moved:
+                runs[op.stream] += 1
+                count[op.idx] = runs[op.stream]
+        lo: list[int] | None = None
+        mine_uses = [u for u in sharing.uses if u[0] == rank]
+        for _, idxs, entry, owner in mine_uses:
+            here = [i for i in idxs if i in moved]
+            if not here:
+                continue
+            private = table[here[0]][3]  # type: ignore[index]
+            if private is not None:
+                alone.update((i, private) for i in here)
+                continue
+            edges = sharing.edges_of[(id(entry), owner)]
+            others = {o for e in edges for o in sharing.owners[e]} - {owner}
             if any(o[1] != rank for o in others):
-                continue  # another rank's stream: its ops are not on this compute stream's positions
-            if bounds is None:
-                bounds = time_bounds(prog.ops)
-            lo, hi = bounds
-            brackets = [(lo[i], hi[i]) for _, idxs2, entry2, owner2 in uses if owner2 in others
-                        and not mine.isdisjoint(edges_of[(id(entry2), owner2)]) for i in idxs2]
-            window, duration = Window.of(brackets), self._alone_s(entry)
-            for i in idxs:
-                alone[i], windows[i] = duration, window
-        self._alone[rank], self._window_of[rank] = alone, windows
+                continue  # another rank's stream: only the network knows when its flows run
+            if lo is None:
+                lo = time_bounds(prog.ops)
+            per_stream: dict[Stream, list[int]] = defaultdict(list)
+            for _, idxs2, entry2, owner2 in mine_uses:
+                if owner2 in others and not edges.isdisjoint(sharing.edges_of[(id(entry2), owner2)]):
+                    for i in idxs2:
+                        if i not in moved:
+                            per_stream[prog.ops[i].stream].append(i)
+            guard = Guard(tuple((s, tuple(lo[i] for i in sorted(v)), tuple(count[i] for i in sorted(v)))
+                                for s, v in per_stream.items()))
+            duration = self._alone_s(entry)
+            for i in here:
+                alone[i], guards[i] = duration, guard
+        self._alone[rank], self._guard[rank] = alone, guards
 
     @staticmethod
     def _needed_ops(prog: Program, inline: Inline) -> set[int]:
@@ -512,11 +534,12 @@ class Engine:
 
     def run(self) -> EngineResult:
         """Simulate the step; returns per-rank stats, ledgers and the trace."""
-        self._prepare_comm()
+        sharing = self._prepare_comm()
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
             if self.symmetric and self.fast_paths:  # full mode: collectives rendezvous, none runs in line
-                self._inline[r] = inline_plan(prog.ops, self._alone[r], self._window_of[r])
+                self._inline[r] = inline_plan(prog.ops)
+                self._in_line_costs(r, sharing)
             self.done[r] = {i: self.env.event() for i in self._needed_ops(prog, self._inline.get(r, {}))}
             self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
         for r in self.ranks:
@@ -544,7 +567,7 @@ class Engine:
     def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
         """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
-        keep, waiting = self.keep_trace, self._waiting[rank]
+        keep, waiting, finished = self.keep_trace, self._waiting[rank], self._finished[rank]
         for op in ops:
             for d in op.deps:
                 ev = done[d]
@@ -557,6 +580,7 @@ class Engine:
                 ledger.apply(start, op.mem_start)
             yield from self._communicate(rank, op)
             end = env.now
+            finished[stream] += 1
             if op.mem_end:
                 ledger.apply(end, op.mem_end)
             if op.idx in done:
@@ -580,21 +604,22 @@ class Engine:
         return True
 
     def _compute_stream(self, rank: int, ops: list[Op]):  # type: ignore[no-untyped-def]
-        """The compute stream of ``rank``, with the private collectives run in line before their
-        consumers (simtrain.inline).
+        """The compute stream of ``rank``, running the blocking collectives before their consumers
+        itself (simtrain.inline).
 
         The stream keeps its own clock ``t`` and runs ahead of the simpy clock while that cannot
         change anything: the op is awaited by nothing (no done event), its deps are already done, and
         the rank is quiet (``_quiet``), so no other process can touch this rank's state before ``t``.
-        It yields (catches up) only to wait, to fire an event, or at the end: the same times as one
-        timeout per op, with far fewer simpy events.
+        It yields (catches up) only to wait, to fire an event, to put flows on the network, or at the
+        end: the same times as one timeout per op, with far fewer simpy events.
         """
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
         keep = self.keep_trace
         extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
         inline = self._inline.get(rank, {})
+        alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
         t = env.now
-        for op in ops:
+        for k, op in enumerate(ops):
             deps = op.deps
             pre = inline.get(op.idx)
             if pre is not None:
@@ -604,12 +629,24 @@ class Engine:
                     if t > env.now and (needed or not self._quiet(rank)):
                         yield env.timeout(t - env.now)  # catch up
                         t = env.now
-                    end = self._inline_op(rank, c, t)
+                    quick = alone.get(c.idx)
+                    guard = guards.get(c.idx)
+                    if quick is not None and (guard is None or guard.clear(k, finished)):
+                        end = self._inline_op(rank, c, t, t + quick)
+                        if needed:
+                            yield env.timeout(end - t)
+                            end = env.now
+                    else:  # its flows may meet others': on the network, from this stream
+                        if t > env.now:
+                            yield env.timeout(t - env.now)  # catch up
+                        t = env.now
+                        if c.mem_start:
+                            ledger.apply(t, c.mem_start)
+                        yield from self._communicate(rank, c)
+                        end = self._inline_op(rank, c, t, env.now, mem_start=False)
                     if needed:
-                        yield env.timeout(end - t)
                         self.started[(rank, c.idx)] = t
                         done[c.idx].succeed()
-                        end = env.now
                     t = end
             ready = t
             blocker: tuple[str, Any] | None = None
@@ -661,14 +698,13 @@ class Engine:
         if t > env.now:
             yield env.timeout(t - env.now)
 
-    def _inline_op(self, rank: int, op: Op, t: float) -> float:
-        """A private blocking collective on the compute stream from ``t`` (simtrain.inline): the same
-        start and end as on its own stream, the compute stream's idle time charged to its axis.
-        Returns its end time (the caller fires its done event, if it has one, at that time)."""
+    def _inline_op(self, rank: int, op: Op, t: float, end: float, mem_start: bool = True) -> float:
+        """Bookkeeping of a blocking collective the compute stream ran from ``t`` to ``end``
+        (simtrain.inline): memory, trace, and the compute stream's idle time charged to its axis.
+        Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
         stats, ledger = self.stats[rank], self.ledgers[rank]
-        if op.mem_start:
+        if mem_start and op.mem_start:
             ledger.apply(t, op.mem_start)
-        end = t + (self._alone[rank][op.idx] or 0.0)
         axis = op.axis.split("_")[0] if op.axis else "other"
         stats.exposed[axis] += end - t
         if op.mem_end:

@@ -9,7 +9,7 @@ import importlib
 import pytest
 from test_symmetric_full import CASES, _cfg
 
-from simtrain.inline import Window, inline_plan, time_bounds
+from simtrain.inline import Guard, inline_plan, time_bounds
 from simtrain.ops import OpKind, Program, Stream
 from simtrain.simulate import simulate
 
@@ -20,6 +20,10 @@ EXTRA = {
     "2n-tp8-pp2-full-recompute": dict(n_nodes=2, layout=dict(tp=8, pp=2, recompute="full"), seqs=16),
     "2n-tp8-pp2-vpp2-zero3": dict(n_nodes=4, layout=dict(tp=8, pp=2, vpp=2, dp=2, zero_stage=3), seqs=16),
     "tp4-overlap": dict(n_nodes=1, layout=dict(tp=4, dp=2, tp_comm_overlap=True), seqs=8),
+    # TP and DP share NVLink ports: TP skips the network only while no gradient bucket can be in flight
+    "tp4-dp2-zero1-accumulate": dict(n_nodes=1, layout=dict(tp=4, dp=2, zero_stage=1, overlap_grad_reduce=True),
+                                     seqs=16),
+    "tp4-dp2-zero2-accumulate": dict(n_nodes=1, layout=dict(tp=4, dp=2, zero_stage=2), seqs=16),
 }
 
 
@@ -71,30 +75,22 @@ def test_inline_plan_takes_a_blocking_chain_only() -> None:
     C, T = Stream.COMPUTE, Stream.TP
     prog = _prog([("x", C, ()), ("ag", T, (0,)), ("rs", T, (0, 1)), ("z", C, (2,)),  # blocking chain
                   ("w", C, ()), ("ar", T, (4,)), ("v", C, ()), ("u", C, (5,))])          # overlapped: u is not next
-    plan = inline_plan(prog.ops, [None if op.kind == OpKind.COMPUTE else 1e-3 for op in prog.ops])
+    plan = inline_plan(prog.ops)
     assert list(plan) == [3]
     assert [op.name for op in plan[3][0]] == ["ag", "rs"] and plan[3][1] == ()
-    # not private: nothing runs in line
-    assert inline_plan(prog.ops, [None] * len(prog.ops)) == {}
 
 
-def test_time_bounds_and_window_bracket_a_gradient_bucket() -> None:
-    """A DP bucket issued after compute op 2 and awaited by compute op 5 may be in flight in the gaps
-    (2,3), (3,4), (4,5) only; a TP collective there must stay on the network, elsewhere it may run in line."""
+def test_time_bounds_and_guard_of_a_gradient_bucket() -> None:
+    """A DP bucket that depends on compute op 2 (and its stream predecessor) may be in flight at any gap
+    after it until the DP stream has finished it; the guard reads how many ops the stream has run."""
     C, T, D = Stream.COMPUTE, Stream.TP, Stream.DP
-    prog = _prog([("c0", C, ()), ("c1", C, ()), ("c2", C, ()), ("bucket", D, (2,)), ("c3", C, ()),
-                  ("c4", C, ()), ("c5", C, (3,)), ("tp", T, (6,)), ("c6", C, (7,))])
-    lo, hi = time_bounds(prog.ops)
-    assert (lo[3], hi[3]) == (2, 5)
-    assert lo[7] == 5  # the TP op starts after compute position 5 (c5) ends
-    w = Window.of([(lo[3], hi[3])])
-    assert [k for k in range(1, 8) if not w.clear(k)] == [3, 4, 5]
-    priv = [None if op.kind == OpKind.COMPUTE else 1e-3 for op in prog.ops]
-    plan = inline_plan(prog.ops, priv, [w if op.stream == T else None for op in prog.ops])
-    assert [op.name for pre, _ in plan.values() for op in pre] == ["tp"]  # gap (5, 6): clear
-    moved = _prog([("c0", C, ()), ("c1", C, ()), ("c2", C, ()), ("bucket", D, (2,)), ("c3", C, ()),
-                   ("tp", T, (4,)), ("c4", C, (5,)), ("c5", C, (3,))])
-    lo, hi = time_bounds(moved.ops)
-    w = Window.of([(lo[3], hi[3])])
-    priv = [None if op.kind == OpKind.COMPUTE else 1e-3 for op in moved.ops]
-    assert inline_plan(moved.ops, priv, [w if op.stream == T else None for op in moved.ops]) == {}
+    prog = _prog([("c0", C, ()), ("b0", D, (0,)), ("c1", C, ()), ("c2", C, ()), ("b1", D, (3,)),
+                  ("c3", C, ()), ("tp", T, (5,)), ("c4", C, (6,))])
+    lo = time_bounds(prog.ops)
+    assert (lo[1], lo[4], lo[6]) == (0, 2, 3)
+    guard = Guard(((D, (lo[1], lo[4]), (1, 2)),))
+    assert guard.clear(1, {}) is False               # b0 (issued after c0) may be running
+    assert guard.clear(1, {D: 1}) and guard.clear(2, {D: 1})
+    assert guard.clear(3, {D: 1}) is False           # b1 (issued after c2) may be running
+    assert guard.clear(4, {D: 2})
+    assert Guard(((D, (5,), (1,)),)).clear(4, {})   # issued after c5: starts after the gap (3, 4)
