@@ -47,8 +47,8 @@ def add_parsers(sub: Any) -> None:
     for knob in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero"):
         se.add_argument(f"--{knob}", metavar="N,...", help=f"restrict {knob} to these values")
     se.add_argument("--schedule", metavar="KIND,...",
-                    help="pipeline schedules to try: auto (1F1B/interleaved), dualpipe, zb_h1 (default: auto; "
-                         "MoE models auto,dualpipe)")
+                    help="pipeline schedules to try: auto (1F1B/interleaved), dualpipe, dualpipev, zb_h1 "
+                         "(default: auto; MoE models auto,dualpipe,dualpipev)")
     se.add_argument("--recompute", metavar="KIND,...", help="restrict recompute to none,selective,full")
     se.add_argument("--out", help="write every candidate as a table (.parquet or .csv)")
     _workers(se)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simtrain.batch import RunSpec
+from simtrain.batch import RunSpec, parse_count
 from simtrain.errors import ConfigError, Problem
 from simtrain.model import ModelSpec, from_hf_config, preset
 
@@ -140,6 +140,9 @@ class TrainConfig(BaseModel):
     seq_len: int = Field(4096, gt=0)
     micro_batch_size: int = Field(1, gt=0)
     global_batch_tokens: int | None = Field(None, gt=0)
+    """Tokens per optimizer step: an integer, or a number with a decimal (K, M, G: 10^3, 10^6, 10^9) or
+    binary (Ki, Mi, Gi: 2^10, 2^20, 2^30) suffix, e.g. "4M" = 4,000,000 or "4Mi" = 4,194,304 (the
+    "4M-token batch" of the Llama papers); ``simtrain.batch.parse_count``."""
     global_batch_seqs: int | None = Field(None, gt=0)
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
@@ -163,6 +166,24 @@ class TrainConfig(BaseModel):
     """Software stack (``simtrain.stacks.STACKS``): kernel fusion, CPU launch cost, FlashAttention 2 or 3:
     megatron-te, megatron-legacy, torchtitan-eager, torchtitan-compile, torchtitan-compile-2024, composer-fsdp, deepspeed,
     pytorch-eager."""
+
+    @field_validator("global_batch_tokens", mode="before")
+    @classmethod
+    def _token_count(cls, value: Any) -> Any:
+        """Human token counts ("4M", "4Mi", "16Mi", "1.5M"; ``simtrain.batch.parse_count``, which also
+        takes B and T, as ``run:`` counts do) to a whole number of tokens."""
+        valid = ("give a whole number of tokens: an integer, or a number with a suffix K, M, G (x 10^3, 10^6, "
+                 "10^9) or Ki, Mi, Gi (x 2^10, 2^20, 2^30), e.g. 4M = 4,000,000 or 4Mi = 4,194,304")
+        if isinstance(value, bool):
+            raise ValueError(f"not a token count; {valid}")
+        count = parse_count(value) if isinstance(value, str) else value
+        if isinstance(value, str) and not isinstance(count, float):
+            raise ValueError(f"not a token count; {valid}")
+        if isinstance(count, float):
+            if not count.is_integer():
+                raise ValueError(f"is {count:,} tokens, not a whole number; {valid}")
+            return int(count)
+        return count
 
     @field_validator("stack")
     @classmethod

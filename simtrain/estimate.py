@@ -19,14 +19,19 @@ It reuses the simulator's own cost pieces, so the two agree where the closed for
   segment beside it; PP sends: latency + bytes over the route;
 - pipeline: 1F1B/interleaved: micro-batches x the slowest stage's micro-batch time, plus the
   fill/drain bubble (p - 1)/v x the mean stage time (Narayanan et al. 2021 sec. 2.2: bubble
-  fraction (p - 1)/(v m)); ZB-H1 and DualPipe: ``simtrain.schedules.makespan`` of the schedule
-  itself with per-(stage, chunk) F, B, W costs (DualPipe's overlapped F&B pairs cost their compute,
+  fraction (p - 1)/(v m)); ZB-H1, DualPipe and DualPipeV: ``simtrain.schedules.makespan`` of the
+  schedule itself with per-(stage, chunk) F, B, W costs (DualPipeV runs DualPipe's steps on p ranks
+  holding 2p stages in a V, so it has DualPipe's bubble with one copy of the parameters:
+  deepseek-ai/DualPipe README, "Pipeline Bubbles and Memory Usage Comparison"; both come out of the
+  executed schedule and ``lowering.split_layers``; the overlapped F&B pairs cost their compute,
   their communication hidden by the other chain: DeepSeek-V3 sec. 3.2.1, Table 2), extrapolated
   linearly past the warm-up;
 - DP overlap: the gradient reduction hides behind the last micro-batch's backward (Megatron DDP
-  buckets), the ZeRO-1/2 parameter all-gather behind the first forward, the ZeRO-3 per-layer gathers
-  behind each layer's compute; routed-expert gradients reduce over the expert-data-parallel group
-  (edp = tp x cp x dp / (ep x etp); Megatron-core's expert buckets, as ``lowering.BucketFiller``);
+  buckets), the ZeRO-1/2 parameter all-gather behind the first forward; routed-expert gradients
+  reduce over the expert-data-parallel group (edp = tp x cp x dp / (ep x etp); Megatron-core's expert
+  buckets, as ``lowering.BucketFiller``); ZeRO-3/FSDP: each action's per-layer gathers (dense part
+  over dp x cp, routed experts over edp) and per-layer reduce-scatters timed on a small timeline of
+  the gather and reduce-scatter streams sharing the links, with FSDP2's prefetch (``_fsdp_timeline``);
 - memory: ``simtrain.memory``'s static state (expert weights/grads/optimizer sharded by EP x ETP
   and ZeRO over edp, ``expert_static_memory``; FP8 weight copies) and the plans' per-op activation
   deltas walked over the stage's schedule, exactly as the engine's ledger attaches them (on a
@@ -38,6 +43,7 @@ exact dependency timing; the search simulates its best candidates to get those r
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -177,7 +183,7 @@ def _layer_run(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> Ru
 def _block(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, cost: ComputeCostModel) -> BlockBuilder:
     """The BlockBuilder ``lowering.lower`` builds for this layout (same arguments)."""
     shape = activation_shape(train, layout, model)
-    dualpipe = layout.resolved_schedule == "dualpipe"
+    dualpipe = layout.resolved_schedule in ("dualpipe", "dualpipev")  # F&B overlap
     fp8_blockwise = train.precision == "fp8" and train.fp8_recipe == "blockwise"
     return BlockBuilder(model, cost, shape.b, shape.s, layout.tp, layout.sequence_parallel, shape.flash,
                         shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.expert_tp,
@@ -189,7 +195,7 @@ def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tup
     the selective-recompute modules (full recompute is applied per layer by the stage, not the plan)."""
     rec = layout.recompute if layout.recompute in ("selective", "op_sac") else "none"
     modules = layout.recompute_modules if rec == "selective" else ()
-    dualpipe = layout.resolved_schedule == "dualpipe"
+    dualpipe = layout.resolved_schedule in ("dualpipe", "dualpipev")  # F&B overlap
     return (activation_shape(train, layout, model), train.precision, train.fp8_recipe, train.stack, layout.cp,
             layout.cp_comm, layout.ep, layout.expert_tp, layout.ep_comm_overlap or dualpipe, rec, modules)
 
@@ -492,7 +498,10 @@ class Estimator:
         pp_s = self._pp_s(layout, grid, train, m)
         params = _heaviest(self.stage_params(layout))
         groups = self._dp_groups(layout, grid)
-        dp_s = max(self._dp_s(layout, train, groups, d, e, m, fwd_mb, bwd_mb, costs) for d, e in params)
+        if layout.shard_stage >= 3:
+            dp_s = self._zero3_s(layout, train, grid, m, costs)
+        else:
+            dp_s = max(self._dp_s(layout, train, groups, d, e, m, fwd_mb, bwd_mb, costs) for d, e in params)
         opt_s = max(self._optimizer_s(layout, train, d, e) for d, e in params)
         step = compute + bubble + pp_s + dp_s + opt_s
         tokens = seqs * train.seq_len
@@ -553,8 +562,6 @@ class Estimator:
             return 0.0
         grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
         stage = layout.shard_stage
-        if stage >= 3:
-            return self._zero3_s(layout, train, group, m, costs)
         bucket = layout.grad_bucket_MiB * MiB
         chunks = len(costs[0])
         coll = "all_reduce" if stage == 0 else "reduce_scatter"
@@ -564,8 +571,8 @@ class Estimator:
         if not layout.overlap_grad_reduce:
             exposed = reduce_s
         elif chunks > 1 and stage != 2:
-            # Interleaved (and DualPipe's two chunks): each chunk reduces as its last backward ends;
-            # only the last chunk's share (1/v) has no backward left to hide behind.
+            # Interleaved (and DualPipe's/DualPipeV's two chunks): each chunk reduces as its last
+            # backward ends; only the last chunk's share (1/v) has no backward left to hide behind.
             exposed = reduce_s / chunks + last
         elif stage == 2:
             # ZeRO-2 reduce-scatters every micro-batch; nothing waits for it before the optimizer, so
@@ -586,26 +593,70 @@ class Estimator:
                 exposed += gather_s / layout.vpp if layout.vpp > 1 else max(gather_s - fwd_mb, 0.0)
         return exposed
 
-    def _zero3_s(self, layout: LayoutConfig, train: TrainConfig, group: tuple[int, ...], m: int,
+    def _zero3_s(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid, m: int,
                  costs: list[list[_ChunkCost]]) -> float:
-        """ZeRO-3: mirrors lowering (FSDP2 prefetch): gathers run on their own stream, issued
-        ``fsdp_prefetch_layers`` layers ahead, so each action's first gather is exposed and a later one
-        only where it outlasts the layer it hides behind (backward: sharing the links with the
-        reduce-scatters); without prefetch every gather is exposed. The last layer's reduce-scatter is
-        exposed before the optimizer. Lowering gathers the dense part of each layer only."""
+        """ZeRO-3/FSDP: exposed parameter gathers and gradient reduce-scatters, as lowering emits them
+        (``_StageLowering._fsdp_gather`` / ``_fsdp_reduce``, after FSDP2's prefetch).
+
+        Every forward and backward action gathers each of its layers again: the dense part over the
+        data group (dp x cp; the shard group with hybrid FSDP) and, for an MoE layer, its routed experts
+        (already sharded by EP x ETP) over the expert-data-parallel group, one after the other on the
+        gather stream; after each layer's backward its dense and routed-expert gradients are
+        reduce-scattered over the same two groups on the DP stream. ``_fsdp_timeline`` runs a stage's
+        actions back to back with those rules (the two streams sharing the links), over two and three
+        rounds of every chunk's forward and backward, and extrapolates the steady increment to the
+        micro-batches each chunk runs (a DualPipe chunk m/2, the others m). The step pays the slowest
+        stage's compute plus its exposure."""
+        lay = layout
+        if lay.data_degree == 1 and _edp(lay) == 1:
+            return 0.0
         grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
-        lp = max(d for d, _ in self.layer_params(layout))
-        ag = self.collective_s("all_gather", group, 2.0 * lp)
-        rs = self.collective_s("reduce_scatter", group, grad_b * lp)
-        layers = self.structure(layout).layers
-        s = max(range(layout.pp), key=lambda i: sum(c.fwd_s + c.bwd_s for c in costs[i]))
-        n_layers = max(sum(layers[s]), 1)
-        if layout.fsdp_prefetch_layers == 0:
-            return m * n_layers * 2 * ag + rs
-        fwd_l = sum(c.fwd_s for c in costs[s]) / n_layers
-        bwd_l = sum(c.bwd_s for c in costs[s]) / n_layers
-        per_layer = max(ag - fwd_l, 0.0) + max(ag + rs - bwd_l, 0.0)
-        return m * (2 * ag + max(n_layers - 1, 0) * per_layer) + rs
+        dense_axis = "dp_shard" if lay.fsdp == "hybrid" and lay.fsdp_shard_size else lay.data_axis
+        group = grid.group(dense_axis, 0) if lay.data_degree > 1 else (0,)
+        egroup = grid.group("edp", 0) if self.model.is_moe and _edp(lay) > 1 else (0,)
+        times = self.layer_times(layout, train, grid)
+        per_layer = self.layer_params(layout)
+        st = self.structure(layout)
+        runs = _chunk_runs(lay.resolved_schedule, m)
+        comm: dict[tuple[float, float], tuple[float, float]] = {}
+
+        def gather_reduce(i: int) -> tuple[float, float]:
+            d, e = per_layer[i]
+            hit = comm.get((d, e))
+            if hit is None:
+                ag = self.collective_s("all_gather", group, 2.0 * d) + self.collective_s("all_gather", egroup, 2.0 * e)
+                rs = (self.collective_s("reduce_scatter", group, grad_b * d)
+                      + self.collective_s("reduce_scatter", egroup, grad_b * e))
+                hit = comm[(d, e)] = (ag, rs)
+            return hit
+
+        selective = lay.recompute in ("selective", "op_sac")
+        worst = busy_max = 0.0
+        for s in range(lay.pp):
+            rnd: list[_FsdpAction] = []
+            busy = 0.0
+            for c in range(len(st.layers[s])):
+                idx = list(st.chunk(s, c))
+                cc = costs[s][c]
+                busy += runs * (cc.fwd_s + cc.bwd_s)
+                rec = recomputed_layers(layout, len(idx))
+                fwd = [times[i].fwd_total_s for i in idx]
+                bwd = [times[i].bwd_total_s + (times[i].fwd_total_s if j < rec else 0.0)
+                       + (times[i].selective_s if selective else 0.0) for j, i in enumerate(idx)][::-1]
+                pairs = [gather_reduce(i) for i in idx]
+                ag, rs = [g for g, _ in pairs], [r for _, r in pairs]
+                # embedding/head/MTP compute (no gathers): after the forward's layers, before the backward's
+                rnd.append((0.0, fwd, ag, [0.0] * len(idx), max(cc.fwd_s - sum(fwd), 0.0)))
+                rnd.append((max(cc.bwd_s - sum(bwd), 0.0), bwd, ag[::-1], rs[::-1], 0.0))
+            if runs <= 3:
+                total = _fsdp_timeline(rnd * runs, lay.fsdp_prefetch_layers)
+            else:
+                t2 = _fsdp_timeline(rnd * 2, lay.fsdp_prefetch_layers)
+                t3 = _fsdp_timeline(rnd * 3, lay.fsdp_prefetch_layers)
+                total = t3 + (runs - 3) * (t3 - t2)
+            worst = max(worst, total)
+            busy_max = max(busy_max, busy)
+        return max(worst - busy_max, 0.0)
 
     def _bucketed_s(self, coll: str, group: tuple[int, ...], total_bytes: float, bucket_bytes: float) -> float:
         if len(group) < 2 or total_bytes <= 0:
@@ -634,6 +685,78 @@ def _heaviest(stages: list[tuple[float, float, float]]) -> list[tuple[float, flo
 def _edp(layout: LayoutConfig) -> int:
     """Expert-data-parallel degree: tp x cp x dp / (ep x etp) (``lowering._StageLowering.edp``)."""
     return max(layout.expert_data_degree, 1)
+
+
+_FsdpAction = tuple[float, list[float], list[float], list[float], float]
+"""One action under ZeRO-3: (compute before its layers, each layer's compute, gathers and
+reduce-scatters in execution order, compute after its layers), seconds."""
+
+
+def _fsdp_timeline(actions: list[_FsdpAction], prefetch: int) -> float:
+    """Seconds from the first action's start to the last reduce-scatter's end, the actions run back to
+    back on the compute stream with lowering's ZeRO-3 ops (``_StageLowering._fsdp_gather`` /
+    ``_fsdp_reduce``): layer j's gathers are issued with layer j - prefetch, once the compute before
+    that layer has ended, in order on the gather stream; layer j computes once layer j - 1 has and
+    its gathers are done; its reduce-scatter is queued on the DP stream when it ends. The two streams
+    share the links: while both have an op running, each gets half the bandwidth (max-min fair
+    sharing of an edge by two flows, ``simtrain.network``; both cross the same NICs when the data and
+    expert-data groups span nodes); otherwise the running one gets it all.
+    """
+    gq: deque[list[float]] = deque()  # [ready time, work left] of issued gathers, in stream order
+    rq: deque[list[float]] = deque()
+    clock = [0.0, 0]  # link time, gathers completed (they complete in issue order)
+
+    def advance(until: float, gather_id: int = -1) -> float:
+        """Run the link to ``until`` or until gather ``gather_id`` is done; the time reached."""
+        lt = float(clock[0])
+        while (gq or rq) and (lt < until or clock[1] <= gather_id):
+            heads = [q for q in (gq, rq) if q and q[0][0] <= lt]
+            pending = [q[0][0] for q in (gq, rq) if q and q[0][0] > lt]
+            if not heads:
+                nxt = min(pending)
+                if nxt >= until and clock[1] > gather_id:
+                    lt = until
+                    break
+                lt = nxt
+                continue
+            rate = 1.0 / len(heads)
+            step = min(q[0][1] / rate for q in heads)
+            if pending:
+                step = min(step, min(pending) - lt)
+            if clock[1] > gather_id:
+                step = min(step, until - lt)
+            lt += step
+            for q in heads:
+                q[0][1] -= step * rate
+                if q[0][1] <= 1e-15:
+                    q.popleft()
+                    if q is gq:
+                        clock[1] += 1
+        clock[0] = max(lt, float(clock[0]))
+        return float(clock[0])
+
+    t = 0.0
+    issued = 0
+    for pre, compute, gather, reduce, post in actions:
+        t += pre
+        ids = [-1] * len(compute)
+        nxt = 0
+        for j, c in enumerate(compute):
+            while nxt < len(compute) and nxt <= j + prefetch:
+                if gather[nxt] > 0:
+                    advance(t)
+                    gq.append([t, gather[nxt]])
+                    ids[nxt] = issued
+                    issued += 1
+                nxt += 1
+            if ids[j] >= 0:
+                t = max(t, advance(t, ids[j]))
+            t += c
+            if reduce[j] > 0:
+                advance(t)
+                rq.append([t, reduce[j]])
+        t += post
+    return max(t, advance(float("inf")))
 
 
 def _chunk_cost(times: list[_LayerTimes], v: int, last: int, layout: LayoutConfig, edge: _EdgeTimes,
@@ -681,12 +804,14 @@ def _pipeline_1f1b(layout: LayoutConfig, costs: list[list[_ChunkCost]],
 
 def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_ChunkCost]],
                         m: int) -> _Pipe:
-    """As ``_pipeline_1f1b`` for ZB-H1 and DualPipe: the schedule executed by ``schedules.makespan``
-    with each (stage, chunk)'s F, B (input gradients) and W (weight gradients); an overlapped F&B
-    pair costs its two computes, or its communication where that is longer (each chain's
+    """As ``_pipeline_1f1b`` for ZB-H1, DualPipe and DualPipeV: the schedule executed by
+    ``schedules.makespan`` with each (stage, chunk)'s F, B (input gradients) and W (weight
+    gradients); an overlapped F&B pair costs its two computes, or its communication where that is
+    longer (each chain's
     all-to-alls run while the other computes: DeepSeek-V3 sec. 3.2.1). Past ``_steady_microbatches``
     the makespan and busy times grow linearly (steady state), so they are extrapolated from two
-    short schedules (exact for ZB-H1, within 2 % for DualPipe on 16 stages with uneven stages)."""
+    short schedules (exact for ZB-H1, within 3 % for DualPipe and DualPipeV on 16 stages with uneven
+    stages)."""
     p = layout.pp
 
     def action_costs(s: int, c: int) -> ActionCosts:
@@ -707,20 +832,27 @@ def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_Chunk
         total = t1 + (m - cut) / 2 * (t2 - t1)
         busy = tuple(x + (m - cut) / 2 * (y - x) for x, y in zip(b1, b2, strict=True))
     i = max(range(p), key=busy.__getitem__)
-    share = m / len(costs[i])  # micro-batches through each chunk
+    share = _chunk_runs(kind, m)
     plain = share * sum(c.fwd_s + c.bwd_s for c in costs[i])
     hidden = busy[i] / plain if plain > 0 else 1.0  # overlapped pairs hide their communication
     comm = hidden * share * sum(c.comm_s for c in costs[i])
     ep = hidden * share * sum(c.ep_s for c in costs[i])
-    n = len(costs[i])
-    return (busy[i], total - busy[i], comm, ep, sum(c.fwd_s for c in costs[i]) / n,
-            sum(c.bwd_s for c in costs[i]) / n)
+    per_mb = share / m  # chunks a micro-batch passes on this stage: DualPipe 1 of its 2, DualPipeV both
+    return (busy[i], total - busy[i], comm, ep, per_mb * sum(c.fwd_s for c in costs[i]),
+            per_mb * sum(c.bwd_s for c in costs[i]))
+
+
+def _chunk_runs(kind: str, m: int) -> int:
+    """Micro-batches through each chunk of a stage: DualPipe sends half of them down each direction
+    (chunk 0 or chunk 1); every other schedule runs all m through every chunk (DualPipeV: chunk 0 on
+    the way down the V, chunk 1 on the way back)."""
+    return m // 2 if kind == "dualpipe" else m
 
 
 def _steady_microbatches(pp: int) -> int:
-    """Micro-batches (even) past which a ZB-H1/DualPipe schedule is in its steady state: its memory
-    peak no longer grows and its makespan grows linearly (both checked against full schedules of
-    2 to 16 stages and up to 8 x pp micro-batches)."""
+    """Micro-batches (even) past which a ZB-H1/DualPipe/DualPipeV schedule is in its steady state: its
+    memory peak no longer grows and its makespan grows linearly (both checked against full schedules
+    of 2 to 16 stages and up to 8 x pp micro-batches)."""
     return 2 * pp + 4
 
 
@@ -757,12 +889,13 @@ def _peak_microbatches(layout: LayoutConfig, microbatches: int) -> int:
     """Micro-batches of the schedule the memory walk needs: 1F1B holds at most p - s in flight,
     reached before the (p + 1)-th micro-batch; interleaved warm-up is (p - s - 1) * 2 + (v - 1) * p
     virtual micro-batches, so 4 x p micro-batches cover it and one steady period (tested against the
-    engine's closed form on full schedules); ZB-H1 and DualPipe up to ``_steady_microbatches``."""
+    engine's closed form on full schedules); ZB-H1, DualPipe and DualPipeV up to
+    ``_steady_microbatches`` (DualPipeV checked too, 2 to 16 stages up to 8 x pp micro-batches)."""
     kind = layout.resolved_schedule
     if kind == "interleaved_1f1b":
         return min(microbatches, PEAK_MICROBATCHES_PER_STAGE * layout.pp)
     if kind == "1f1b":
         return min(microbatches, layout.pp + 1)
-    if kind in ("zb_h1", "dualpipe"):
+    if kind in ("zb_h1", "dualpipe", "dualpipev"):
         return min(microbatches, _steady_microbatches(layout.pp))
     return microbatches

@@ -794,7 +794,9 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     shape = activation_shape(run.train, lay, run.model)
     block = BlockBuilder(run.model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
                          shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
-                         lay.ep_comm_overlap or lay.resolved_schedule == "dualpipe",
+                         # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
+                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
+                         lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
                          1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0)
     kind = lay.resolved_schedule
     route = schedule_route(kind, lay.pp, m, lay.vpp)

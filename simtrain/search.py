@@ -12,9 +12,12 @@
    1 or TP (Megatron's ``--expert-tensor-parallel-size``: experts unsharded, or sharded like the
    dense layers), sequence parallelism whenever TP > 1 (required), and the pipeline schedule:
    1F1B/interleaved (``auto``), DualPipe (DeepSeek-V3 sec. 3.2.1; pp even, micro-batches even and at
-   least 2 x pp, vpp 1) and, when asked, ZB-H1. Not enumerated for MoE: ZeRO-3/FSDP (lowering gathers
-   and reduce-scatters only the dense part of each layer under ZeRO-3, so the engine would not charge
-   the routed experts' gathers and gradient reduction), DualPipeV, ETP other than 1 and TP.
+   least 2 x pp, vpp 1), DualPipeV (deepseek-ai/DualPipe ``dualpipev.py``: DualPipe's steps on pp
+   ranks holding 2 x pp stages in a V, so one copy of the parameters; any pp > 1, at least 2 x pp
+   micro-batches, vpp 1, at least one layer per stage) and, when asked, ZB-H1. ZeRO-3 with MoE shards the
+   expert-data-parallel group (tp x cp x dp / (ep x etp)), whose per-layer gathers and gradient
+   reduce-scatters lowering emits beside the dense part's over dp x cp (the estimate times both).
+   Not enumerated for MoE: ETP other than 1 and TP.
    Sliding-window models are searched like the others: the estimate costs each layer's own window.
    The config's ``cp_comm``, ``ep_comm_overlap`` and ``recompute_modules`` are kept (selective
    recompute is tried when they name something besides unfused attention's ``core_attn``).
@@ -44,7 +47,7 @@ GiB = 1024.0**3
 ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
-SEARCH_SCHEDULES = ("auto", "dualpipe", "zb_h1")
+SEARCH_SCHEDULES = ("auto", "dualpipe", "dualpipev", "zb_h1")
 # Simulation budget of a search, micro-batches x layers summed over the simulated layouts: about 40 s
 # of CPU on this project's 2-core machine with today's engine (Llama 3.1 405B, 16 micro-batches x 126
 # layers = 2,016 units, simulates in ~0.7 s).
@@ -72,8 +75,8 @@ class SearchSpace:
     etp: tuple[int, ...] | None = None
     """Expert tensor-parallel degrees (MoE models): default 1 and tp."""
     schedule: tuple[str, ...] | None = None
-    """Pipeline schedules: ``auto`` (1F1B, interleaved when vpp > 1), ``dualpipe``, ``zb_h1``; default
-    ``auto`` for dense models, ``auto`` and ``dualpipe`` for MoE models."""
+    """Pipeline schedules: ``auto`` (1F1B, interleaved when vpp > 1), ``dualpipe``, ``dualpipev``,
+    ``zb_h1``; default ``auto`` for dense models, ``auto``, ``dualpipe`` and ``dualpipev`` for MoE models."""
 
 
 @dataclass(slots=True)
@@ -189,13 +192,17 @@ def _expert_degrees(run: RunConfig, tp: int, plane: int, space: SearchSpace) -> 
 def _schedules(run: RunConfig, pp: int, vpp: int, microbatches: int, space: SearchSpace) -> list[str]:
     """Schedules worth trying: ``auto`` (1F1B/interleaved); for MoE models DualPipe where it can run
     (even pp, an even micro-batch count of at least 2 x pp, vpp 1: deepseek-ai/DualPipe's asserts,
-    validate._schedule_batch_problems); ZB-H1 when the space names it (vpp 1, pp > 1)."""
-    allowed = space.schedule or (("auto", "dualpipe") if run.model.is_moe else ("auto",))
+    validate._schedule_batch_problems) and DualPipeV where it can (at least 2 x pp micro-batches, the
+    assert of deepseek-ai/DualPipe ``dualpipev.py``; vpp 1, as it places its two chunks itself; at
+    least one layer on each of its 2 x pp stages); ZB-H1 when the space names it (vpp 1, pp > 1)."""
+    allowed = space.schedule or (("auto", "dualpipe", "dualpipev") if run.model.is_moe else ("auto",))
     out = ["auto"] if "auto" in allowed else []
     if vpp > 1 or pp == 1:
         return out
     if "dualpipe" in allowed and pp % 2 == 0 and microbatches % 2 == 0 and microbatches >= 2 * pp:
         out.append("dualpipe")
+    if "dualpipev" in allowed and microbatches >= 2 * pp and run.model.n_layers >= 2 * pp:
+        out.append("dualpipev")
     if "zb_h1" in allowed:
         out.append("zb_h1")
     return out
@@ -228,7 +235,7 @@ def enumerate_layouts(run: RunConfig, n_gpus: int, space: SearchSpace) -> list[t
     seqs = tr.global_batch_seqs_resolved
     tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpn)
     recompute = _recompute_choices(run, space)
-    zeros = [z for z in space.zero_stage if not (m.is_moe and z >= 3)]
+    zeros = list(space.zero_stage)
     base = _base_layout(run)
     out = []
     for tp in (t for t in tps if n_gpus % t == 0 and _tp_ok(run, t)):

@@ -44,6 +44,42 @@ def test_parse_count_suffixes() -> None:
     assert parse_count("lots") == "lots"
 
 
+@pytest.mark.parametrize(("given", "seq_len", "tokens"), [
+    ("4Mi", 1024, 4 * 2**20), ("16Mi", 1024, 16 * 2**20), ("512Ki", 1024, 2**19), ("1Gi", 1024, 2**30),
+    ("4M", 500, 4_000_000), ("1.5M", 500, 1_500_000), ("512K", 500, 512_000), ("1G", 500, 10**9),
+    ("4mi", 1024, 4 * 2**20), (4194304, 1024, 4194304),
+])
+def test_global_batch_tokens_accepts_human_counts(tmp_path: Path, given: Any, seq_len: int, tokens: int) -> None:
+    """train.global_batch_tokens takes "4M" (10^6) and "4Mi" (2^20), K/Ki and G/Gi too, in a YAML file and
+    through --set, as a whole number of tokens."""
+    train = {"seq_len": seq_len, "global_batch_tokens": given}
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: t\nmodel: gpt-1.7b\nlayout: {{dp: 8}}\ntrain:\n  seq_len: {seq_len}\n"
+                    f"  global_batch_tokens: {given}\n")
+    base = {**BASE, "train": {"seq_len": seq_len, "global_batch_tokens": 8 * seq_len}}
+    for run in (load_config(path), load_config(base, [f"train.global_batch_tokens={given}"]),
+                load_config({**BASE, "train": train})):
+        assert run.train.global_batch_tokens == tokens and isinstance(run.train.global_batch_tokens, int)
+        assert run.train.global_batch_seqs_resolved == tokens // seq_len
+
+
+@pytest.mark.parametrize("bad", ["4X", "-4M", "lots", "4Mx", "1.5", "4.0000001Ki", "true"])
+def test_bad_global_batch_tokens_names_the_field(bad: str, capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    """A bad token count is a ConfigError on train.global_batch_tokens quoting the value and the valid forms."""
+    base = {**BASE, "train": {"seq_len": 1024, "global_batch_tokens": 65536}}
+    with pytest.raises(ConfigError) as err:
+        load_config(base, [f"train.global_batch_tokens={bad}"])
+    (problem,) = err.value.problems
+    assert problem.path == "train.global_batch_tokens"
+    assert bad.lower() in problem.message.lower() and "4Mi = 4,194,304" in problem.message
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(base))
+    assert main(["simulate", str(path), "--set", f"train.global_batch_tokens={bad}"]) == 2
+    err_text = capsys.readouterr().err
+    assert "train.global_batch_tokens" in err_text and "Traceback" not in err_text
+
+
 def test_constant_schedule_whole_steps() -> None:
     run = load_config(cfg({"tokens": "1M"}))
     (ph,) = resolve_phases(run)

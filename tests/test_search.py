@@ -89,19 +89,88 @@ def test_estimate_of_moe_and_windowed_models(cfg: dict[str, Any], overrides: lis
     assert e.step_time_s == pytest.approx(r.step_time_s, rel=0.25)
 
 
+@pytest.mark.parametrize(("cfg", "overrides"), [
+    (MOE, ["layout.zero_stage=3"]),  # edp 2 across the two nodes
+    (MOE, ["layout.zero_stage=3", "layout.ep=2", "train.global_batch_seqs=256"]),  # edp 8, 16 micro-batches
+    (MOE, ["layout.zero_stage=3", "layout.tp=2", "layout.dp=8", "layout.sequence_parallel=true", "layout.etp=1",
+           "layout.ep=4"]),
+    (MOE, ["layout.zero_stage=3", "layout.fsdp_prefetch_layers=0"]),
+    (MOE, ["layout.zero_stage=3", "layout.pp=2", "layout.dp=8", "layout.ep=4", "layout.schedule=dualpipe"]),
+    (DSV3, ["layout.zero_stage=3", "layout.ep=8"]),  # 1 dense + 3 MoE layers, edp 4 across nodes
+    (GPT_OSS, ["layout.zero_stage=3", "layout.ep=4", "layout.recompute=full"]),
+])
+def test_estimate_of_zero3_with_experts(cfg: dict[str, Any], overrides: list[str]) -> None:
+    """ZeRO-3 with MoE: lowering gathers each layer's routed experts and reduce-scatters their gradients
+    over the expert-data-parallel group beside the dense part over dp; the estimate prices both (its
+    step within 15 % of the engine's, measured within 8 %) and its memory equals the engine's."""
+    run = load_config(cfg, overrides)
+    est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio)
+    e = est.estimate(run.layout, run.train)
+    r = simulate(run)
+    assert list(e.stage_peak_bytes) == pytest.approx([m.peak_bytes for m in r.memory], rel=1e-9)
+    assert e.step_time_s == pytest.approx(r.step_time_s, rel=0.15)
+
+
 def test_enumerated_moe_layouts_are_valid() -> None:
-    """EP (divisors of the experts, ep x etp dividing tp x cp x dp), ETP 1 or TP, DualPipe where it can
-    run; no ZeRO-3 for MoE; every layout passes validation."""
+    """EP (divisors of the experts, ep x etp dividing tp x cp x dp), ETP 1 or TP, DualPipe and DualPipeV
+    where they can run, ZeRO 0-3; every layout passes validation."""
     run = load_config(MOE)
     layouts = enumerate_layouts(run, 16, SearchSpace(cp=(1,), micro_batch_size=(1,), recompute=("none",)))
     seen = {(lay.ep, lay.etp, lay.schedule) for lay, _ in layouts}
     assert {ep for ep, _, _ in seen} == {1, 2, 4, 8} and {etp for _, etp, _ in seen} == {1, 2, 4, 8}
     assert all(lay.etp in (1, lay.tp) for lay, _ in layouts)
-    assert {s for _, _, s in seen} == {"auto", "dualpipe"}
-    assert max(lay.zero_stage for lay, _ in layouts) == 2
+    assert {s for _, _, s in seen} == {"auto", "dualpipe", "dualpipev"}
+    assert {lay.zero_stage for lay, _ in layouts} == {0, 1, 2, 3}
     for lay, train in layouts[::5]:
         ok = load_config({**MOE, "layout": lay.model_dump(), "train": train.model_dump()})  # raises if invalid
         assert ok.layout.world_size == 16 and (ok.layout.tp == 1 or ok.layout.sequence_parallel)
+
+
+def test_moe_search_enumerates_dualpipev() -> None:
+    """DualPipeV (pp ranks, 2 x pp stages in a V) is tried for MoE models wherever it can run: any pp > 1
+    with at least 2 x pp micro-batches and a layer on each of its 2 x pp stages, vpp 1 (odd pp and odd
+    micro-batch counts too, which DualPipe refuses); every such layout is valid."""
+    cfg = {**MOE, "model": {"preset": "mixtral-8x7b", "n_layers": 6}, "train": {"seq_len": 2048,
+                                                                                 "global_batch_seqs": 48}}
+    run = load_config(cfg)
+    space = SearchSpace(tp=(1,), cp=(1,), micro_batch_size=(1,), zero_stage=(1,), recompute=("none",), ep=(2,))
+    layouts = enumerate_layouts(run, 16, space)
+    v = [(lay, tr) for lay, tr in layouts if lay.schedule == "dualpipev"]
+    dual = {(lay.pp, lay.dp) for lay, _ in layouts if lay.schedule == "dualpipe"}
+    assert {(lay.pp, lay.dp) for lay, _ in v} == {(2, 8)}  # pp 4: 8 stages > 6 layers; pp 8, 16: too few
+    assert dual == {(2, 8), (4, 4)} and all(lay.vpp == 1 for lay, _ in v)
+    odd = enumerate_layouts(load_config({**cfg, "hardware": {"node": "dgx-h100", "n_nodes": 3}},
+                                        ["layout.dp=24"]), 24, space)
+    assert {lay.pp for lay, _ in odd if lay.schedule == "dualpipev"} == {2, 3}  # pp 3: DualPipeV only
+    assert {lay.pp for lay, _ in odd if lay.schedule == "dualpipe"} == {2, 4, 6}
+    for lay, train in v:
+        load_config({**cfg, "layout": lay.model_dump(), "train": train.model_dump()})  # raises if invalid
+    assert "dualpipev" not in {lay.schedule for lay, _ in enumerate_layouts(load_config(SMALL), 16, SearchSpace())}
+    r = search(MOE, space=SearchSpace(tp=(1,), pp=(2,), cp=(1,), micro_batch_size=(1,), zero_stage=(1,),
+                                      recompute=("none",), ep=(4,), schedule=("dualpipev",)), top_k=1, workers=1)
+    assert r.best is not None and r.best.label().endswith("dualpipev") and r.best.fits
+
+
+@pytest.mark.parametrize(("cfg", "overrides"), [
+    (MOE, ["layout.pp=2", "layout.dp=8", "layout.ep=4", "layout.schedule=dualpipev", "train.global_batch_seqs=128"]),
+    ({**MOE, "model": {"preset": "mixtral-8x7b", "n_layers": 8}},
+     ["layout.pp=4", "layout.dp=4", "layout.ep=4", "layout.schedule=dualpipev", "train.global_batch_seqs=36"]),
+    ({**MOE, "model": {"preset": "mixtral-8x7b", "n_layers": 8}},
+     ["layout.pp=2", "layout.dp=8", "layout.ep=8", "layout.schedule=dualpipev", "layout.zero_stage=3"]),
+])
+def test_estimate_of_dualpipev(cfg: dict[str, Any], overrides: list[str]) -> None:
+    """DualPipeV: the executed schedule's makespan with the V's two chunks per rank (each running every
+    micro-batch) is within 15 % of the engine's step (measured within 3 %), and its memory (one copy
+    of the parameters: 2 x pp stages of n_layers / (2 x pp) layers) equals the engine's closed form
+    (the ledger interleaves an overlapped pair's ops more finely: within 1 %)."""
+    run = load_config(cfg, overrides)
+    est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio)
+    e = est.estimate(run.layout, run.train)
+    r = simulate(run)
+    assert list(e.stage_peak_bytes) == pytest.approx([m.closed_form_peak_bytes for m in r.memory], rel=1e-9)
+    assert list(e.stage_peak_bytes) == pytest.approx([m.peak_bytes for m in r.memory], rel=0.02)
+    assert e.step_time_s == pytest.approx(r.step_time_s, rel=0.15)
+    assert sum(sum(row) for row in est.chunk_layers(run.layout)) == run.model.n_layers
 
 
 def test_moe_search_matches_exhaustive_simulation() -> None:
