@@ -1,8 +1,10 @@
 """Compute cost model: the time of one kernel from its hardware FLOPs and HBM bytes.
 
 time = max(flops / (peak * efficiency), bytes / (HBM bandwidth * efficiency)) + launch overhead
-(the roofline of DESIGN.md "Costs"; Calculon's ``roofline`` mode). GEMM efficiency is the GPU's
-best-shape MAMF fraction (ml-engineering MAMF table, reference Table D) times tile and wave
+(the roofline of DESIGN.md "Costs"; Calculon's ``roofline`` mode). GEMM efficiency is the GPU
+profile's measured fraction of peak on a large, well-aligned shape (``gemm_efficiency``: a typical
+randn GEMM such as 4096^3 or 8192^3 where one is published, else the best-shape MAMF of the
+ml-engineering table, which is a capability bound; reference Table D) times tile and wave
 quantisation for the exact shape (NVIDIA *Matrix Multiplication Background User's Guide*).
 FlashAttention uses the measured fraction of peak of its forward and backward kernels (FA2/FA3
 papers, Table D); its FLOPs follow the FlashAttention convention (Table E): forward
