@@ -515,8 +515,8 @@ class Engine:
                     for i in idxs2:
                         if i not in moved:
                             per_stream[prog.ops[i].stream].append(i)
-            guard = Guard(tuple((s, tuple(lo[i] for i in sorted(v)), tuple(count[i] for i in sorted(v)))
-                                for s, v in per_stream.items()))
+            guard = Guard(tuple((s, tuple(lo[i] for i in v), tuple(count[i] for i in v))
+                                for s, v in ((s, sorted(v)) for s, v in per_stream.items())))
             duration = self._alone_s(entry)
             for i in here:
                 alone[i], guards[i] = duration, guard
@@ -566,8 +566,8 @@ class Engine:
 
     def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
         """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
-        env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
-        keep, waiting, finished = self.keep_trace, self._waiting[rank], self._finished[rank]
+        env, done, ledger = self.env, self.done[rank], self.ledgers[rank]
+        waiting, finished = self._waiting[rank], self._finished[rank]
         for op in ops:
             for d in op.deps:
                 ev = done[d]
@@ -581,17 +581,10 @@ class Engine:
             yield from self._communicate(rank, op)
             end = env.now
             finished[stream] += 1
-            if op.mem_end:
-                ledger.apply(end, op.mem_end)
+            self._ended(rank, op, start, end)
             if op.idx in done:
                 self.started[(rank, op.idx)] = start
                 done[op.idx].succeed()
-            if keep:
-                self.trace.append(TraceEvent(rank, stream.name.lower(), op.name, op.category, start, end, op))
-            self.executed += 1
-            if end >= stats.end_s:
-                stats.end_s = end
-                stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
         waiting[stream] = _FINISHED
 
     def _quiet(self, rank: int) -> bool:
@@ -614,7 +607,6 @@ class Engine:
         end: the same times as one timeout per op, with far fewer simpy events.
         """
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
-        keep = self.keep_trace
         extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
         inline = self._inline.get(rank, {})
         alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
@@ -683,18 +675,11 @@ class Engine:
                 end = t = env.now
             stats.busy[op.category] += dur
             stats.flops += op.flops
-            if op.mem_end:
-                ledger.apply(end, op.mem_end)
+            stats.last_compute_end_s = end
+            self._ended(rank, op, start, end)
             if op.idx in done:
                 self.started[(rank, op.idx)] = start
                 done[op.idx].succeed()
-            if keep:
-                self.trace.append(TraceEvent(rank, "compute", op.name, op.category, start, end, op))
-            self.executed += 1
-            stats.last_compute_end_s = end
-            if end >= stats.end_s:
-                stats.end_s = end
-                stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
         if t > env.now:
             yield env.timeout(t - env.now)
 
@@ -702,20 +687,24 @@ class Engine:
         """Bookkeeping of a blocking collective the compute stream ran from ``t`` to ``end``
         (simtrain.inline): memory, trace, and the compute stream's idle time charged to its axis.
         Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
-        stats, ledger = self.stats[rank], self.ledgers[rank]
         if mem_start and op.mem_start:
-            ledger.apply(t, op.mem_start)
-        axis = op.axis.split("_")[0] if op.axis else "other"
-        stats.exposed[axis] += end - t
+            self.ledgers[rank].apply(t, op.mem_start)
+        self.stats[rank].exposed[op.axis.split("_")[0] if op.axis else "other"] += end - t
+        self._ended(rank, op, t, end)
+        return end
+
+    def _ended(self, rank: int, op: Op, start: float, end: float) -> None:
+        """What every executed op records when it ends: its memory frees, its trace event, the count,
+        and the rank's end time with the axis of its last op."""
         if op.mem_end:
-            ledger.apply(end, op.mem_end)
+            self.ledgers[rank].apply(end, op.mem_end)
         if self.keep_trace:
-            self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, t, end, op))
+            self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op))
         self.executed += 1
+        stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
-            stats.last_axis = axis
-        return end
+            stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
 
     def _slowdown(self, rank: int) -> float:
         active = self.active_comm[rank]

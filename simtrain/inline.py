@@ -55,12 +55,7 @@ def time_bounds(ops: Sequence[Op]) -> list[int]:
     """L per op: a comm op starts after compute op L ends (compute-stream positions; -1: no bound),
     from its deps and its stream predecessor. Compute ops get -1."""
     n = len(ops)
-    pos = [-1] * n
-    k = 0
-    for op in ops:
-        if op.stream == Stream.COMPUTE:
-            pos[op.idx] = k
-            k += 1
+    pos = _compute_positions(ops)
     lo = [-1] * n
     last: dict[Stream, int] = {}
     for op in ops:
@@ -74,6 +69,17 @@ def time_bounds(ops: Sequence[Op]) -> list[int]:
     return lo
 
 
+def _compute_positions(ops: Sequence[Op]) -> list[int]:
+    """Per op index, its position on the compute stream (-1 for comm ops)."""
+    pos = [-1] * len(ops)
+    k = 0
+    for op in ops:
+        if op.stream == Stream.COMPUTE:
+            pos[op.idx] = k
+            k += 1
+    return pos
+
+
 def inline_plan(ops: Sequence[Op]) -> Inline:
     """The comm ops of one program that its compute stream runs itself (symmetric mode).
 
@@ -81,7 +87,6 @@ def inline_plan(ops: Sequence[Op]) -> Inline:
         ops: the program's ops (``Program.ops``; ``ops[i].idx == i``).
     """
     n = len(ops)
-    pos = [-1] * n  # position of a compute op on the compute stream; -1 for comm ops
     slot = [0] * n  # position of an op on its own stream
     order: dict[Stream, list[int]] = {}
     for op in ops:
@@ -89,8 +94,7 @@ def inline_plan(ops: Sequence[Op]) -> Inline:
         slot[op.idx] = len(lst)
         lst.append(op.idx)
     compute = order.get(Stream.COMPUTE, [])
-    for k, i in enumerate(compute):
-        pos[i] = k
+    pos = _compute_positions(ops)
     waited = [n] * n  # first compute position that depends on an op
     for k, i in enumerate(compute):
         for d in ops[i].deps:
