@@ -35,6 +35,14 @@ TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in mul
 #: write fp8 1 + transposed fp8 1, Transformer Engine ``cast_transpose``); per-tensor current scaling
 #: first reads the tensor once more for its amax (+2) [derived from the kernels' reads and writes].
 FP8_CAST_BYTES = {"delayed": 4.0, "blockwise": 4.0, "current": 6.0}
+#: Per-tensor FP8 recipes whose backward GEMMs (dgrad, wgrad) promote partial sums to FP32 ("split
+#: accumulation"): Transformer Engine's ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` (``_2X_ACC_FPROP = False``;
+#: transformer_engine/pytorch/module/base.py) and torchao float8's default ``gemm_config_grad_input`` /
+#: ``gemm_config_grad_weight`` without ``use_fast_accum`` (the forward output uses it; pytorch/ao#2377).
+#: On Hopper this costs ``GpuSpec.fp8_split_accumulation_slowdown``. Blockwise scaling (DeepSeek's
+#: DeepGEMM) promotes inside the kernel every 128 K-elements, overlapped with the next MMA (DeepSeek
+#: technical report, arXiv 2412.19437 sec. 3.3.2), at the profile's FP8 rate.
+SPLIT_ACCUMULATION_RECIPES = ("delayed", "current")
 #: GEMMs that stay BF16 under FP8 training (name prefixes as ``simtrain.blocks`` emits them).
 BF16_GEMM_PREFIXES = ("lm_head", "attn.", "router", "mtp.proj")
 
@@ -114,8 +122,10 @@ class ComputeCostModel:
             cast_elems += k * n
         cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (
             self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
-        return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True),
-                              self.gpu.hbm_efficiency, extra_s=cast_s)
+        eff = self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True)
+        if name.endswith((".dgrad", ".wgrad")) and self.fp8_recipe in SPLIT_ACCUMULATION_RECIPES:
+            eff /= self.gpu.fp8_split_accumulation_slowdown
+        return self._roofline(name, flops, nbytes, eff, self.gpu.hbm_efficiency, extra_s=cast_s)
 
     def flash_attention(self, name: str, b: int, s_q: int, s_kv: int, heads: int, kv_heads: int, d: int,
                         causal: bool, backward: bool) -> Kernel:

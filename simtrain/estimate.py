@@ -64,6 +64,7 @@ from simtrain.lowering import (
     LayerPlan,
     chunk_memory,
     first_layers,
+    fsdp_keeps_unsharded,
     layer_plans,
     recomputed_layers,
     split_layers,
@@ -438,7 +439,8 @@ class Estimator:
         max_layer = max(d + e for d, e in self.layer_params(layout))
         out = []
         for s, (dense, expert, layer) in enumerate(self.stage_params(layout)):
-            static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context)
+            kept = layer if fsdp_keeps_unsharded(layout, train.stack) and shard > 1 else 0.0
+            static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context, kept)
             if train.precision == "fp8":  # as simulate._attach_static_memory: FP8 weight copies
                 static["fp8_weights"] = 2.0 * layer / (shard if layout.shard_stage >= 3 else 1)
             if expert and m.is_moe:

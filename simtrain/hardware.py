@@ -97,6 +97,10 @@ class GpuSpec(BaseModel):
     gemm_efficiency: float = Field(gt=0, le=1)
     fp8_gemm_efficiency: float = Field(default=0.0, ge=0, le=1)
     """Best-shape FP8 GEMM fraction of the FP8 peak (MAMF); 0.0 = not given, use ``gemm_efficiency``."""
+    fp8_split_accumulation_slowdown: float = Field(default=1.0, ge=1)
+    """Time of an FP8 GEMM that promotes its partial sums to FP32 (cuBLASLt without
+    ``CUBLASLT_MATMUL_DESC_FAST_ACCUM``) over the same GEMM with fast accumulation; 1.0 where the FP8
+    tensor cores accumulate in full FP32 (everything but Hopper)."""
     attention_fwd_efficiency: float = Field(gt=0, le=1)
     attention_bwd_efficiency: float = Field(gt=0, le=1)
     hbm_efficiency: float = Field(gt=0, le=1)
@@ -224,6 +228,7 @@ _GPU_KEYS: dict[str, tuple[str, float, str]] = {
     "nvlink_domain": ("nvlink_domain", 1, "i"),
     "gemm_efficiency": ("gemm_efficiency", 1.0, "f"),
     "fp8_gemm_efficiency": ("fp8_gemm_efficiency", 1.0, "f0"),
+    "fp8_split_accumulation_slowdown": ("fp8_split_accumulation_slowdown", 1.0, "f"),
     "attention_fwd_efficiency": ("attention_fwd_efficiency", 1.0, "f"),
     "attention_bwd_efficiency": ("attention_bwd_efficiency", 1.0, "f"),
     "hbm_efficiency": ("hbm_efficiency", 1.0, "f"),

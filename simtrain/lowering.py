@@ -32,7 +32,7 @@ from simtrain.memory import (
 )
 from simtrain.ops import Kernel, Op, OpKind, Program, Stream
 from simtrain.schedules import Action, Route, build_schedule, schedule_route, split_backward_keys
-from simtrain.stacks import get_stack
+from simtrain.stacks import SoftwareStack, get_stack
 
 MiB = 1024.0**2
 STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stream.TP}
@@ -284,6 +284,8 @@ class _StageLowering:
     deferred: list[tuple[str, float, str]] = field(default_factory=list)
     param_gathers: dict[int, list[int]] = field(default_factory=dict)
     fsdp_gathers: dict[tuple[str, int, int, int], list[int]] = field(default_factory=dict)
+    fsdp_copied: set[tuple[str, int, int, int]] = field(default_factory=set)
+    """Gathers whose FSDP2 copy-out has been emitted (``SoftwareStack.fsdp_param_copies``)."""
 
     @property
     def n_virtual(self) -> int:
@@ -295,6 +297,11 @@ class _StageLowering:
         self.em = _Emitter(self.prog, self.run.layout.tp_comm_overlap and self.run.layout.tp > 1)
 
     # -- helpers -------------------------------------------------------------------------------
+    @property
+    def stack(self) -> SoftwareStack:
+        """The run's software stack."""
+        return get_stack(self.run.train.stack)
+
     @property
     def pp(self) -> int:
         return self.run.layout.pp
@@ -438,6 +445,8 @@ class _StageLowering:
                                              mem_end=-embedding_activation_bytes(m, self._shape))
             bucket.add(self._embed_params(a.chunk))
         bucket.flush()
+        if not split:
+            self._fsdp_reduce_chunk(a, is_last_mb)
         if v > 0:
             self._send("B", a, v - 1)
 
@@ -458,6 +467,7 @@ class _StageLowering:
                                              mem_end=-embedding_activation_bytes(m, self._shape))
             bucket.add(self._embed_params(a.chunk))
         bucket.flush()
+        self._fsdp_reduce_chunk(a, is_last_mb)
 
     def steps(self, a: Action, is_last_mb: bool) -> Iterator[None]:
         """The emission steps of one action."""
@@ -528,8 +538,9 @@ class _StageLowering:
             return
         axis = "dp_shard" if lay.fsdp == "hybrid" else lay.data_axis
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
+        keep = fsdp_keeps_unsharded(self.run.layout, self.run.train.stack)  # one gather per layer and step, reused by every action
         for j in order[pos:pos + 1 + lay.fsdp_prefetch_layers]:
-            key = (kind, a.microbatch, a.chunk, j)
+            key = ("F", -1, a.chunk, j) if keep else (kind, a.microbatch, a.chunk, j)
             if key not in self.fsdp_gathers:
                 plan = self.plan(a.chunk, j)
                 # dense weights over the data axis; routed experts over the expert-data-parallel group
@@ -542,16 +553,43 @@ class _StageLowering:
                                                  comm_bytes=2.0 * params, microbatch=a.microbatch,
                                                  chunk=a.chunk).idx)
                 self.fsdp_gathers[key] = ids
-        self.em.extra_deps = [*self.em.extra_deps, *self.fsdp_gathers[(kind, a.microbatch, a.chunk, order[pos])]]
+        own = ("F", -1, a.chunk, order[pos]) if keep else (kind, a.microbatch, a.chunk, order[pos])
+        self.em.extra_deps = [*self.em.extra_deps, *self.fsdp_gathers[own]]
+        if self.stack.fsdp_param_copies and self.fsdp_gathers[own] and own not in self.fsdp_copied:
+            self.fsdp_copied.add(own)
+            plan = self.plan(a.chunk, order[pos])
+            # FSDP2 copy-out of the gathered flat buffer into the unsharded bf16 parameters (read + write)
+            copy = self.cost.memory_op("fsdp.copy_out", 4.0 * (plan.params_per_rank + plan.expert_params_per_rank))
+            self.em.compute((copy,), "fwd" if kind == "F" else "bwd", a.microbatch, a.chunk)
 
     def _fsdp_reduce(self, a: Action, i: int, is_last_mb: bool) -> None:
-        lay = self.run.layout
-        if lay.shard_stage < 3:
+        """ZeRO-3/FSDP: reduce-scatter the gradients of layer ``i`` right after its backward (unless
+        the stage keeps its parameters unsharded: then ``_fsdp_reduce_chunk`` does it at the end)."""
+        if self.run.layout.shard_stage < 3 or fsdp_keeps_unsharded(self.run.layout, self.run.train.stack):
             return
+        self._fsdp_reduce_layer(a, i, is_last_mb)
+
+    def _fsdp_reduce_chunk(self, a: Action, is_last_mb: bool) -> None:
+        """A stage that kept its parameters unsharded reduce-scatters every layer's accumulated
+        gradients once, after its last backward (``PipelineStage.backward_maybe_with_nosync``)."""
+        if is_last_mb and self.run.layout.shard_stage >= 3 and fsdp_keeps_unsharded(self.run.layout, self.run.train.stack):
+            for i in reversed(range(self.layers[a.chunk])):
+                self._fsdp_reduce_layer(a, i, True)
+
+    def _fsdp_reduce_layer(self, a: Action, i: int, is_last_mb: bool) -> None:
+        lay = self.run.layout
         grad_b = 4.0 if self.run.train.grad_dtype == "fp32" else 2.0
-        size = grad_b * self.plan(a.chunk, i).params_per_rank
+        plan = self.plan(a.chunk, i)
+        if self.stack.fsdp_param_copies and (lay.data_degree > 1 or self.edp > 1):
+            # FSDP2 copy-in of the unsharded bf16 gradients into the flat reduce-scatter input, cast to the
+            # reduce dtype; it runs on the reduce-scatter stream but takes SMs and HBM from the compute it
+            # overlaps, so it is charged to the compute stream
+            copy = self.cost.memory_op("fsdp.copy_in", (2.0 + grad_b) * (plan.params_per_rank
+                                                                        + plan.expert_params_per_rank))
+            self.em.compute((copy,), "bwd", a.microbatch, a.chunk)
+        size = grad_b * plan.params_per_rank
         deps = (self.em.last_compute,) if self.em.last_compute is not None else ()
-        experts = grad_b * self.plan(a.chunk, i).expert_params_per_rank
+        experts = grad_b * plan.expert_params_per_rank
         if experts > 0 and self.edp > 1:  # routed-expert gradients over the expert-data-parallel group
             self.dp_collective("reduce_scatter", "edp", experts, "fsdp.reduce_scatter.experts", deps)
         if lay.data_degree == 1:
@@ -773,6 +811,12 @@ def chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig
         mem.bwd.append((0.0, -emb))
         mem.wgt.append((0.0, -emb))
     return mem
+
+
+def fsdp_keeps_unsharded(layout: LayoutConfig, stack: str) -> bool:
+    """ZeRO-3/FSDP under pipeline parallelism with a stack that keeps each stage's parameters
+    unsharded for the whole step (``SoftwareStack.fsdp_reshard_under_pp`` False: torchtitan)."""
+    return layout.shard_stage >= 3 and layout.pp > 1 and not get_stack(stack).fsdp_reshard_under_pp
 
 
 def recomputed_layers(layout: LayoutConfig, n_layers: int) -> int:

@@ -268,7 +268,8 @@ class StageParams:
 
 
 def static_memory(params: float, layer_params: float, model_layers_on_rank: int, layout: LayoutConfig,
-                  train: TrainConfig, shard: int, gpu_context_bytes: float) -> dict[str, float]:
+                  train: TrainConfig, shard: int, gpu_context_bytes: float,
+                  unsharded_params: float = 0.0) -> dict[str, float]:
     """Bytes held for the whole step by one rank, by component.
 
     Args:
@@ -277,6 +278,10 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
         model_layers_on_rank: transformer layers on this rank (all chunks).
         shard: size of the parameter-sharding group (dp, or the hybrid-shard group).
         gpu_context_bytes: CUDA context + NCCL buffers.
+        unsharded_params: ZeRO-3 layer parameters this rank keeps gathered for the whole step
+            (``lowering.fsdp_keeps_unsharded``: torchtitan under PP); they and their gradients,
+            accumulated unsharded in the reduce dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``),
+            replace the per-layer gather buffers.
     """
     stage = layout.shard_stage
     grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
@@ -285,7 +290,9 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
     grads = grad_b * params / (shard if stage >= 2 else 1)
     optimizer = opt_b * params / (shard if stage >= 1 else 1)
     bucket = layout.grad_bucket_MiB * MiB
-    if stage >= 3:
+    if stage >= 3 and unsharded_params > 0:
+        buffers = (2.0 + grad_b) * unsharded_params
+    elif stage >= 3:
         buffers = (1 + layout.fsdp_prefetch_layers) * 2.0 * layer_params + grad_b * layer_params
     elif stage == 2:
         buffers = 2 * bucket

@@ -15,7 +15,7 @@ from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
-from simtrain.lowering import Lowered, lower
+from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower
 from simtrain.memory import closed_form_peak, expert_static_memory, static_memory
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
@@ -74,8 +74,9 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
         shard = run.layout.fsdp_shard_size
     edp = run.layout.expert_data_degree
     for s, prog in enumerate(lowered.programs):
+        kept = lowered.stage_layer_params[s] if fsdp_keeps_unsharded(run.layout, run.train.stack) and shard > 1 else 0.0
         prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
-                                        run.layout, run.train, shard, context_bytes)
+                                        run.layout, run.train, shard, context_bytes, kept)
         if run.train.precision == "fp8":
             # FP8 copies of the linear weights and their transposes (1 + 1 bytes/param): Transformer
             # Engine caches both for fprop and dgrad; sharded with the weights under ZeRO-3/FSDP

@@ -103,6 +103,21 @@ class SoftwareStack:
     sequence_parallel: bool = True
     pp_microbatches_equal_pp: bool = False
     eager_loss: bool = False
+    fsdp_reshard_under_pp: bool = True
+    """ZeRO-3/FSDP with pipeline parallelism re-gathers each layer's parameters for every micro-batch
+    (True), or keeps a stage's parameters unsharded from the first forward to the end of the step and
+    reduce-scatters its accumulated gradients once, after the stage's last backward (False):
+    torchtitan's ``apply_fsdp`` passes ``reshard_after_forward=not pp_enabled`` ("do not reshard after
+    forward to avoid per-microbatch all-gathers"), and ``torch.distributed.pipelining``'s
+    ``PipelineStage.backward_maybe_with_nosync`` sets ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)`` until the last backward, then runs FSDP's post-backward."""
+    fsdp_param_copies: bool = False
+    """FSDP2's per-parameter sharding copies: each all-gather is followed by a copy-out of the flat
+    output into the unsharded parameters (``foreach_all_gather_copy_out``: read and write 2 bytes per
+    parameter), and each reduce-scatter is preceded by a copy-in of the unsharded gradients into the
+    flat input, cast to the reduce dtype (``foreach_reduce``'s ``_chunk_cat``: read 2, write the
+    gradient bytes) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP1 and ZeRO
+    gather into and reduce from flat buffers the parameters are views of, without these copies."""
     ddp_grad_passes: int = 1
     """Passes over a DDP bucket's gradients besides the all-reduce (each reads and writes them):
     Megatron-core DDP accumulates into the contiguous bucket and only scales it (1); PyTorch DDP's
@@ -149,20 +164,20 @@ STACKS: dict[str, SoftwareStack] = {
             "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
-            pp_microbatches_equal_pp=True, eager_loss=True),
+            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
             "is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            pp_microbatches_equal_pp=True),
+            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            pp_microbatches_equal_pp=True, eager_loss=True),
+            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),

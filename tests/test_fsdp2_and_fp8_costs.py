@@ -1,0 +1,101 @@
+"""FSDP2 as torchtitan runs it (per-parameter copies; a stage kept unsharded under PP) and the cost
+of FP8 split accumulation on Hopper."""
+
+from __future__ import annotations
+
+import pytest
+
+from simtrain.config import load_config
+from simtrain.costs import ComputeCostModel
+from simtrain.hardware import load_gpu
+from simtrain.lowering import Lowered, lower
+from simtrain.ops import OpKind
+from simtrain.profile import compute_calibration, run_cluster
+from simtrain.simulate import simulate
+from simtrain.stacks import get_stack
+
+LLAMA_TINY = dict(name="ltiny", n_layers=8, hidden=512, n_heads=8, n_kv_heads=2, ffn_hidden=1408,
+                  activation="swiglu", norm="rmsnorm", position="rope", vocab=8192, tied_embeddings=False,
+                  linear_bias=False)
+PP, DP, SEQS = 2, 4, 16  # 4 micro-batches of one sequence per DP rank
+
+
+def _cfg(stack: str, pp: int = PP) -> dict:
+    return dict(model=LLAMA_TINY, hardware=dict(n_nodes=1),
+                layout=dict(pp=pp, dp=DP * PP // pp, fsdp="full"),
+                train=dict(seq_len=1024, global_batch_seqs=SEQS, micro_batch_size=1, stack=stack))
+
+
+def _lowered(stack: str, pp: int = PP) -> Lowered:
+    run = load_config(_cfg(stack, pp))
+    gpu = run_cluster(run.hardware, run.layout.world_size).gpu
+    cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
+                            stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
+    return lower(run, cost)
+
+
+def _names(low: Lowered, stage: int, prefix: str) -> list[str]:
+    return [op.name for op in low.programs[stage].ops if op.name.startswith(prefix)]
+
+
+def test_torchtitan_gathers_a_pipeline_stage_once_per_step() -> None:
+    """reshard_after_forward=False under PP: one all-gather per layer per step (pytorch-eager re-gathers
+    each layer in every micro-batch's forward and backward), one reduce-scatter per layer after the
+    stage's last backward."""
+    layers_per_stage = LLAMA_TINY["n_layers"] // PP
+    micro = SEQS // (DP * 1)
+    titan, eager = _lowered("torchtitan-eager"), _lowered("pytorch-eager")
+    for s in range(PP):
+        assert len(_names(titan, s, "fsdp.all_gather")) == layers_per_stage
+        assert len(_names(eager, s, "fsdp.all_gather")) == 2 * micro * layers_per_stage
+        assert len(_names(titan, s, "fsdp.reduce_scatter")) == layers_per_stage
+        assert len(_names(eager, s, "fsdp.reduce_scatter")) == micro * layers_per_stage
+        # every reduce-scatter follows the stage's last backward compute op (the embedding / last layer)
+        ops = titan.programs[s].ops
+        last_bwd = max(op.idx for op in ops if op.kind == OpKind.COMPUTE and op.category == "bwd"
+                       and not op.name.startswith("fsdp."))
+        assert all(op.idx > last_bwd for op in ops if op.name.startswith("fsdp.reduce_scatter"))
+
+
+def test_fsdp2_copies_follow_each_gather_and_precede_each_reduce_scatter() -> None:
+    titan, eager = _lowered("torchtitan-eager", pp=1), _lowered("pytorch-eager", pp=1)
+    micro = SEQS // (DP * PP)  # micro-batches per rank without PP
+    n_gathers = 2 * micro * LLAMA_TINY["n_layers"]  # every layer, forward and backward, every micro-batch
+    assert len(_names(titan, 0, "fsdp.copy_out")) == len(_names(titan, 0, "fsdp.all_gather")) == n_gathers
+    assert len(_names(titan, 0, "fsdp.copy_in")) == len(_names(titan, 0, "fsdp.reduce_scatter"))
+    assert not _names(eager, 0, "fsdp.copy")
+    # a copy-out moves the layer's unsharded bf16 parameters twice (read + write)
+    copy = next(op for op in titan.programs[0].ops if op.name == "fsdp.copy_out")
+    gather = next(op for op in titan.programs[0].ops if op.name.startswith("fsdp.all_gather"))
+    assert copy.kernels[0].bytes == pytest.approx(2.0 * gather.comm_bytes)
+
+
+def test_a_kept_stage_holds_its_parameters_and_fp32_gradients_unsharded() -> None:
+    run = load_config(_cfg("torchtitan-eager"))
+    low = _lowered("torchtitan-eager")
+    res = simulate(_cfg("torchtitan-eager"))
+    for s, mem in enumerate(res.memory):
+        # bf16 parameters (2) + fp32 accumulated gradients (4) of every layer of the stage
+        assert mem.components["comm_buffers"] == pytest.approx(6.0 * low.stage_layer_params[s], rel=1e-9)
+        assert mem.peak_bytes == pytest.approx(mem.closed_form_peak_bytes, rel=0.01)
+    assert run.layout.shard_stage == 3
+    # without PP nothing is kept: per-layer gather buffers only
+    flat = simulate(_cfg("torchtitan-eager", pp=1)).memory[0].components["comm_buffers"]
+    assert flat < res.memory[0].components["comm_buffers"]
+
+
+@pytest.mark.parametrize("gpu_name, slower", [("h100-sxm", True), ("h200", True), ("b200", False)])
+def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, slower: bool) -> None:
+    """TE and torchao promote dgrad/wgrad partial sums to FP32: 1.15x on Hopper, free on Blackwell;
+    blockwise scaling promotes inside the kernel."""
+    gpu = load_gpu(gpu_name)
+    m = n = k = 8192  # square: fprop, dgrad and wgrad have the same shape and FLOPs
+
+    def time_s(recipe: str, name: str) -> float:
+        cost = ComputeCostModel(gpu, "fp8", fp8_recipe=recipe)
+        cast = 0.0 if name.endswith(".wgrad") else 4.0 * m * k / (gpu.hbm_Bps * gpu.memory_op_efficiency)
+        return cost.gemm(name, m, n, k).time_s - cast
+
+    ratio = time_s("delayed", "mlp_up.wgrad") / time_s("delayed", "mlp_up")
+    assert ratio == pytest.approx(1.15 if slower else 1.0, rel=1e-3)
+    assert time_s("blockwise", "mlp_up.wgrad") == pytest.approx(time_s("blockwise", "mlp_up"), rel=1e-3)
