@@ -600,7 +600,10 @@ class Estimator:
         """ZeRO-3/FSDP: exposed parameter gathers and gradient reduce-scatters, as lowering emits them
         (``_StageLowering._fsdp_gather`` / ``_fsdp_reduce``, after FSDP2's prefetch).
 
-        Every forward and backward action gathers each of its layers again: the dense part over the
+        A stack that keeps a pipeline stage unsharded (``lowering.fsdp_keeps_unsharded``: torchtitan
+        under PP) gathers each layer once, in the first forward, and reduce-scatters everything after
+        the stage's last backward, fully exposed. Otherwise every forward and backward action gathers
+        each of its layers again: the dense part over the
         data group (dp x cp; the shard group with hybrid FSDP) and, for an MoE layer, its routed experts
         (already sharded by EP x ETP) over the expert-data-parallel group, one after the other on the
         gather stream; after each layer's backward its dense and routed-expert gradients are
@@ -650,7 +653,14 @@ class Estimator:
                 # embedding/head/MTP compute (no gathers): after the forward's layers, before the backward's
                 rnd.append((0.0, fwd, ag, [0.0] * len(idx), max(cc.fwd_s - sum(fwd), 0.0)))
                 rnd.append((max(cc.bwd_s - sum(bwd), 0.0), bwd, ag[::-1], rs[::-1], 0.0))
-            if runs <= 3:
+            if fsdp_keeps_unsharded(lay, train.stack):
+                # gathered once, in the first round's forwards; every gradient reduce-scattered after the
+                # last backward, with nothing left to hide it (``_StageLowering._fsdp_reduce_chunk``)
+                first = [(pre, comp, ag if k % 2 == 0 else [0.0] * len(ag), [0.0] * len(ag), post)
+                         for k, (pre, comp, ag, _, post) in enumerate(rnd)]
+                rs_all = sum(sum(r) for _, _, _, r, _ in rnd)
+                total = _fsdp_timeline(first, lay.fsdp_prefetch_layers) + (runs - 1) * busy / runs + rs_all
+            elif runs <= 3:
                 total = _fsdp_timeline(rnd * runs, lay.fsdp_prefetch_layers)
             else:
                 t2 = _fsdp_timeline(rnd * 2, lay.fsdp_prefetch_layers)
