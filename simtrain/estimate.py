@@ -439,7 +439,7 @@ class Estimator:
         max_layer = max(d + e for d, e in self.layer_params(layout))
         out = []
         for s, (dense, expert, layer) in enumerate(self.stage_params(layout)):
-            kept = layer if fsdp_keeps_unsharded(layout, train.stack) and shard > 1 else 0.0
+            kept = layer if fsdp_keeps_unsharded(layout, train.stack) else 0.0
             static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context, kept)
             if train.precision == "fp8":  # as simulate._attach_static_memory: FP8 weight copies
                 static["fp8_weights"] = 2.0 * layer / (shard if layout.shard_stage >= 3 else 1)
@@ -636,10 +636,11 @@ class Estimator:
             return hit
 
         selective = lay.recompute in ("selective", "op_sac")
+        keep = fsdp_keeps_unsharded(lay, train.stack)
         worst = busy_max = 0.0
         for s in range(lay.pp):
             rnd: list[_FsdpAction] = []
-            busy = 0.0
+            busy = rs_all = 0.0
             for c in range(len(st.layers[s])):
                 idx = list(st.chunk(s, c))
                 cc = costs[s][c]
@@ -650,16 +651,17 @@ class Estimator:
                        + (times[i].selective_s if selective else 0.0) for j, i in enumerate(idx)][::-1]
                 pairs = [gather_reduce(i) for i in idx]
                 ag, rs = [g for g, _ in pairs], [r for _, r in pairs]
+                none = [0.0] * len(idx)
                 # embedding/head/MTP compute (no gathers): after the forward's layers, before the backward's
-                rnd.append((0.0, fwd, ag, [0.0] * len(idx), max(cc.fwd_s - sum(fwd), 0.0)))
-                rnd.append((max(cc.bwd_s - sum(bwd), 0.0), bwd, ag[::-1], rs[::-1], 0.0))
-            if fsdp_keeps_unsharded(lay, train.stack):
-                # gathered once, in the first round's forwards; every gradient reduce-scattered after the
-                # last backward, with nothing left to hide it (``_StageLowering._fsdp_reduce_chunk``)
-                first = [(pre, comp, ag if k % 2 == 0 else [0.0] * len(ag), [0.0] * len(ag), post)
-                         for k, (pre, comp, ag, _, post) in enumerate(rnd)]
-                rs_all = sum(sum(r) for _, _, _, r, _ in rnd)
-                total = _fsdp_timeline(first, lay.fsdp_prefetch_layers) + (runs - 1) * busy / runs + rs_all
+                rnd.append((0.0, fwd, ag, none, max(cc.fwd_s - sum(fwd), 0.0)))
+                # a kept stage's backward neither gathers nor reduce-scatters: both happen once per step
+                rnd.append((max(cc.bwd_s - sum(bwd), 0.0), bwd, none if keep else ag[::-1], none if keep else rs[::-1],
+                            0.0))
+                rs_all += sum(rs)
+            if keep:
+                # rnd is the first round, the only one that gathers; every gradient is reduce-scattered after
+                # the last backward, with nothing left to hide it (``_StageLowering._fsdp_reduce_chunk``)
+                total = _fsdp_timeline(rnd, lay.fsdp_prefetch_layers) + (runs - 1) * busy / runs + rs_all
             elif runs <= 3:
                 total = _fsdp_timeline(rnd * runs, lay.fsdp_prefetch_layers)
             else:

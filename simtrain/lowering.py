@@ -286,6 +286,9 @@ class _StageLowering:
     fsdp_gathers: dict[tuple[str, int, int, int], list[int]] = field(default_factory=dict)
     fsdp_copied: set[tuple[str, int, int, int]] = field(default_factory=set)
     """Gathers whose FSDP2 copy-out has been emitted (``SoftwareStack.fsdp_param_copies``)."""
+    stack: SoftwareStack = field(init=False)
+    keep_unsharded: bool = field(init=False)
+    """ZeRO-3 under PP keeping the stage's parameters gathered for the step (``fsdp_keeps_unsharded``)."""
 
     @property
     def n_virtual(self) -> int:
@@ -295,13 +298,10 @@ class _StageLowering:
     def __post_init__(self) -> None:
         self.prog = Program(self.stage)
         self.em = _Emitter(self.prog, self.run.layout.tp_comm_overlap and self.run.layout.tp > 1)
+        self.stack = get_stack(self.run.train.stack)
+        self.keep_unsharded = fsdp_keeps_unsharded(self.run.layout, self.run.train.stack)
 
     # -- helpers -------------------------------------------------------------------------------
-    @property
-    def stack(self) -> SoftwareStack:
-        """The run's software stack."""
-        return get_stack(self.run.train.stack)
-
     @property
     def pp(self) -> int:
         return self.run.layout.pp
@@ -500,7 +500,7 @@ class _StageLowering:
     @property
     def _loss_transient(self) -> float:
         """Bytes the loss's backward holds beyond the head's activations (eager fp32 cross-entropy)."""
-        return loss_backward_transient_bytes(self.run.model, self._shape, get_stack(self.run.train.stack).eager_loss)
+        return loss_backward_transient_bytes(self.run.model, self._shape, self.stack.eager_loss)
 
     def _send(self, kind: str, a: Action, dst_v: int) -> None:
         """Pipeline send of this action's output (activations or input gradients) to ``dst_v``."""
@@ -538,7 +538,7 @@ class _StageLowering:
             return
         axis = "dp_shard" if lay.fsdp == "hybrid" else lay.data_axis
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
-        keep = fsdp_keeps_unsharded(self.run.layout, self.run.train.stack)  # one gather per layer and step, reused by every action
+        keep = self.keep_unsharded  # one gather per layer and step, reused by every action
         for j in order[pos:pos + 1 + lay.fsdp_prefetch_layers]:
             key = ("F", -1, a.chunk, j) if keep else (kind, a.microbatch, a.chunk, j)
             if key not in self.fsdp_gathers:
@@ -565,14 +565,14 @@ class _StageLowering:
     def _fsdp_reduce(self, a: Action, i: int, is_last_mb: bool) -> None:
         """ZeRO-3/FSDP: reduce-scatter the gradients of layer ``i`` right after its backward (unless
         the stage keeps its parameters unsharded: then ``_fsdp_reduce_chunk`` does it at the end)."""
-        if self.run.layout.shard_stage < 3 or fsdp_keeps_unsharded(self.run.layout, self.run.train.stack):
+        if self.run.layout.shard_stage < 3 or self.keep_unsharded:
             return
         self._fsdp_reduce_layer(a, i, is_last_mb)
 
     def _fsdp_reduce_chunk(self, a: Action, is_last_mb: bool) -> None:
         """A stage that kept its parameters unsharded reduce-scatters every layer's accumulated
         gradients once, after its last backward (``PipelineStage.backward_maybe_with_nosync``)."""
-        if is_last_mb and self.run.layout.shard_stage >= 3 and fsdp_keeps_unsharded(self.run.layout, self.run.train.stack):
+        if is_last_mb and self.keep_unsharded:
             for i in reversed(range(self.layers[a.chunk])):
                 self._fsdp_reduce_layer(a, i, True)
 
@@ -648,7 +648,7 @@ class BucketFiller:
             size = params * self._grad_bytes
             if lay.shard_stage == 0:
                 # DDP's passes over the bucket (scale; PyTorch: copy in, divide, copy out), on the compute stream
-                passes = get_stack(self.sl.run.train.stack).ddp_grad_passes
+                passes = self.sl.stack.ddp_grad_passes
                 self.sl.em.compute((self.sl.cost.memory_op("ddp.bucket", 2.0 * passes * size),), "bwd",
                                    self.action.microbatch, self.action.chunk)
                 last = self.sl.em.last_compute

@@ -290,7 +290,7 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
     grads = grad_b * params / (shard if stage >= 2 else 1)
     optimizer = opt_b * params / (shard if stage >= 1 else 1)
     bucket = layout.grad_bucket_MiB * MiB
-    if stage >= 3 and unsharded_params > 0:
+    if stage >= 3 and unsharded_params > 0 and shard > 1:
         buffers = (2.0 + grad_b) * unsharded_params
     elif stage >= 3:
         buffers = (1 + layout.fsdp_prefetch_layers) * 2.0 * layer_params + grad_b * layer_params

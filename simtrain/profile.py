@@ -262,6 +262,15 @@ class _Reader:
             return {}
         return value
 
+    def optional_mapping(self, data: dict[str, Any], key: str, where: str = "",
+                         expected: str = "expected a mapping") -> dict[str, Any] | None:
+        """``data[key]`` when it is a mapping; None when it is absent, or (a problem recorded) not a mapping."""
+        value = data.get(key)
+        if value is not None and not isinstance(value, dict):
+            self.bad(f"{where}{key}", type(value).__name__, expected)
+            return None
+        return value
+
     def number(self, data: dict[str, Any], key: str, where: str, minimum: float = 0.0, strict: bool = False,
                default: float | None = None) -> float:
         value = data.get(key, default)
@@ -334,11 +343,8 @@ def _medians(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -
 
 
 def _gemm(r: _Reader, fits: dict[str, Any], measurements: dict[str, Any]) -> GemmModel | None:
-    fit = fits.get("gemm")
+    fit = r.optional_mapping(fits, "gemm", "fits.")
     if fit is None:
-        return None
-    if not isinstance(fit, dict):
-        r.bad("fits.gemm", type(fit).__name__, "expected a mapping")
         return None
     where = "fits.gemm"
     peaks = r.mapping(fit, "peak_flops_per_s", f"{where}.")
@@ -355,11 +361,8 @@ def _gemm(r: _Reader, fits: dict[str, Any], measurements: dict[str, Any]) -> Gem
 
 
 def _attention(r: _Reader, fits: dict[str, Any], measurements: dict[str, Any]) -> AttentionModel | None:
-    fit = fits.get("attention")
+    fit = r.optional_mapping(fits, "attention", "fits.", "expected a mapping with fwd and bwd curves")
     if fit is None:
-        return None
-    if not isinstance(fit, dict):
-        r.bad("fits.attention", type(fit).__name__, "expected a mapping with fwd and bwd curves")
         return None
     fwd = r.curve(fit["fwd"], "fits.attention.fwd") if "fwd" in fit else None
     bwd = r.curve(fit["bwd"], "fits.attention.bwd") if "bwd" in fit else None

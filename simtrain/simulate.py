@@ -74,7 +74,7 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
         shard = run.layout.fsdp_shard_size
     edp = run.layout.expert_data_degree
     for s, prog in enumerate(lowered.programs):
-        kept = lowered.stage_layer_params[s] if fsdp_keeps_unsharded(run.layout, run.train.stack) and shard > 1 else 0.0
+        kept = lowered.stage_layer_params[s] if fsdp_keeps_unsharded(run.layout, run.train.stack) else 0.0
         prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
                                         run.layout, run.train, shard, context_bytes, kept)
         if run.train.precision == "fp8":
