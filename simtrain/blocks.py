@@ -249,26 +249,41 @@ class BlockBuilder:
                     out.append(self.cost.memory_op("shared.act.recompute", (n_up + 1) * 2.0 * tokens * f_s))
         return tuple(out)
 
-    def op_sac_recompute(self, layer: int | None) -> tuple[Kernel, ...]:
-        """Kernels torchtitan's op-level SAC re-runs before a layer's backward (``memory.op_sac_linears``):
+    def op_sac_recompute(self, layer: int | None) -> list[Segment]:
+        """Segments torchtitan's op-level SAC re-runs before a layer's backward (``memory.op_sac_linears``):
         the matmuls it does not save (every second one) and every other op but attention: the norms,
-        RoPE, residual adds and the activation (unfused attention also its scores and softmax). TP
-        all-gathers it would re-run are not modelled."""
+        RoPE, residual adds and the activation (unfused attention also its scores and softmax).
+
+        Its save list holds TP ``reduce_scatter_tensor`` but not ``all_gather_into_tensor``
+        (torchtitan ``_save_list``, llama3 ``parallelize.py``, 2024-2025), so with TP and SP the replay
+        re-runs the all-gather of each norm output the column-parallel matmuls read (their inputs are
+        needed for the weight gradients and are not saved): one before the attention and, in a dense
+        layer, one before the MLP (an MoE layer's tokens enter it sequence-sharded). Without SP the
+        all-reduce after the attention is re-run instead: the second norm's recompute reads its sum."""
         m = self.model
         moe = layer is not None and m.is_moe_layer(layer)
         _, q, kv, f, n_up = self._dims
-        out: list[Kernel | None] = [self._norm("ln1.recompute", False), self._norm("ln2.recompute", False),
-                                    self._residual("residual1.recompute", False)]
+        attn: list[Kernel | None] = []
+        mlp: list[Kernel | None] = []
         for name, d_in, d_out, style in op_sac_recomputed(m, layer):
             n = d_out // self.t if style == "col" else d_out
-            out.append(self._gemm_fwd(name + ".recompute", n, d_in // self.t if style == "row" else d_in))
+            side = mlp if name in ("w1", "w2", "w3") else attn
+            side.append(self._gemm_fwd(name + ".recompute", n, d_in // self.t if style == "row" else d_in))
         if m.position == "rope":
-            out.append(self.cost.memory_op("rope.recompute", 2 * 2.0 * self.T * (q + kv)))
-        if not moe:
-            out.append(self.cost.memory_op("act.recompute", (n_up + 1) * 2.0 * self.T * f))
+            attn.append(self.cost.memory_op("rope.recompute", 2 * 2.0 * self.T * (q + kv)))
         if not self.flash:
-            out += self._attention_core(backward=False)
-        return tuple(k for k in out if k is not None)
+            attn += self._attention_core(backward=False)
+        if not moe:
+            mlp.append(self.cost.memory_op("act.recompute", (n_up + 1) * 2.0 * self.T * f))
+        ln1, ln2 = self._norm("ln1.recompute", False), self._norm("ln2.recompute", False)
+        res1 = self._residual("residual1.recompute", False)
+        size = 2.0 * self.T * m.hidden
+        if self.t == 1:
+            return merge([(ln1, *attn, res1, ln2, *mlp)])
+        if not self.sp:
+            return merge([(ln1, *attn), Comm("all_reduce", size), (res1, ln2, *mlp)])
+        mlp_gather: list[Segment] = [] if moe else [Comm("all_gather", size)]
+        return merge([(ln1,), Comm("all_gather", size), tuple(attn), (res1, ln2), *mlp_gather, tuple(mlp)])
 
     def _mlp_forward(self, moe: bool) -> list[Segment]:
         h, _, _, f, n_up = self._dims

@@ -427,6 +427,7 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
             notes.append(f"dp {dp} inconsistent with n_gpus/(tp*pp*cp) = {derived}; {derived} used")
         dp = derived
     lay: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep}
+    lay.update(_expert_tp(tp, cp * dp, ep, notes))
     vp = integer(row, "vp", notes)
     framework = text(row, "framework")
     if vp and vp > 1:
@@ -456,6 +457,19 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
     if tp > 1:
         lay["tp_comm_overlap"] = _tp_overlap(row, stack, notes)
     return lay
+
+
+def _expert_tp(tp: int, data: int, ep: int, notes: list[str]) -> dict[str, Any]:
+    """``{"etp": 1}`` when the row's EP does not fold over a stage with expert TP = tp (Megatron's default)
+    but does with expert TP 1: Megatron-core's MoE parallel folding sets expert TP apart from attention
+    TP (Liu et al. 2025, arXiv 2504.14960), and published Megatron MoE layouts such as TP2 EP32 over
+    32 ranks per stage run ETP 1 (NVIDIA Megatron-MoE-ModelZoo best_practice/Qwen3 table)."""
+    plane = tp * data
+    if ep <= 1 or tp <= 1 or plane % (ep * tp) == 0 or plane % ep != 0:
+        return {}
+    notes.append(f"expert TP not given: ep x tp = {ep} x {tp} does not fold over tp x cp x dp = {plane}; "
+                 "etp 1 assumed (Megatron MoE parallel folding)")
+    return {"etp": 1}
 
 
 def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> bool:

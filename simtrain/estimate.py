@@ -345,7 +345,7 @@ class Estimator:
         f, f_comm, f_ep = self._segments_s(plan.fwd, groups, load)
         b, b_comm, b_ep = self._segments_s(plan.bwd, groups, load)
         wgrad = sum(k.time_s * (load if k.name.startswith("expert.") else 1.0) for k in plan.bwd_weight)
-        selective = sum(k.time_s for k in plan.selective_kernels)
+        selective = sum(self._segments_s(plan.selective, groups, load))
         return _LayerTimes(f, b, f_comm, b_comm, f_ep, b_ep, wgrad, selective)
 
     def edge_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> _EdgeTimes:

@@ -74,7 +74,9 @@ class LayerPlan:
     ckpt_bytes: float
     transient_bytes: float
     params_per_rank: float
-    selective_kernels: tuple[Kernel, ...] = ()
+    selective: list[Segment] = field(default_factory=list)
+    """What selective recompute re-runs before the layer's backward (kernels, and under op-level SAC
+    with TP the collectives its save list leaves out)."""
     expert_params_per_rank: float = 0.0
     """Routed-expert parameters of the layer on this rank (sharded by ep x etp, reduced over edp)."""
     bwd_input: list[Segment] = field(default_factory=list)
@@ -84,7 +86,7 @@ class LayerPlan:
     weight_bytes: float = 0.0
     """Activations a split backward keeps from B until W: the linear layers' inputs."""
     recompute_bytes: float = 0.0
-    """Activations ``selective_kernels`` rebuild before the layer's backward (op-level SAC: what it did
+    """Activations ``selective`` rebuilds before the layer's backward (op-level SAC: what it did
     not save), allocated when they run and freed with the layer's backward."""
 
 
@@ -428,9 +430,9 @@ class _StageLowering:
             if rec:
                 yield from self.em.segment_steps(plan.fwd, "recompute", a.microbatch, a.chunk,
                                                  mem_start=plan.act_bytes)
-            elif plan.selective_kernels and self.run.layout.recompute in ("selective", "op_sac"):
-                self.em.compute(plan.selective_kernels, "recompute", a.microbatch, a.chunk,
-                                mem_start=plan.recompute_bytes)
+            elif plan.selective and self.run.layout.recompute in ("selective", "op_sac"):
+                yield from self.em.segment_steps(plan.selective, "recompute", a.microbatch, a.chunk,
+                                                 mem_start=plan.recompute_bytes)
             freed = keep + (plan.act_bytes if rec else plan.recompute_bytes) + plan.transient_bytes
             if split:
                 yield from self.em.segment_steps(plan.bwd_input, "bwd", a.microbatch, a.chunk,
@@ -719,13 +721,14 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
     etp = lay.expert_tp
     w_in = weight_grad_input_bytes(m, shape, layer)
     act = layer_activation_bytes(m, shape, recompute_attention=selective, layer=layer, recompute=modules)
-    recompute_kernels = block.selective_recompute(layer, modules)
+    kernels = block.selective_recompute(layer, modules)
+    recompute: list[Segment] = [kernels] if kernels else []
     rebuilt = 0.0
     if lay.recompute == "op_sac":
         # torchtitan op-level SAC: its saved tensors, and the rest rebuilt before the layer's backward
         # (bounded by what the layer keeps without recompute); FP8 saves matmul outputs in BF16 there
         full, act = act, op_sac_activation_bytes(m, shape, layer)
-        recompute_kernels, rebuilt = block.op_sac_recompute(layer), max(full - act, 0.0)
+        recompute, rebuilt = block.op_sac_recompute(layer), max(full - act, 0.0)
         w_in = min(w_in, act)
     elif run.train.precision == "fp8":
         # linear-layer inputs are saved as their FP8 casts for backward (Transformer Engine saves the
@@ -742,8 +745,8 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
         ckpt_bytes=layer_checkpoint_bytes(m, shape),
         transient_bytes=backward_transient_bytes(m, shape, layer),
         params_per_rank=(m.layer_params(layer) - experts) / lay.tp,
-        selective_kernels=recompute_kernels,
-        recompute_bytes=rebuilt if recompute_kernels else 0.0,
+        selective=recompute,
+        recompute_bytes=rebuilt if recompute else 0.0,
         expert_params_per_rank=experts / (lay.ep * etp),
     )
 
@@ -800,7 +803,7 @@ def chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig
         if again:
             mem.bwd.append((p.act_bytes, 0.0))
             mem.bwd_input.append((p.act_bytes, 0.0))
-        elif p.selective_kernels and selective:
+        elif p.selective and selective:
             mem.bwd.append((p.recompute_bytes, 0.0))
             mem.bwd_input.append((p.recompute_bytes, 0.0))
             freed += p.recompute_bytes

@@ -150,3 +150,19 @@ def test_published_rows_all_parse_and_visible_ones_simulatable(published_csv) ->
     assert status["nemo2407-GPT3-5B-64"] == "not simulatable: n_layers"
     assert status["sc21-a100-1.7B"] == "not simulatable: n_heads"
     assert status["mcore-dsv3-gb200-guide"] == "not simulatable: n_gpus"
+
+
+def test_moe_row_whose_ep_folds_only_with_expert_tp_1_gets_etp_1_named() -> None:
+    """TP2 EP8 over a stage of tp x dp = 8 ranks: with expert TP = tp (2) the experts would need 16
+    ranks; Megatron's MoE parallel folding runs them at expert TP 1, said in the assumptions."""
+    row = dict(run_id="moe-fold", source="NVIDIA-NeMo/Megatron-Bridge", model="Qwen3_30B_a3B", seq_len="4096",
+               moe_experts="128", moe_topk="8", gpu="H100", n_gpus="8", tp="2", pp="1", dp="4", ep="8",
+               micro_batch="1", global_batch_seqs="8", precision="bf16", framework="Megatron-Bridge",
+               step_time_s="1.0", simulatable="mostly")
+    p = parse_row(row)
+    assert p.status == "ok" and p.run is not None
+    assert p.run.layout.etp == 1 and p.run.layout.expert_data_degree == 1
+    assert any("etp 1 assumed" in a for a in p.assumptions)
+    fits = parse_row({**row, "ep": "4"})  # 4 x 2 = 8 ranks: expert TP = tp folds, nothing assumed
+    assert fits.run is not None and fits.run.layout.etp is None
+    assert not any("etp" in a for a in fits.assumptions)
