@@ -70,8 +70,17 @@ def measure(config: str, processes: int, steps: int, warmup: int, threads: int, 
         if proc.returncode != 0:
             raise RankFailed(f"the real step failed: {proc.stderr.strip()[-2000:]}")
     else:
-        launch_local([*args, "--ddp"], processes, threads, timeout_s, log_dir=workdir / f"logs-{processes}",
-                     module="calibration.realstep")
+        out.unlink(missing_ok=True)
+        try:
+            launch_local([*args, "--ddp"], processes, threads, timeout_s, log_dir=workdir / f"logs-{processes}",
+                         module="calibration.realstep")
+        except RankFailed as exc:
+            # rank 0 writes the result atomically after the timed steps: a rank that dies later, while
+            # the process group is torn down, does not invalidate it
+            if not out.is_file():
+                raise
+            print(f"calibration.compare: a rank failed after the result was written; kept it ({exc})",
+                  file=sys.stderr)
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 

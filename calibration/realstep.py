@@ -15,6 +15,7 @@ result's ``implementation``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    ok = False
     try:
         if args.ddp:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -134,14 +136,26 @@ def main(argv: list[str] | None = None) -> int:
         res = train_steps(spec, args.seq_len, args.micro_batch_size, args.steps, args.warmup, device, dtype, args.ddp)
         if not args.ddp or dist.get_rank() == 0:
             write_atomic(args.out, json.dumps(res, indent=2))
+        ok = True
     except Exception as exc:  # noqa: BLE001 - one clear line per failed rank
         print(f"calibration.realstep: rank {os.environ.get('RANK', '0')} failed: {type(exc).__name__}: {exc}",
               file=sys.stderr, flush=True)
         return 1
     finally:
         if args.ddp and dist.is_initialized():
-            dist.destroy_process_group()
+            _shutdown(together=ok)
     return 0
+
+
+def _shutdown(together: bool) -> None:
+    """Leave the process group. After a successful run the ranks meet at a barrier first: a rank tearing
+    gloo down while its peer still talks to it can abort ("terminate called without an active
+    exception"; gloo worker threads outliving their work, pytorch/pytorch#179291). After a failure
+    there is no barrier (the peer may be stuck in another collective)."""
+    if together:
+        with contextlib.suppress(RuntimeError):
+            dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

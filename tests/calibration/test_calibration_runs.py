@@ -153,3 +153,25 @@ def test_device_check_dry_run(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "device_check.json").read_text())
     assert res["measured_step_s"] > 0 and res["predicted_step_s"] > 0
     assert "predicted" in proc.stdout and (tmp_path / "profile" / "profile.yaml").is_file()
+
+
+def test_measure_keeps_a_result_written_before_a_rank_died_in_teardown(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A DDP rank that aborts while the process group is torn down, after rank 0 wrote the timed
+    result, does not throw the measurement away; a rank dying before the result exists still fails."""
+    from calibration import compare
+    from calibration.launch import RankFailed
+
+    def teardown_abort(args: list[str], *a: Any, **k: Any) -> None:
+        out = Path(args[args.index("--out") + 1])
+        out.write_text(json.dumps({"implementation": "eager", "step_times_s": [0.5], "median_s": 0.5}))
+        raise RankFailed("rank 0 of 2 failed (exit code -6)")
+
+    monkeypatch.setattr(compare, "launch_local", teardown_abort)
+    assert compare.measure(TINY, 2, 1, 0, 1, tmp_path)["median_s"] == 0.5
+
+    def early_abort(args: list[str], *a: Any, **k: Any) -> None:
+        raise RankFailed("rank 1 of 2 failed (exit code 1)")
+
+    monkeypatch.setattr(compare, "launch_local", early_abort)
+    with pytest.raises(RankFailed):  # the earlier result file is removed before the launch
+        compare.measure(TINY, 2, 1, 0, 1, tmp_path)
