@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from simtrain.cli import main
-from simtrain.config import load_config
+from simtrain.config import RunConfig, load_config
 from simtrain.errors import ConfigError
 from simtrain.estimate import Estimator, single_chunk_peak
 from simtrain.memory import ChunkMemory, closed_form_peak
@@ -25,6 +25,15 @@ SMALL: dict[str, Any] = {
 }
 
 
+def _assert_estimate_matches_engine(run: RunConfig, step_rel: float) -> None:
+    """Per-stage peak memory of the closed-form estimate equal to the engine's; step time within
+    ``step_rel`` of it."""
+    e = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio).estimate(run.layout, run.train)
+    r = simulate(run)
+    assert list(e.stage_peak_bytes) == pytest.approx([m.peak_bytes for m in r.memory], rel=1e-9)
+    assert e.step_time_s == pytest.approx(r.step_time_s, rel=step_rel)
+
+
 @pytest.mark.parametrize("overrides", [
     [],
     ["layout.tp=2", "layout.dp=4", "layout.pp=2", "layout.sequence_parallel=true", "layout.zero_stage=1"],
@@ -38,11 +47,7 @@ SMALL: dict[str, Any] = {
 def test_estimate_memory_equals_the_engine(overrides: list[str]) -> None:
     """Per-stage peak memory of the closed form equals the simulated ledger's, stage by stage."""
     run = load_config(SMALL, overrides)
-    est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio)
-    e = est.estimate(run.layout, run.train)
-    r = simulate(run)
-    assert list(e.stage_peak_bytes) == pytest.approx([m.peak_bytes for m in r.memory], rel=1e-9)
-    assert e.step_time_s == pytest.approx(r.step_time_s, rel=0.25)
+    _assert_estimate_matches_engine(run, step_rel=0.25)
 
 
 # Mixtral 8x7B cut to 4 layers on 2 DGX H100 (16 GPUs); DeepSeek-V3 cut to 4 layers (1 dense + 3 MoE, MLA,
@@ -84,11 +89,7 @@ def test_estimate_of_moe_and_windowed_models(cfg: dict[str, Any], overrides: lis
     DualPipe, ZB-H1, FP8) and sliding-window layers: the closed form's per-stage memory equals the
     engine's and its step time is within 25 % of the simulated one."""
     run = load_config(cfg, overrides)
-    est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio)
-    e = est.estimate(run.layout, run.train)
-    r = simulate(run)
-    assert list(e.stage_peak_bytes) == pytest.approx([m.peak_bytes for m in r.memory], rel=1e-9)
-    assert e.step_time_s == pytest.approx(r.step_time_s, rel=0.25)
+    _assert_estimate_matches_engine(run, step_rel=0.25)
 
 
 @pytest.mark.parametrize(("cfg", "overrides"), [
@@ -106,11 +107,7 @@ def test_estimate_of_zero3_with_experts(cfg: dict[str, Any], overrides: list[str
     over the expert-data-parallel group beside the dense part over dp; the estimate prices both (its
     step within 15 % of the engine's, measured within 8 %) and its memory equals the engine's."""
     run = load_config(cfg, overrides)
-    est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio)
-    e = est.estimate(run.layout, run.train)
-    r = simulate(run)
-    assert list(e.stage_peak_bytes) == pytest.approx([m.peak_bytes for m in r.memory], rel=1e-9)
-    assert e.step_time_s == pytest.approx(r.step_time_s, rel=0.15)
+    _assert_estimate_matches_engine(run, step_rel=0.15)
 
 
 def test_enumerated_moe_layouts_are_valid() -> None:
