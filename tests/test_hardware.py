@@ -79,7 +79,7 @@ def test_datasheet_numbers():
     assert h100.nvlink_Bps == pytest.approx(450e9)
     assert h100.sm_count == 132
     assert h100.l2_bytes == pytest.approx(50 * MiB)
-    assert h100.gemm_efficiency == pytest.approx(0.792)
+    assert h100.gemm_efficiency == pytest.approx(0.762)
     assert h100.nvls_algbw_Bps == pytest.approx(275e9)
     assert h100.kernel_launch_s == pytest.approx(4e-6)
     assert h100.cuda_context_bytes == pytest.approx(1.0 * GiB)
@@ -168,7 +168,7 @@ def test_bad_files_name_file_and_key(tmp_path, monkeypatch):
     _write(tmp_path, "gpus", "good", src.read_text())
     _write(tmp_path, "gpus", "typo", src.read_text() + "bf16_tflopz: 3\n")
     _write(tmp_path, "gpus", "broken", "bf16_tflops: [1, 2\n")
-    _write(tmp_path, "gpus", "neg", src.read_text().replace("gemm_efficiency: 0.792", "gemm_efficiency: 1.5"))
+    _write(tmp_path, "gpus", "neg", src.read_text().replace("gemm_efficiency: 0.762", "gemm_efficiency: 1.5"))
     monkeypatch.setenv("SIMTRAIN_PROFILES_DIR", str(tmp_path))
     assert hw.profiles_dir() == tmp_path
     assert set(hw.list_gpus()) == {"good", "typo", "broken", "neg"}
