@@ -2,10 +2,11 @@
 
 time = max(flops / (peak * efficiency), bytes / (HBM bandwidth * efficiency)) + launch overhead
 (the roofline of DESIGN.md "Costs"; Calculon's ``roofline`` mode). GEMM efficiency is the GPU
-profile's measured fraction of peak on a large, well-aligned shape (``gemm_efficiency``: a typical
-randn GEMM such as 4096^3 or 8192^3 where one is published, else the best-shape MAMF of the
-ml-engineering table, which is a capability bound; reference Table D) times tile and wave
-quantisation for the exact shape (NVIDIA *Matrix Multiplication Background User's Guide*).
+profile's sustained fraction of peak on a large, well-aligned shape (``gemm_efficiency``: a typical
+randn GEMM such as 8192^3 in a back-to-back loop where one is published, else the best-shape MAMF of
+the ml-engineering table scaled by the typical/MAMF ratio measured on A100; reference Table D) times
+tile and wave quantisation for the exact shape (NVIDIA *Matrix Multiplication Background User's
+Guide*) and a reduction-depth factor (``depth_factor``: short-K GEMMs pay each tile's fixed cost).
 FlashAttention uses the measured fraction of peak of its forward and backward kernels (FA2/FA3
 papers, Table D); its FLOPs follow the FlashAttention convention (Table E): forward
 4*b*s^2*a*d (halved when causal), backward 2.5x forward (it recomputes Q K^T).
@@ -30,6 +31,17 @@ from simtrain.stacks import FA2_ON_HOPPER, SoftwareStack
 
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
+#: Reduction depth (BF16 elements) whose main-loop time equals an output tile's fixed cost (filling the
+#: operand pipeline, then storing the tile): a GEMM of depth K runs at K / (K + K_FIXED) of the
+#: long-K rate. 128 fits XLA's measured sm_90 BF16 table (openxla/xla
+#: xla/service/gpu/model/matmul_interpolator_data.h, b 1-4, m/n/k 256-4096): over its 118 kernels
+#: longer than 20 us, |log error| of this cost model falls from median 4.1 % / p90 18.2 % (tile x
+#: wave only; K = 256-512 predicted 16-22 % too fast) to 2.7 % / 5.9 %. FP8 streams twice the elements
+#: per main-loop step, so its depth doubles (same fixed time) [derived].
+K_FIXED = 128
+#: Depth of the shape the profiles' ``gemm_efficiency`` was measured on (8192^3 randn on A100; the
+#: MAMF-derived Hopper/Blackwell values are scaled to it): the depth factor is 1 there.
+K_REFERENCE = 8192
 
 #: HBM bytes per element to quantise a GEMM operand to FP8 with its transposed copy (read bf16 2 +
 #: write fp8 1 + transposed fp8 1, Transformer Engine ``cast_transpose``); per-tensor current scaling
@@ -45,6 +57,12 @@ FP8_CAST_BYTES = {"delayed": 4.0, "blockwise": 4.0, "current": 6.0}
 SPLIT_ACCUMULATION_RECIPES = ("delayed", "current")
 #: GEMMs that stay BF16 under FP8 training (name prefixes as ``simtrain.blocks`` emits them).
 BF16_GEMM_PREFIXES = ("lm_head", "attn.", "router", "mtp.proj")
+
+
+def depth_factor(k: int, k_fixed: int = K_FIXED) -> float:
+    """Rate of a depth-``k`` GEMM relative to the reference depth: (k / (k + k_fixed)) normalised to 1
+    at ``K_REFERENCE`` (each output tile pays a fixed prologue/epilogue time besides its k-long main loop)."""
+    return (k / (k + k_fixed)) * (K_REFERENCE + k_fixed) / K_REFERENCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +102,7 @@ class ComputeCostModel:
         return self.dtype == "fp8" and not name.startswith(BF16_GEMM_PREFIXES)
 
     def gemm_efficiency(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> float:
-        """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: MAMF x tile x wave quantisation.
+        """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: profile rate x tile x wave x depth.
         ``groups``: GEMMs launched as one grouped GEMM (MoE experts), whose tiles fill waves together."""
         tiles_m, tiles_n = math.ceil(m / TILE_M), math.ceil(n / TILE_N)
         tile_q = (m * n) / (tiles_m * TILE_M * tiles_n * TILE_N)
@@ -94,7 +112,7 @@ class ComputeCostModel:
         best = self.gpu.gemm_efficiency
         if fp8 and self.gpu.fp8_gemm_efficiency > 0:  # FP8 MAMF differs from BF16's (Table D)
             best = self.gpu.fp8_gemm_efficiency
-        return best * tile_q * wave_q
+        return best * tile_q * wave_q * depth_factor(k, 2 * K_FIXED if fp8 else K_FIXED)
 
     def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False) -> Kernel:
         """A BF16 GEMM C[m,n] = A[m,k] @ B[k,n] (``batch`` independent copies), 2mnk FLOPs each;
