@@ -45,6 +45,9 @@ AXES = ("tp", "cp", "ep", "dp", "pp")
 _FINISHED = object()  # a comm stream with no ops left
 CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
+#: Link class of a pipeline send/recv: its interference with compute differs from a collective's.
+P2P_CLASS = "p2p"
+
 
 @dataclass(slots=True)
 class _Sharing:
@@ -241,7 +244,7 @@ class CommPlanner:
             phases = [self._localise(ph, place(rank)) for ph in _weighted(plan.phases, peers)]
         else:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
-        out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
+        out = (plan.latency_s, phases, P2P_CLASS)
         self._cache[key] = out
         return out
 
@@ -351,6 +354,17 @@ def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...
     Two disjoint groups can therefore share an edge only over the network, on a common rail.
     """
     return net and any(topo.rail_of(place(r)) in rails for r in ranks)
+
+
+def _interference(gpu: GpuSpec, cls: str) -> float:
+    """Fractional slowdown of compute while a communication of class ``cls`` is in flight on the GPU.
+    A collective's NCCL kernel holds one SM per channel for its whole duration and never shares it
+    with compute (sjeaugey, NVIDIA/nccl#689): the profile's ``comm_interference_*`` per link class.
+    A pipeline send/recv runs one small CTA per peer (NVIDIA/nccl#1433: grid <<<1,1,1>>>): by
+    default one SM's share [derived]."""
+    if cls == P2P_CLASS:
+        return 1.0 / gpu.sm_count if gpu.comm_interference_p2p is None else gpu.comm_interference_p2p
+    return gpu.comm_interference_net if cls == "net" else gpu.comm_interference_nvlink
 
 
 def _link_class(topo: Topology, phases: tuple[tuple[Flow, ...], ...]) -> str:
@@ -710,8 +724,7 @@ class Engine:
         active = self.active_comm[rank]
         if not active:
             return 1.0
-        g = self.gpu
-        return 1.0 + max(g.comm_interference_net if c == "net" else g.comm_interference_nvlink for c in active)
+        return 1.0 + max(_interference(self.gpu, c) for c in active)
 
     def _attribute(self, rank: int, blocker: tuple[str, Any], ready: float, start: float) -> None:
         """Charge an idle gap of the compute stream to what it waited for."""

@@ -112,6 +112,9 @@ class GpuSpec(BaseModel):
     nic_efficiency: float = Field(gt=0, le=1)
     comm_interference_nvlink: float = Field(ge=0, lt=1)
     comm_interference_net: float = Field(ge=0, lt=1)
+    comm_interference_p2p: float | None = Field(default=None, ge=0, lt=1)
+    """Slowdown of compute while a pipeline send/recv is in flight; None = one SM's share
+    (``1 / sm_count``: NCCL runs a send/recv as one small CTA per peer, NVIDIA/nccl#1433)."""
     cuda_context_bytes: float = Field(ge=0)
     nccl_buffer_bytes: float = Field(ge=0)
 
@@ -240,6 +243,7 @@ _GPU_KEYS: dict[str, tuple[str, float, str]] = {
     "nic_efficiency": ("nic_efficiency", 1.0, "f"),
     "comm_interference_nvlink": ("comm_interference_nvlink", 1.0, "f"),
     "comm_interference_net": ("comm_interference_net", 1.0, "f"),
+    "comm_interference_p2p": ("comm_interference_p2p", 1.0, "f"),
     "cuda_context_GiB": ("cuda_context_bytes", GiB, "f"),
     "nccl_buffers_GiB": ("nccl_buffer_bytes", GiB, "f"),
 }

@@ -54,7 +54,8 @@ def _programs(kind: str, p: int, m: int, v: int, tf: float = TF, tb: float = TB)
 def _engine(progs: list[Program], p: int, symmetric: bool = True) -> Engine:
     cl = build_cluster("dgx-h100", 1)
     # no compute slowdown while a send is in flight, so compute times are exact
-    gpu = cl.gpu.model_copy(update={"comm_interference_nvlink": 0.0, "comm_interference_net": 0.0})
+    gpu = cl.gpu.model_copy(update={"comm_interference_nvlink": 0.0, "comm_interference_net": 0.0,
+                                       "comm_interference_p2p": 0.0})
     grid = RankGrid(LayoutConfig(pp=p, dp=8 // p))
     return Engine(progs, grid, Topology(cl), gpu, symmetric=symmetric)
 
@@ -180,3 +181,17 @@ def test_breakdown_sums_to_step() -> None:
     bd = res.breakdown_s
     total = bd["compute"] + bd["bubble"] + bd["optimizer"] + bd["other"] + sum(bd["exposed_comm"].values())
     assert total == pytest.approx(res.step_time_s, rel=1e-6)
+
+
+def test_interference_per_link_class() -> None:
+    """Collectives hold NCCL's channel SMs (16 for a DGX node's inter-node rings, nccl#689); a
+    pipeline send/recv holds one small CTA (nccl#1433), so it slows compute by one SM's share."""
+    from simtrain.engine import P2P_CLASS, _interference
+    from simtrain.hardware import load_gpu
+
+    for name in ("a100-80gb", "h100-sxm", "h200", "b200"):
+        gpu = load_gpu(name)
+        assert _interference(gpu, "net") == pytest.approx(16 / gpu.sm_count, abs=0.006)
+        assert _interference(gpu, "nvlink") == gpu.comm_interference_nvlink
+        assert _interference(gpu, P2P_CLASS) == pytest.approx(1 / gpu.sm_count)
+        assert _interference(gpu.model_copy(update={"comm_interference_p2p": 0.0}), P2P_CLASS) == 0.0
