@@ -107,6 +107,16 @@ class Lowered:
     """Largest per-rank layer (dense part), for ZeRO-3/FSDP gather buffers."""
 
 
+def _gemm_run(kernels: tuple[Kernel, ...]) -> int:
+    """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op)."""
+    n = 0
+    for k in kernels:
+        if not k.flops or k.name.startswith(("flash_attn", "attn.")):
+            break
+        n += 1
+    return n
+
+
 class _Emitter:
     """Appends ops to one program, tracking the data dependency between streams."""
 
@@ -130,6 +140,9 @@ class _Emitter:
         if self.tp_overlap and c.axis == "tp":
             self.pending_comm_spec = c
             return
+        self._blocking_comm(c, category, mb, chunk)
+
+    def _blocking_comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         deps = [] if self.last_compute is None else [self.last_compute]
         if self.pending_comm is not None:  # two collectives in a row: the second follows the first
             deps.append(self.pending_comm.idx)
@@ -199,12 +212,37 @@ class _Emitter:
 
     def _overlapped(self, kernels: tuple[Kernel, ...], category: str, mb: int, chunk: int,
                     mem_start: float, mem_end: float, tag: str, after: Comm | None = None) -> Op | None:
-        """TP communication overlap (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers):
-        the GEMMs are split in ``TP_OVERLAP_CHUNKS``; chunk i of a preceding all-gather feeds compute
-        chunk i, and compute chunk i feeds chunk i of a following reduce-scatter (``after``), so each
-        collective pipelines with the GEMM that consumes or produces it."""
+        """TP communication overlap (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers;
+        torch async TP): a collective pipelines only with the GEMMs it is fused with. A preceding
+        all-gather feeds the segment's leading GEMMs (TE ``LayerNormLinear`` QKV / FC1 with
+        ``ub_overlap_ag``; torch ``fused_all_gather_matmul``; in backward the bulk overlap of the
+        gather with dgrad/wgrad), a following reduce-scatter is fed by its trailing GEMMs (``ub_overlap_rs``;
+        ``fused_matmul_reduce_scatter``). Kernels between them (RoPE, core attention, the activation)
+        run on their own: a collective next to one of those waits for it or is waited for."""
         before = self.pending_comm_spec
         self.pending_comm_spec = None
+        lead = _gemm_run(kernels) if before is not None else 0
+        trail = _gemm_run(kernels[::-1]) if after is not None else 0
+        if lead == len(kernels) or trail == len(kernels):
+            return self._pipelined(kernels, before, after, category, mb, chunk, mem_start, mem_end, tag)
+        head, mid, tail = kernels[:lead], kernels[lead:len(kernels) - trail], kernels[len(kernels) - trail:]
+        op = None
+        if before is not None and not head:
+            self._blocking_comm(before, category, mb, chunk)
+        if head:
+            op = self._pipelined(head, before, None, category, mb, chunk, mem_start, 0.0, tag)
+            mem_start = 0.0
+        op = self.compute(mid, category, mb, chunk, mem_start, 0.0 if tail else mem_end, tag) or op
+        if tail:
+            op = self._pipelined(tail, None, after, category, mb, chunk, 0.0, mem_end, tag)
+        elif after is not None:
+            self._blocking_comm(after, category, mb, chunk)
+        return op
+
+    def _pipelined(self, kernels: tuple[Kernel, ...], before: Comm | None, after: Comm | None, category: str,
+                   mb: int, chunk: int, mem_start: float, mem_end: float, tag: str) -> Op | None:
+        """The kernels split in ``TP_OVERLAP_CHUNKS``: chunk i of ``before`` (an all-gather) feeds compute
+        chunk i, and compute chunk i feeds chunk i of ``after`` (a reduce-scatter)."""
         n = TP_OVERLAP_CHUNKS
         part = tuple(Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n) for k in kernels)
         producer = () if self.last_compute is None else (self.last_compute,)

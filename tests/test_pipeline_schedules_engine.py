@@ -95,5 +95,31 @@ def test_tp_comm_overlap_hides_tensor_parallel_communication() -> None:
                train=dict(seq_len=8192, global_batch_seqs=2))
     plain = simulate(cfg, ["layout.tp_comm_overlap=false"])
     over = simulate(cfg, ["layout.tp_comm_overlap=true"])
-    assert over.breakdown_s["exposed_comm"]["tp"] < 0.6 * plain.breakdown_s["exposed_comm"]["tp"]
+    # 0.72 today: at one 8k sequence per micro-batch the 8B's QKV and output-projection GEMMs per TP rank
+    # (~70 us) are shorter than their all-gather / reduce-scatter (~160 us), so those stay partly exposed
+    assert over.breakdown_s["exposed_comm"]["tp"] < 0.8 * plain.breakdown_s["exposed_comm"]["tp"]
     assert over.step_time_s < plain.step_time_s
+
+
+def test_tp_comm_overlap_pipelines_only_with_the_fused_gemms() -> None:
+    """TE userbuffers / torch async TP fuse a TP all-gather with the GEMM it feeds and a reduce-scatter with
+    the GEMM that produces it: no TP collective is in flight while core attention or the activation runs,
+    while some TP collective is in flight beside a GEMM."""
+    cfg = dict(model="llama3-8b", hardware=dict(n_nodes=1), layout=dict(tp=8, sequence_parallel=True,
+                                                                         tp_comm_overlap=True),
+               train=dict(seq_len=8192, global_batch_seqs=2))
+    r = simulate(cfg, mode="full", trace=True)
+    rank0 = [e for e in r.trace if e.rank == 0]
+    tp = [(e.start_s, e.end_s) for e in rank0 if e.name.startswith("tp.")]
+    tol = 1e-12
+
+    def busy(e: object) -> bool:
+        return any(s < e.end_s - tol and e.start_s + tol < t for s, t in tp)  # type: ignore[attr-defined]
+
+    non_gemm = [e for e in rank0 if e.stream == "compute" and e.op.kernels
+                and all(k.name.startswith(("flash_attn", "act", "rope")) for k in e.op.kernels)]
+    gemms = [e for e in rank0 if e.stream == "compute" and e.op.kernels
+             and all(k.name.startswith(("qkv", "out_proj", "mlp_up", "mlp_down")) for k in e.op.kernels)]
+    assert non_gemm and gemms
+    assert not any(busy(e) for e in non_gemm)
+    assert any(busy(e) for e in gemms)
