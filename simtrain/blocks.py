@@ -214,7 +214,7 @@ class BlockBuilder:
         heads, kv_heads = m.n_heads // self.t, max(m.kv_heads // self.t, 1)
         kv_bytes = 2.0 * 2.0 * self.T * kv_heads * m.d_head  # K and V of the local tokens, bf16
         if self.cp_comm == "p2p":
-            step = (self._flash(backward, self.s, self.s, heads, kv_heads),)
+            step = (self._flash(backward, self.s, self.s, heads, kv_heads), self._ring_merge(backward, heads, kv_heads))
             return [Ring(self.cp, step, Comm("ring_shift", kv_bytes * (2 if backward else 1), "cp"))]
         if self.cp_comm == "all_gather":
             core: list[Segment] = [Comm("all_gather", kv_bytes * self.cp, "cp"),
@@ -226,6 +226,21 @@ class BlockBuilder:
         attn = (self._flash(backward, s_full, s_full, heads // self.cp, max(kv_heads // self.cp, 1)),)
         first, last = (out, qkv) if backward else (qkv, out)
         return [Comm("all_to_all", first, "cp"), attn, Comm("all_to_all", last, "cp")]
+
+    def _ring_merge(self, backward: bool, heads: int, kv_heads: int) -> Kernel:
+        """One ring step's merge into the running result, 10 bytes per element when fused (read the step's
+        bf16 partial, read and write the fp32 accumulator; the stack scales it when eager): forward, the
+        output rescaled by the step's log-sum-exp (TE ``flash_attn_fwd_out_correction``; torch
+        ``_SDPAMerger.step``); backward, dQ, dK and dV added into their accumulators. With causal load
+        balancing a step off the diagonal touches half of the queries (step <= rank: all queries, half the
+        keys; else half the queries, all keys; TE ``AttnFuncWithCPAndKVP2P``), so the mean step merges
+        (1 + 0.75 (cp - 1)) / cp of the full tensors."""
+        m = self.model
+        share = (1.0 + 0.75 * (self.cp - 1)) / self.cp
+        elems = self.T * heads * m.v_head_dim
+        if backward:
+            elems = self.T * (heads + 2 * kv_heads) * m.d_head
+        return self.cost.memory_op("cp_merge.bwd" if backward else "cp_merge", 10.0 * share * elems)
 
     def selective_recompute(self, layer: int | None, modules: tuple[str, ...]) -> tuple[Kernel, ...]:
         """Kernels selective recompute re-runs before a layer's backward (see memory._selective_recompute)."""

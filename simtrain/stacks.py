@@ -21,6 +21,13 @@ inputs and writes its output once (what ``costs.py`` charges for a fused op):
 - Residual add: one kernel either way (1x); GELU with bias eager: bias add + gelu = 2 passes (2x).
 - Cross-entropy eager (``logits.float()``, ``log_softmax``, ``nll_loss``): 2+4, 4+4 (two passes
   for max and sum), 4 = 18 bytes/elem vs ~10 for a fused vocab-parallel kernel: ~1.8x.
+- Ring-attention merge (context parallelism, one per ring step: the step's partial output rescaled by
+  its log-sum-exp and added into the running output): Transformer Engine fuses it (``jit_fuser``
+  ``flash_attn_fwd_out_correction``: read the step's bf16 output, read and write the fp32 running
+  output, 10 bytes/elem); torch's ring attention (``torch.distributed.tensor.experimental._attention``
+  ``_SDPAMerger.step``) runs it as eager ops: ``(out1 - out2).float()``, ``sigmoid(lse diff) *``,
+  ``out1 -``, ``.to(dtype)``: 6+6+8+8+6 = 34 bytes/elem, ~3.4x, 5 kernels; it runs inside the DTensor
+  dispatch of SDPA, outside the compiled regions.
 - ``torch.compile`` (TorchInductor) fuses each of these chains into one or two Triton kernels that
   read and write each tensor once (Ansel et al., ASPLOS'24 "PyTorch 2", sec. 5: pointwise and
   reduction fusion), so its factors are ~1x with one or two kernels per op.
@@ -103,6 +110,8 @@ class SoftwareStack:
     sequence_parallel: bool = True
     pp_microbatches_equal_pp: bool = False
     eager_loss: bool = False
+    attn_merge: OpFusion = FUSED
+    """Fusion of the ring-attention merge of each context-parallel step (module docstring)."""
     fsdp_reshard_under_pp: bool = True
     """ZeRO-3/FSDP with pipeline parallelism re-gathers each layer's parameters for every micro-batch
     (True), or keeps a stage's parameters unsharded from the first forward to the end of the step and
@@ -137,12 +146,16 @@ class SoftwareStack:
             return self.residual
         if base.startswith("cross_entropy"):
             return self.loss
+        if base.startswith("cp_merge"):
+            return self.attn_merge
         return FUSED
 
 
 # Eager PyTorch op decompositions (module docstring): RMSNorm 9x / 7 kernels, RoPE 5x / 6, SwiGLU 1.7x / 2,
 # cross-entropy 1.8x / 4.
 EAGER_NORM, EAGER_ROPE, EAGER_ACT, EAGER_LOSS = OpFusion(9.0, 7), OpFusion(5.0, 6), OpFusion(1.7, 2), OpFusion(1.8, 4)
+# torch ring attention's eager merge of each CP step (module docstring): 34 / 10 bytes per element, 5 kernels.
+EAGER_CP_MERGE = OpFusion(3.4, 5)
 # TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
 COMPILED_REDUCTION = OpFusion(1.0, 2)
 # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
@@ -164,20 +177,23 @@ STACKS: dict[str, SoftwareStack] = {
             "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
-            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True),
+            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
+            attn_merge=EAGER_CP_MERGE),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
             "is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True),
+            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True,
+            attn_merge=EAGER_CP_MERGE),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True),
+            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
+            attn_merge=EAGER_CP_MERGE),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
@@ -189,7 +205,7 @@ STACKS: dict[str, SoftwareStack] = {
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
             loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
-            eager_loss=True, ddp_grad_passes=3),
+            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE),
     )
 }
 
