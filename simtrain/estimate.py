@@ -61,11 +61,13 @@ from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
 from simtrain.lowering import (
+    TP_OVERLAP_CHUNKS,
     LayerPlan,
     chunk_memory,
     first_layers,
     fsdp_keeps_unsharded,
     layer_plans,
+    leading_gemms,
     recomputed_layers,
     split_layers,
 )
@@ -80,6 +82,7 @@ from simtrain.memory import (
     static_memory,
 )
 from simtrain.model import ModelSpec
+from simtrain.ops import Kernel
 from simtrain.profile import compute_calibration
 from simtrain.routing import expert_loads_by_rank
 from simtrain.schedules import Action, ActionCosts, Route, build_schedule, makespan, schedule_route
@@ -122,6 +125,23 @@ class Estimate:
         """Where the estimated time goes, seconds, by cause (compute, bubble, comm per axis, optimizer)."""
         return {"compute": self.compute_s, "bubble": self.bubble_s, "tp/cp comm": self.tp_s, "ep comm": self.ep_s,
                 "pp comm": self.pp_s, "dp comm": self.dp_s, "optimizer": self.optimizer_s}
+
+
+def _tp_pipelined_s(seg: tuple[Kernel, ...], before: float | None, after: float | None) -> float:
+    """Exposed time of TP collectives pipelined in n chunks with the GEMMs they are fused with (the
+    engine's ``_Emitter._overlapped``): chunk i of an all-gather ``before`` (a per chunk) feeds GEMM chunk i
+    (g per chunk), so max(n a + g, a + n g) - n g = max(T - (n-1) g, a) is exposed; a reduce-scatter
+    ``after`` fed by the trailing GEMMs is the mirror image. Without a GEMM next to it a collective waits
+    (or is waited for) whole."""
+    n = TP_OVERLAP_CHUNKS
+    lead, trail = leading_gemms(seg), leading_gemms(seg[::-1])
+    exposed = 0.0
+    for total, gemms in ((before, seg[:lead]), (after, seg[len(seg) - trail:])):
+        if total is None:
+            continue
+        gemm = sum(x.time_s for x in gemms)
+        exposed += max(total - (n - 1) * gemm / n, total / n) if gemms else total
+    return exposed
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,13 +280,18 @@ class Estimator:
         return plan.latency_s + idle_time(lambda e: effective_bandwidth(self.topo, gpu, e), plan.phases)
 
     def _segments_s(self, segs: list[Segment], groups: dict[str, tuple[int, ...]],
-                    load: float = 1.0) -> tuple[float, float, float]:
+                    load: float = 1.0, tp_overlap: bool = False) -> tuple[float, float, float]:
         """(compute, exposed TP/CP comm, exposed EP/ETP comm) of a segment list; an overlapped
         collective costs only what exceeds the compute segment it runs beside; routed-expert kernels
-        take ``load`` x their time (the engine's ``load_factor``)."""
+        take ``load`` x their time (the engine's ``load_factor``). With ``tp_overlap`` a TP collective
+        pipelines with the GEMMs it is fused with, as the engine lowers it (``_tp_pipelined_s``)."""
         compute = comm = ep = 0.0
         hidden, hidden_ep = 0.0, False
-        for s in segs:
+        before: float | None = None  # a TP collective waiting to pipeline with the next compute segment
+        skip = -1
+        for i, s in enumerate(segs):
+            if i == skip:
+                continue
             if isinstance(s, Ring):
                 # ring attention: block i+1 waits for KV block i's transfer, which runs beside block i
                 block = sum(k.time_s for k in s.kernels)
@@ -274,6 +299,10 @@ class Estimator:
                 compute += s.steps * block
                 comm += (s.steps - 1) * max(hop - block, 0.0)
             elif isinstance(s, Comm):
+                if tp_overlap and s.axis == "tp":
+                    comm += before or 0.0  # two in a row: the first one cannot pipeline
+                    before = self._tp_chunks_s(s, groups)
+                    continue
                 t = self.collective_s(s.coll, groups.get(s.axis, ()), s.size_bytes)
                 if s.overlap:
                     hidden, hidden_ep = t, s.axis in EP_AXES
@@ -284,14 +313,27 @@ class Estimator:
             else:
                 t = sum(k.time_s + (load - 1.0) * k.time_s * k.name.startswith("expert.") for k in s)
                 compute += t
+                nxt = segs[i + 1] if i + 1 < len(segs) else None
+                after = None
+                if (tp_overlap and isinstance(nxt, Comm) and nxt.axis == "tp"
+                        and nxt.coll in ("reduce_scatter", "all_reduce")):
+                    after, skip = self._tp_chunks_s(nxt, groups), i + 1
+                if before is not None or after is not None:
+                    comm += _tp_pipelined_s(s, before, after)
+                    before = None
                 if hidden_ep:
                     ep += max(hidden - t, 0.0)
                 else:
                     comm += max(hidden - t, 0.0)
                 hidden = 0.0
+        comm += before or 0.0
         if hidden_ep:
             return compute, comm, ep + hidden
         return compute, comm + hidden, ep
+
+    def _tp_chunks_s(self, c: Comm, groups: dict[str, tuple[int, ...]]) -> float:
+        """A TP collective run as ``TP_OVERLAP_CHUNKS`` chunks (the engine's TP comm overlap), seconds."""
+        return TP_OVERLAP_CHUNKS * self.collective_s(c.coll, groups.get("tp", ()), c.size_bytes / TP_OVERLAP_CHUNKS)
 
     def cost_model(self, train: TrainConfig) -> ComputeCostModel:
         """The compute cost model ``simulate`` uses for this GPU and train section (calibrated when
@@ -330,35 +372,37 @@ class Estimator:
         plans = self.plans(layout, train)
         groups = self._groups(grid)
         load = self._load(layout, train)
-        key = (_plan_key(self.model, layout, train), tuple(groups.values()), load)
+        key = (_plan_key(self.model, layout, train), tuple(groups.values()), load, layout.tp_comm_overlap)
         hit = self._times.get(key)
         if hit is not None:
             return hit
         by_plan: dict[int, _LayerTimes] = {}
         for plan in plans.values():
             if id(plan) not in by_plan:
-                by_plan[id(plan)] = self._plan_times(plan, groups, load)
+                by_plan[id(plan)] = self._plan_times(plan, groups, load, layout.tp_comm_overlap and layout.tp > 1)
         out = self._times[key] = {i: by_plan[id(p)] for i, p in plans.items()}
         return out
 
-    def _plan_times(self, plan: LayerPlan, groups: dict[str, tuple[int, ...]], load: float) -> _LayerTimes:
-        f, f_comm, f_ep = self._segments_s(plan.fwd, groups, load)
-        b, b_comm, b_ep = self._segments_s(plan.bwd, groups, load)
+    def _plan_times(self, plan: LayerPlan, groups: dict[str, tuple[int, ...]], load: float,
+                    tp_overlap: bool) -> _LayerTimes:
+        f, f_comm, f_ep = self._segments_s(plan.fwd, groups, load, tp_overlap)
+        b, b_comm, b_ep = self._segments_s(plan.bwd, groups, load, tp_overlap)
         wgrad = sum(k.time_s * (load if k.name.startswith("expert.") else 1.0) for k in plan.bwd_weight)
-        selective = sum(self._segments_s(plan.selective, groups, load))
+        selective = sum(self._segments_s(plan.selective, groups, load, tp_overlap))
         return _LayerTimes(f, b, f_comm, b_comm, f_ep, b_ep, wgrad, selective)
 
     def edge_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> _EdgeTimes:
         """Embedding, head and MTP-projection times of one micro-batch (cached)."""
         groups = {"tp": grid.group("tp", 0)}
         key = (activation_shape(train, layout, self.model), train.precision, train.stack, train.fp8_recipe,
-               groups["tp"])
+               groups["tp"], layout.tp_comm_overlap)
         hit = self._edges.get(key)
         if hit is not None:
             return hit
         blk = _block(self.model, layout, train, self.cost_model(train))
-        emb = sum(self._segments_s(blk.embedding_forward() + blk.embedding_backward(), groups))
-        head = sum(self._segments_s(blk.head_forward() + blk.head_backward(), groups))
+        ov = layout.tp_comm_overlap and layout.tp > 1
+        emb = sum(self._segments_s(blk.embedding_forward() + blk.embedding_backward(), groups, tp_overlap=ov))
+        head = sum(self._segments_s(blk.head_forward() + blk.head_backward(), groups, tp_overlap=ov))
         proj_f = blk.mtp_projection(False)[0].time_s if self.model.mtp_depth else 0.0
         proj_b = sum(k.time_s for k in blk.mtp_projection(True)) if self.model.mtp_depth else 0.0
         out = self._edges[key] = _EdgeTimes(emb, head, proj_f, proj_b)

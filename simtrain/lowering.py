@@ -107,7 +107,7 @@ class Lowered:
     """Largest per-rank layer (dense part), for ZeRO-3/FSDP gather buffers."""
 
 
-def _gemm_run(kernels: tuple[Kernel, ...]) -> int:
+def leading_gemms(kernels: tuple[Kernel, ...]) -> int:
     """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op)."""
     n = 0
     for k in kernels:
@@ -221,8 +221,8 @@ class _Emitter:
         run on their own: a collective next to one of those waits for it or is waited for."""
         before = self.pending_comm_spec
         self.pending_comm_spec = None
-        lead = _gemm_run(kernels) if before is not None else 0
-        trail = _gemm_run(kernels[::-1]) if after is not None else 0
+        lead = leading_gemms(kernels) if before is not None else 0
+        trail = leading_gemms(kernels[::-1]) if after is not None else 0
         if lead == len(kernels) or trail == len(kernels):
             return self._pipelined(kernels, before, after, category, mb, chunk, mem_start, mem_end, tag)
         head, mid, tail = kernels[:lead], kernels[lead:len(kernels) - trail], kernels[len(kernels) - trail:]
