@@ -145,11 +145,12 @@ class _Recorder:
     def __init__(self, base: ComputeCostModel, calls: KernelCalls):
         self._base, self._calls = base, calls
 
-    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1) -> Kernel:
+    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False,
+             a_cast_share: float = 1.0) -> Kernel:
         if batch == 1:
             base = name.split(".")[0]
             self._calls.gemms.add((base if base in COMPOSITE_GEMMS else "", gemm_role(name), m, n, k))
-        return self._base.gemm(name, m, n, k, batch)
+        return self._base.gemm(name, m, n, k, batch, grouped, a_cast_share)
 
     def flash_attention(self, name: str, b: int, s_q: int, s_kv: int, heads: int, kv_heads: int, d: int,
                         causal: bool, backward: bool) -> Kernel:

@@ -88,6 +88,18 @@ class BlockBuilder:
     ep_overlap: bool = False
     dispatch_bytes_per_elem: float = 2.0
     """Bytes per element of the dispatched tokens (DeepSeek-V3 dispatches in FP8: 1; BF16: 2)."""
+    fp8_tp_gather: bool = False
+    """The column-parallel layers' input is cast to FP8 on its sequence shard before the TP all-gather,
+    which then moves 1 byte per element: torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
+    (torchtitan docs/float8.md: "float8 all-gather ... for TP (by default for Float8Linear)"), tensorwise
+    scaling. Forward and replayed-forward gathers only; backward gathers stay BF16."""
+    tp_layout_copies: bool = False
+    """Each sequence-parallel all-gather is followed, and each reduce-scatter preceded, by a copy of the
+    full tensor: torch's functional collectives gather and scatter along dim 0, so DTensor's Shard(1)
+    (torchtitan's [batch, seq, hidden] sequence sharding) costs ``torch.cat(torch.chunk(out, n, 0),
+    dim=1)`` after an all-gather and ``torch.cat(torch.chunk(x, n, dim=1))`` before a reduce-scatter
+    (torch/distributed/_functional_collectives.py, ``all_gather_tensor`` / ``reduce_scatter_tensor``).
+    Off under async TP, whose fused ops read and write the shards in place."""
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's symbol for tokens
@@ -99,8 +111,14 @@ class BlockBuilder:
         """Tokens each rank's norms/residuals see (T/t with sequence parallelism)."""
         return self.T // self.t if self.sp else self.T
 
-    def _gemm_fwd(self, name: str, n: int, k: int) -> Kernel:
-        return self.cost.gemm(name, self.T, n, k)
+    def _gemm_fwd(self, name: str, n: int, k: int, gathered: bool = False) -> Kernel:
+        """Forward GEMM; ``gathered``: its input is the TP all-gather's output (column-parallel)."""
+        share = 1.0 / self.t if gathered and self.fp8_tp_gather else 1.0
+        return self.cost.gemm(name, self.T, n, k, a_cast_share=share)
+
+    def _gather_bytes(self, size: float) -> float:
+        """Bytes of a forward all-gather feeding column-parallel GEMMs of ``size`` BF16 bytes."""
+        return size / 2.0 if self.fp8_tp_gather else size
 
     def _gemm_bwd(self, name: str, n: int, k: int) -> tuple[Kernel, Kernel]:
         return (self.cost.gemm(name + ".dgrad", self.T, k, n), self.cost.gemm(name + ".wgrad", k, n, self.T))
@@ -142,8 +160,9 @@ class BlockBuilder:
         """QKV projection(s) of the forward: one fused GEMM, or MLA's down/up projections."""
         h, q, kv, _, _ = self._dims
         if self.model.mla is None:
-            return (self._gemm_fwd("qkv", q + 2 * kv, h),)
-        return tuple(self._gemm_fwd(n, d_out, d_in) for n, d_in, d_out in self._projection_dims() if n != "o_proj")
+            return (self._gemm_fwd("qkv", q + 2 * kv, h, gathered=True),)
+        return tuple(self._gemm_fwd(n, d_out, d_in, gathered=d_in == h)  # the projections of the layer input
+                     for n, d_in, d_out in self._projection_dims() if n != "o_proj")
 
     def _attn_in_bwd(self) -> tuple[Kernel, ...]:
         h, q, kv, _, _ = self._dims
@@ -264,7 +283,7 @@ class BlockBuilder:
                     out.append(self.cost.memory_op("shared.act.recompute", (n_up + 1) * 2.0 * tokens * f_s))
         return tuple(out)
 
-    def op_sac_recompute(self, layer: int | None) -> list[Segment]:
+    def _op_sac_recompute(self, layer: int | None) -> list[Segment]:
         """Segments torchtitan's op-level SAC re-runs before a layer's backward (``memory.op_sac_linears``):
         the matmuls it does not save (every second one) and every other op but attention: the norms,
         RoPE, residual adds and the activation (unfused attention also its scores and softmax).
@@ -283,7 +302,8 @@ class BlockBuilder:
         for name, d_in, d_out, style in op_sac_recomputed(m, layer):
             n = d_out // self.t if style == "col" else d_out
             side = mlp if name in ("w1", "w2", "w3") else attn
-            side.append(self._gemm_fwd(name + ".recompute", n, d_in // self.t if style == "row" else d_in))
+            side.append(self._gemm_fwd(name + ".recompute", n, d_in // self.t if style == "row" else d_in,
+                                       gathered=style == "col"))
         if m.position == "rope":
             attn.append(self.cost.memory_op("rope.recompute", 2 * 2.0 * self.T * (q + kv)))
         if not self.flash:
@@ -297,15 +317,16 @@ class BlockBuilder:
             return merge([(ln1, *attn, res1, ln2, *mlp)])
         if not self.sp:
             return merge([(ln1, *attn), Comm("all_reduce", size), (res1, ln2, *mlp)])
-        mlp_gather: list[Segment] = [] if moe else [Comm("all_gather", size)]
-        return merge([(ln1,), Comm("all_gather", size), tuple(attn), (res1, ln2), *mlp_gather, tuple(mlp)])
+        gather = self._gather_bytes(size)
+        mlp_gather: list[Segment] = [] if moe else [Comm("all_gather", gather)]
+        return merge([(ln1,), Comm("all_gather", gather), tuple(attn), (res1, ln2), *mlp_gather, tuple(mlp)])
 
     def _mlp_forward(self, moe: bool) -> list[Segment]:
         h, _, _, f, n_up = self._dims
         if moe:
             return self._moe_forward()
         act = self.cost.memory_op("act", (n_up + 1) * 2.0 * self.T * f)
-        return [(self._gemm_fwd("mlp_up", n_up * f, h), act, self._gemm_fwd("mlp_down", h, f))]
+        return [(self._gemm_fwd("mlp_up", n_up * f, h, gathered=True), act, self._gemm_fwd("mlp_down", h, f))]
 
     def _mlp_backward(self, moe: bool) -> list[Segment]:
         h, _, _, f, n_up = self._dims
@@ -314,7 +335,7 @@ class BlockBuilder:
         act = self.cost.memory_op("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
         return [(*self._gemm_bwd("mlp_down", h, f), act, *self._gemm_bwd("mlp_up", n_up * f, h))]
 
-    def layer_forward(self, layer: int | None = None) -> list[Segment]:
+    def _layer_forward(self, layer: int | None = None) -> list[Segment]:
         """Forward segments of transformer layer ``layer`` (None: the model's common dense layer)."""
         h, q, kv, f, n_up = self._dims
         moe = layer is not None and self.model.is_moe_layer(layer)
@@ -330,13 +351,14 @@ class BlockBuilder:
         if not self.sp:
             return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), *mlp, Comm("all_reduce", size),
                           (res2,)])
+        gather = self._gather_bytes(size)
         if moe:  # tokens stay sequence-sharded into the MoE block; dispatch moves them (Megatron-core)
-            return merge([(ln1,), Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (res1, ln2),
+            return merge([(ln1,), Comm("all_gather", gather), *attn, Comm("reduce_scatter", size), (res1, ln2),
                           *mlp, (res2,)])
-        return merge([(ln1,), Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (res1, ln2),
-                      Comm("all_gather", size), *mlp, Comm("reduce_scatter", size), (res2,)])
+        return merge([(ln1,), Comm("all_gather", gather), *attn, Comm("reduce_scatter", size), (res1, ln2),
+                      Comm("all_gather", gather), *mlp, Comm("reduce_scatter", size), (res2,)])
 
-    def layer_backward(self, layer: int | None = None) -> list[Segment]:
+    def _layer_backward(self, layer: int | None = None) -> list[Segment]:
         """Backward segments of transformer layer ``layer`` (reverse order of the forward)."""
         h, q, kv, f, n_up = self._dims
         moe = layer is not None and self.model.is_moe_layer(layer)
@@ -474,7 +496,7 @@ class BlockBuilder:
             return (*self._gemm_bwd("mtp.proj", h // self.t, 2 * h), *norms)
         return (self._gemm_fwd("mtp.proj", h // self.t, 2 * h), *norms)
 
-    def embedding_forward(self) -> list[Segment]:
+    def _embedding_forward(self) -> list[Segment]:
         """Token (+ learned position) embedding; vocab-parallel embeddings reduce across TP."""
         h = self.model.hidden
         kernels = [self.cost.memory_op("embedding", 2 * 2.0 * self.T * h)]
@@ -484,14 +506,14 @@ class BlockBuilder:
             return [tuple(kernels)]
         return [tuple(kernels), Comm("reduce_scatter" if self.sp else "all_reduce", 2.0 * self.T * h)]
 
-    def embedding_backward(self) -> list[Segment]:
+    def _embedding_backward(self) -> list[Segment]:
         """Embedding gradient (scatter-add of the token gradients)."""
         k = (self.cost.memory_op("embedding.bwd", 3 * 2.0 * self.T * self.model.hidden),)
         if self.t > 1 and self.sp:
             return [Comm("all_gather", 2.0 * self.T * self.model.hidden), k]
         return [k]
 
-    def head_forward(self) -> list[Segment]:
+    def _head_forward(self) -> list[Segment]:
         """Final norm, LM head GEMM and cross-entropy (vocab-parallel across TP)."""
         h, v = self.model.hidden, self.model.vocab // self.t
         ln = self._norm("final_norm", False)
@@ -503,7 +525,7 @@ class BlockBuilder:
         # vocab-parallel cross-entropy all-reduces the max and the sum of exp per token (fp32)
         return [*pre, head, Comm("all_reduce", 2 * 4.0 * self.T)]
 
-    def head_backward(self) -> list[Segment]:
+    def _head_backward(self) -> list[Segment]:
         """Cross-entropy and LM-head backward, then the final norm's."""
         h, v = self.model.hidden, self.model.vocab // self.t
         ce = self.cost.memory_op("cross_entropy.bwd", self.T * v * (4.0 + 2.0))
@@ -512,3 +534,48 @@ class BlockBuilder:
         if self.t == 1:
             return [(*head, ln)]
         return [head, Comm("reduce_scatter" if self.sp else "all_reduce", 2.0 * self.T * h), (ln,)]
+
+    # -- public segment builders: the private ones plus the layout copies of sequence-parallel collectives
+
+    def layer_forward(self, layer: int | None = None) -> list[Segment]:
+        """Forward segments of transformer layer ``layer`` (None: the model's common dense layer)."""
+        return self._with_layout_copies(self._layer_forward(layer))
+
+    def layer_backward(self, layer: int | None = None) -> list[Segment]:
+        """Backward segments of transformer layer ``layer``."""
+        return self._with_layout_copies(self._layer_backward(layer))
+
+    def op_sac_recompute(self, layer: int | None) -> list[Segment]:
+        """Segments op-level SAC re-runs before a layer's backward (see ``_op_sac_recompute``)."""
+        return self._with_layout_copies(self._op_sac_recompute(layer))
+
+    def embedding_forward(self) -> list[Segment]:
+        """Token (+ learned position) embedding."""
+        return self._with_layout_copies(self._embedding_forward())
+
+    def embedding_backward(self) -> list[Segment]:
+        """Embedding gradient."""
+        return self._with_layout_copies(self._embedding_backward())
+
+    def head_forward(self) -> list[Segment]:
+        """Final norm, LM head GEMM and cross-entropy."""
+        return self._with_layout_copies(self._head_forward())
+
+    def head_backward(self) -> list[Segment]:
+        """Cross-entropy, LM-head and final-norm backward."""
+        return self._with_layout_copies(self._head_backward())
+
+    def _with_layout_copies(self, segs: list[Segment]) -> list[Segment]:
+        """``segs`` with the copy after each TP all-gather and before each TP reduce-scatter (read and
+        write the full tensor) when ``tp_layout_copies`` is set."""
+        if not self.tp_layout_copies:
+            return segs
+        out: list[Segment | tuple[Kernel | None, ...]] = []
+        for seg in segs:
+            if isinstance(seg, Comm) and seg.axis == "tp" and seg.coll == "all_gather":
+                out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
+            elif isinstance(seg, Comm) and seg.axis == "tp" and seg.coll == "reduce_scatter":
+                out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
+            else:
+                out.append(seg)
+        return merge(out)

@@ -114,9 +114,12 @@ class ComputeCostModel:
             best = self.gpu.fp8_gemm_efficiency
         return best * tile_q * wave_q * depth_factor(k, 2 * K_FIXED if fp8 else K_FIXED)
 
-    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False) -> Kernel:
+    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False,
+             a_cast_share: float = 1.0) -> Kernel:
         """A BF16 GEMM C[m,n] = A[m,k] @ B[k,n] (``batch`` independent copies), 2mnk FLOPs each;
-        ``grouped``: the copies run as one grouped GEMM (CUTLASS grouped GEMM / TE GroupedLinear)."""
+        ``grouped``: the copies run as one grouped GEMM (CUTLASS grouped GEMM / TE GroupedLinear);
+        ``a_cast_share``: the share of A this rank quantises when the GEMM runs in FP8 (1/t when A was
+        cast before a TP all-gather)."""
         flops = 2.0 * m * n * k * batch
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
         # calibrated GEMMs were measured in the profile's dtype (BF16 on GPUs): FP8 GEMMs keep the model
@@ -125,17 +128,18 @@ class ComputeCostModel:
         if measured is not None:
             return Kernel(name, flops, nbytes, measured)
         if self.is_fp8_gemm(name):
-            return self._fp8_gemm(name, m, n, k, batch, grouped)
+            return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share)
         return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1),
                               self.gpu.hbm_efficiency, peak_flops_per_s=self.gpu.bf16_flops_per_s)
 
-    def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool) -> Kernel:
+    def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
+                  a_cast_share: float = 1.0) -> Kernel:
         """An FP8 GEMM: FP8 peak x FP8 MAMF x quantisation, plus the cast of its A operand (m x k:
         the activation in forward, the output gradient in dgrad; wgrad reuses both transposed copies)
         and, with current scaling, of the weight in forward (re-quantised every forward)."""
         flops = 2.0 * m * n * k * batch
         nbytes = (m * k + k * n + 2.0 * m * n) * batch
-        cast_elems = 0.0 if name.endswith(".wgrad") else float(m * k)
+        cast_elems = 0.0 if name.endswith(".wgrad") else float(m * k) * a_cast_share
         if self.fp8_recipe == "current" and not name.endswith((".wgrad", ".dgrad")):
             cast_elems += k * n
         cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (

@@ -70,6 +70,7 @@ from simtrain.lowering import (
     leading_gemms,
     recomputed_layers,
     split_layers,
+    tp_gather_options,
 )
 from simtrain.memory import (
     ChunkMemory,
@@ -208,7 +209,8 @@ def _block(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, cost: Com
     fp8_blockwise = train.precision == "fp8" and train.fp8_recipe == "blockwise"
     return BlockBuilder(model, cost, shape.b, shape.s, layout.tp, layout.sequence_parallel, shape.flash,
                         shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.expert_tp,
-                        layout.ep_comm_overlap or dualpipe, 1.0 if fp8_blockwise else 2.0)
+                        layout.ep_comm_overlap or dualpipe, 1.0 if fp8_blockwise else 2.0,
+                        *tp_gather_options(layout, train, get_stack(train.stack)))
 
 
 def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tuple[object, ...]:
@@ -218,7 +220,8 @@ def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tup
     modules = layout.recompute_modules if rec == "selective" else ()
     dualpipe = layout.resolved_schedule in ("dualpipe", "dualpipev")  # F&B overlap
     return (activation_shape(train, layout, model), train.precision, train.fp8_recipe, train.stack, layout.cp,
-            layout.cp_comm, layout.ep, layout.expert_tp, layout.ep_comm_overlap or dualpipe, rec, modules)
+            layout.cp_comm, layout.ep, layout.expert_tp, layout.ep_comm_overlap or dualpipe, rec, modules,
+            layout.tp_comm_overlap)
 
 
 @dataclass(frozen=True, slots=True)

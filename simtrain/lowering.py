@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
-from simtrain.config import LayoutConfig, RunConfig
+from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
     ChunkMemory,
@@ -872,6 +872,14 @@ def microbatches(run: RunConfig) -> int:
     return run.train.global_batch_seqs_resolved // (run.train.micro_batch_size * run.layout.dp)
 
 
+def tp_gather_options(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> tuple[bool, bool]:
+    """BlockBuilder's ``fp8_tp_gather`` and ``tp_layout_copies`` for this layout, precision and stack
+    (``SoftwareStack.fp8_tp_gather``: tensorwise FP8 only; ``tp_layout_copies``: not under async TP)."""
+    sp = lay.sequence_parallel and lay.tp > 1
+    fp8 = stack.fp8_tp_gather and sp and train.precision == "fp8" and train.fp8_recipe == "current"
+    return fp8, stack.tp_layout_copies and sp and not lay.tp_comm_overlap
+
+
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     """Lower a validated run into one program per pipeline stage, with sends matched to receives."""
     lay = run.layout
@@ -882,7 +890,8 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
                          # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
                          # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
                          lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
-                         1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0)
+                         1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0,
+                         *tp_gather_options(run.layout, run.train, get_stack(run.train.stack)))
     kind = lay.resolved_schedule
     route = schedule_route(kind, lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)

@@ -112,6 +112,13 @@ class SoftwareStack:
     eager_loss: bool = False
     attn_merge: OpFusion = FUSED
     """Fusion of the ring-attention merge of each context-parallel step (module docstring)."""
+    fp8_tp_gather: bool = False
+    """Tensorwise FP8 casts a column-parallel layer's input on its sequence shard and all-gathers it in
+    FP8 (``BlockBuilder.fp8_tp_gather``; torchao Float8ColwiseParallel, the torchtitan default)."""
+    tp_layout_copies: bool = False
+    """Sequence parallelism through DTensor shards the sequence dim of [batch, seq, hidden] (Shard(1)), so
+    each TP all-gather / reduce-scatter without async TP pays a full-tensor copy (``BlockBuilder.tp_layout_copies``);
+    Megatron-core keeps [seq, batch, hidden] and gathers along dim 0 in place."""
     fsdp_reshard_under_pp: bool = True
     """ZeRO-3/FSDP with pipeline parallelism re-gathers each layer's parameters for every micro-batch
     (True), or keeps a stage's parameters unsharded from the first forward to the end of the step and
@@ -178,7 +185,7 @@ STACKS: dict[str, SoftwareStack] = {
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE),
+            attn_merge=EAGER_CP_MERGE, tp_layout_copies=True, fp8_tp_gather=True),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
@@ -186,21 +193,23 @@ STACKS: dict[str, SoftwareStack] = {
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True,
-            attn_merge=EAGER_CP_MERGE),
+            attn_merge=EAGER_CP_MERGE, tp_layout_copies=True, fp8_tp_gather=True),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE),
+            attn_merge=EAGER_CP_MERGE, tp_layout_copies=True, fp8_tp_gather=True),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
             activation=OpFusion(2.0, 2), loss=OpFusion(1.8, 4), attention="fa2", cpu_launch_s=8 * US),
         SoftwareStack(
             "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
-            "and pipeline engine)", attention="unfused", zero_stage=1, cpu_launch_s=0.0),
+            "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
+            "fork that trained BLOOM (tr11 launch script) has none)",
+            attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False),
         SoftwareStack(
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,

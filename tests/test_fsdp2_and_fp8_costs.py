@@ -99,3 +99,56 @@ def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, sl
     ratio = time_s("delayed", "mlp_up.wgrad") / time_s("delayed", "mlp_up")
     assert ratio == pytest.approx(1.15 if slower else 1.0, rel=1e-3)
     assert time_s("blockwise", "mlp_up.wgrad") == pytest.approx(time_s("blockwise", "mlp_up"), rel=1e-3)
+
+
+def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False):  # type: ignore[no-untyped-def]
+    """The BlockBuilder lowering builds for Llama 3 8B at TP 8 with SP under ``stack``."""
+    from simtrain.blocks import BlockBuilder
+    from simtrain.lowering import tp_gather_options
+    from simtrain.memory import activation_shape
+
+    run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1),
+                           layout=dict(tp=8, sequence_parallel=True, tp_comm_overlap=overlap),
+                           train=dict(seq_len=8192, global_batch_seqs=2, stack=stack, precision=precision,
+                                      fp8_recipe=get_stack(stack).fp8_recipe)))
+    lay, shape = run.layout, activation_shape(run.train, run.layout, run.model)
+    cost = ComputeCostModel(load_gpu("h100-sxm"), precision, stack=get_stack(stack), fp8_recipe=run.train.fp8_recipe)
+    return BlockBuilder(run.model, cost, shape.b, shape.s, 8, True, shape.flash, shape.dropout,
+                        *(1, "p2p", 1, 1, False, 2.0), *tp_gather_options(lay, run.train, get_stack(stack)))
+
+
+def test_dtensor_sequence_parallel_copies_around_each_tp_collective() -> None:
+    """torch's functional collectives gather/scatter along dim 0, so torchtitan's Shard(1) sequence
+    parallelism copies the whole gathered tensor after each all-gather and the whole input before each
+    reduce-scatter (read + write); Megatron's [s, b, h] layout and async TP do not."""
+    from simtrain.blocks import Comm
+
+    segs = _tp_block("torchtitan-compile").layer_forward()
+    for i, seg in enumerate(segs):
+        if isinstance(seg, Comm) and seg.coll == "all_gather":
+            assert segs[i + 1][0].name == "tp.gather_copy"  # type: ignore[index]
+            assert segs[i + 1][0].bytes == pytest.approx(2 * seg.size_bytes)  # type: ignore[index]
+        if isinstance(seg, Comm) and seg.coll == "reduce_scatter":
+            assert segs[i - 1][-1].name == "tp.scatter_copy"  # type: ignore[index]
+    copies = [k for s in segs if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
+    assert len(copies) == 4
+    for block in (_tp_block("megatron-te"), _tp_block("torchtitan-compile", overlap=True)):
+        assert not [k for s in block.layer_forward() if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
+
+
+def test_float8_tensor_parallel_gathers_in_fp8_after_casting_the_shard() -> None:
+    """torchao Float8ColwiseParallel (torchtitan's default with tensorwise float8 and TP): the forward
+    all-gathers move 1 byte per element and the column-parallel GEMMs quantise only their 1/t shard."""
+    from simtrain.blocks import Comm
+
+    def gathers(block) -> list[float]:  # type: ignore[no-untyped-def]
+        return [s.size_bytes for s in block.layer_forward() if isinstance(s, Comm) and s.coll == "all_gather"]
+
+    fp8, bf16 = _tp_block("torchtitan-compile", "fp8"), _tp_block("torchtitan-compile")
+    assert gathers(fp8) == pytest.approx([g / 2 for g in gathers(bf16)])
+    backward = [s.size_bytes for s in fp8.layer_backward() if isinstance(s, Comm) and s.coll == "all_gather"]
+    assert backward == pytest.approx(gathers(bf16))  # gradients are gathered in BF16
+    qkv = [k for s in fp8.layer_forward() if isinstance(s, tuple) for k in s if k.name == "qkv"][0]
+    te = [k for s in _tp_block("megatron-te", "fp8").layer_forward() if isinstance(s, tuple) for k in s
+          if k.name == "qkv"][0]
+    assert qkv.time_s < te.time_s  # TE casts the gathered input (delayed scaling: 4 B/elem) x 8 elements
