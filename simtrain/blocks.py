@@ -32,10 +32,13 @@ class Comm:
     size_bytes: float
     axis: str = "tp"
     overlap: bool = False
+    fusable: bool = True
+    """With TP comm overlap, whether it can be fused with the GEMM next to it (False: a reduce-scatter
+    of a sum of several GEMMs' outputs, which torch's async TP pattern matcher does not fuse)."""
 
     def overlapped(self) -> Comm:
         """This collective, overlapped with the compute segment that follows it."""
-        return Comm(self.coll, self.size_bytes, self.axis, True)
+        return Comm(self.coll, self.size_bytes, self.axis, True, self.fusable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +96,21 @@ class BlockBuilder:
     which then moves 1 byte per element: torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
     (torchtitan docs/float8.md: "float8 all-gather ... for TP (by default for Float8Linear)"), tensorwise
     scaling. Forward and replayed-forward gathers only; backward gathers stay BF16."""
-    tp_layout_copies: bool = False
-    """Each sequence-parallel all-gather is followed, and each reduce-scatter preceded, by a copy of the
-    full tensor: torch's functional collectives gather and scatter along dim 0, so DTensor's Shard(1)
-    (torchtitan's [batch, seq, hidden] sequence sharding) costs ``torch.cat(torch.chunk(out, n, 0),
-    dim=1)`` after an all-gather and ``torch.cat(torch.chunk(x, n, dim=1))`` before a reduce-scatter
-    (torch/distributed/_functional_collectives.py, ``all_gather_tensor`` / ``reduce_scatter_tensor``).
-    Off under async TP, whose fused ops read and write the shards in place."""
+    dtensor_tp: bool = False
+    """Tensor parallelism through DTensor (torchtitan), with two consequences:
+
+    - Each sequence-parallel all-gather run by torch's functional collectives is followed, and each
+      reduce-scatter preceded, by a copy of the full tensor: they gather and scatter along dim 0, so
+      DTensor's Shard(1) ([batch, seq, hidden] sequence sharding) costs ``torch.cat(torch.chunk(out, n,
+      0), dim=1)`` after an all-gather and ``torch.cat(torch.chunk(x, n, dim=1))`` before a
+      reduce-scatter (torch/distributed/_functional_collectives.py, ``all_gather_tensor`` /
+      ``reduce_scatter_tensor``). Async TP's fused ops read and write the shards in place.
+    - The query/key/value and gate/up projections are separate linears (torchtitan ``Attention.wq/wk/wv``,
+      ``FeedForward.w1/w3``), so in backward the input gradient reduce-scattered is a sum of several
+      GEMM outputs: async TP's pattern matcher fuses a reduce-scatter only with the one matmul that
+      produces it (torch/_inductor/fx_passes/micro_pipeline_tp.py), so these two run unfused."""
+    tp_overlap: bool = False
+    """TP comm overlap (async TP) is on: fusable collectives run in the fused ops, without layout copies."""
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's symbol for tokens
@@ -374,11 +385,11 @@ class BlockBuilder:
         if not self.sp:
             return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
                           (ln1,)])
+        summed = Comm("reduce_scatter", size, fusable=not self.dtensor_tp)  # dX of separate projections
         if moe:
-            return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn,
-                          Comm("reduce_scatter", size), (ln1,)])
-        return merge([(res2,), Comm("all_gather", size), *mlp, Comm("reduce_scatter", size), (ln2, res1),
-                      Comm("all_gather", size), *attn, Comm("reduce_scatter", size), (ln1,)])
+            return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn, summed, (ln1,)])
+        return merge([(res2,), Comm("all_gather", size), *mlp, summed, (ln2, res1),
+                      Comm("all_gather", size), *attn, summed, (ln1,)])
 
     # -- mixture of experts ----------------------------------------------------------------------
     @property
@@ -566,15 +577,16 @@ class BlockBuilder:
         return self._with_layout_copies(self._head_backward())
 
     def _with_layout_copies(self, segs: list[Segment]) -> list[Segment]:
-        """``segs`` with the copy after each TP all-gather and before each TP reduce-scatter (read and
-        write the full tensor) when ``tp_layout_copies`` is set."""
-        if not self.tp_layout_copies:
+        """``segs`` with the copy after each TP all-gather and before each TP reduce-scatter that runs
+        through torch's functional collectives (read and write the full tensor; ``dtensor_tp``)."""
+        if not (self.dtensor_tp and self.sp and self.t > 1):
             return segs
         out: list[Segment | tuple[Kernel | None, ...]] = []
         for seg in segs:
-            if isinstance(seg, Comm) and seg.axis == "tp" and seg.coll == "all_gather":
+            unfused = isinstance(seg, Comm) and seg.axis == "tp" and (not self.tp_overlap or not seg.fusable)
+            if isinstance(seg, Comm) and unfused and seg.coll == "all_gather":
                 out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
-            elif isinstance(seg, Comm) and seg.axis == "tp" and seg.coll == "reduce_scatter":
+            elif isinstance(seg, Comm) and unfused and seg.coll == "reduce_scatter":
                 out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
             else:
                 out.append(seg)

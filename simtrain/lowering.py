@@ -137,7 +137,7 @@ class _Emitter:
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
-        if self.tp_overlap and c.axis == "tp":
+        if self.tp_overlap and c.axis == "tp" and c.fusable:
             self.pending_comm_spec = c
             return
         self._blocking_comm(c, category, mb, chunk)
@@ -283,7 +283,7 @@ class _Emitter:
                 continue
             nxt = segs[i + 1] if i + 1 < len(segs) else None
             if (self.tp_overlap and isinstance(s, tuple) and s and isinstance(nxt, Comm) and nxt.axis == "tp"
-                    and nxt.coll in ("reduce_scatter", "all_reduce")):
+                    and nxt.fusable and nxt.coll in ("reduce_scatter", "all_reduce")):
                 # a reduce-scatter/all-reduce of this segment's output pipelines with it
                 self._overlapped(s, category, mb, chunk, mem_start if i == computes[0] else 0.0,
                                  mem_end if i == computes[-1] else 0.0, tag, after=nxt)
@@ -872,12 +872,12 @@ def microbatches(run: RunConfig) -> int:
     return run.train.global_batch_seqs_resolved // (run.train.micro_batch_size * run.layout.dp)
 
 
-def tp_gather_options(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> tuple[bool, bool]:
-    """BlockBuilder's ``fp8_tp_gather`` and ``tp_layout_copies`` for this layout, precision and stack
-    (``SoftwareStack.fp8_tp_gather``: tensorwise FP8 only; ``tp_layout_copies``: not under async TP)."""
+def tp_gather_options(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> tuple[bool, bool, bool]:
+    """BlockBuilder's ``fp8_tp_gather``, ``dtensor_tp`` and ``tp_overlap`` for this layout, precision and
+    stack (``SoftwareStack.fp8_tp_gather``: tensorwise FP8 with sequence parallelism only)."""
     sp = lay.sequence_parallel and lay.tp > 1
     fp8 = stack.fp8_tp_gather and sp and train.precision == "fp8" and train.fp8_recipe == "current"
-    return fp8, stack.tp_layout_copies and sp and not lay.tp_comm_overlap
+    return fp8, stack.dtensor_tp, lay.tp_comm_overlap and lay.tp > 1
 
 
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:

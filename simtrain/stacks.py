@@ -115,10 +115,12 @@ class SoftwareStack:
     fp8_tp_gather: bool = False
     """Tensorwise FP8 casts a column-parallel layer's input on its sequence shard and all-gathers it in
     FP8 (``BlockBuilder.fp8_tp_gather``; torchao Float8ColwiseParallel, the torchtitan default)."""
-    tp_layout_copies: bool = False
-    """Sequence parallelism through DTensor shards the sequence dim of [batch, seq, hidden] (Shard(1)), so
-    each TP all-gather / reduce-scatter without async TP pays a full-tensor copy (``BlockBuilder.tp_layout_copies``);
-    Megatron-core keeps [seq, batch, hidden] and gathers along dim 0 in place."""
+    dtensor_tp: bool = False
+    """Tensor parallelism through DTensor with separate q/k/v and gate/up linears (``BlockBuilder.dtensor_tp``):
+    sequence parallelism shards the sequence dim of [batch, seq, hidden] (Shard(1)), so each unfused TP
+    all-gather / reduce-scatter pays a full-tensor copy, and async TP cannot fuse the backward
+    reduce-scatters of summed input gradients. Megatron-core keeps [seq, batch, hidden], gathers along
+    dim 0 in place and fuses QKV and FC1 into one GEMM each."""
     fsdp_reshard_under_pp: bool = True
     """ZeRO-3/FSDP with pipeline parallelism re-gathers each layer's parameters for every micro-batch
     (True), or keeps a stage's parameters unsharded from the first forward to the end of the step and
@@ -185,7 +187,7 @@ STACKS: dict[str, SoftwareStack] = {
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, tp_layout_copies=True, fp8_tp_gather=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
@@ -193,14 +195,14 @@ STACKS: dict[str, SoftwareStack] = {
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True,
-            attn_merge=EAGER_CP_MERGE, tp_layout_copies=True, fp8_tp_gather=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, tp_layout_copies=True, fp8_tp_gather=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),

@@ -152,3 +152,21 @@ def test_float8_tensor_parallel_gathers_in_fp8_after_casting_the_shard() -> None
     te = [k for s in _tp_block("megatron-te", "fp8").layer_forward() if isinstance(s, tuple) for k in s
           if k.name == "qkv"][0]
     assert qkv.time_s < te.time_s  # TE casts the gathered input (delayed scaling: 4 B/elem) x 8 elements
+
+
+def test_async_tp_cannot_fuse_the_reduce_scatter_of_summed_input_gradients() -> None:
+    """torchtitan's separate wq/wk/wv and w1/w3 linears sum their input gradients before the backward
+    reduce-scatter, which async TP's matmul + reduce-scatter fusion does not match: those two run through
+    the functional collectives (with their layout copy); Megatron's fused QKV and FC1 GEMMs fuse."""
+    from simtrain.blocks import Comm
+
+    def backward_scatters(block) -> list[tuple[bool, str]]:  # type: ignore[no-untyped-def]
+        segs = block.layer_backward()
+        return [(s.fusable, segs[i - 1][-1].name) for i, s in enumerate(segs)
+                if isinstance(s, Comm) and s.coll == "reduce_scatter"]
+
+    titan = backward_scatters(_tp_block("torchtitan-compile", overlap=True))
+    assert titan == [(False, "tp.scatter_copy")] * 2
+    assert all(fusable for fusable, _ in backward_scatters(_tp_block("megatron-te", overlap=True)))
+    forward = [s for s in _tp_block("torchtitan-compile", overlap=True).layer_forward() if isinstance(s, Comm)]
+    assert forward and all(s.fusable for s in forward)
