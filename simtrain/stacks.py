@@ -18,6 +18,11 @@ inputs and writes its output once (what ``costs.py`` charges for a fused op):
 - RoPE eager (torchtitan ``apply_rotary_emb``: ``float()`` to complex, complex multiply,
   ``view_as_real``, ``type_as`` for q and k): 2+4, 4+4, 4+2 = 20 bytes/elem vs 4 fused: 5x, ~6 kernels.
 - SwiGLU eager (``silu(w1 x) * w3 x``): silu 2+2, mul 2+2+2 = 10 vs 6 fused: ~1.7x, 2 kernels.
+- Megatron-core's vocab-parallel cross-entropy without ``--cross-entropy-loss-fusion`` (off by default
+  in Megatron-LM's arguments; NeMo and Megatron-Bridge recipes turn it on): ``logits.float()`` (2+4),
+  max (4), subtract the max in place (4+4), exp in place (4+4), sum (4), divide in place to the saved
+  softmax (4+4); backward multiplies it in place by the loss gradient (4+4) and casts it to BF16 (4+2):
+  52 bytes/elem vs 16 fused (10 + 6), ~3.25x, ~7 kernels (megatron/core/tensor_parallel/cross_entropy.py).
 - Residual add: one kernel either way (1x); GELU with bias eager: bias add + gelu = 2 passes (2x).
 - Cross-entropy eager (``logits.float()``, ``log_softmax``, ``nll_loss``): 2+4, 4+4 (two passes
   for max and sum), 4 = 18 bytes/elem vs ~10 for a fused vocab-parallel kernel: ~1.8x.
@@ -165,6 +170,8 @@ class SoftwareStack:
 EAGER_NORM, EAGER_ROPE, EAGER_ACT, EAGER_LOSS = OpFusion(9.0, 7), OpFusion(5.0, 6), OpFusion(1.7, 2), OpFusion(1.8, 4)
 # torch ring attention's eager merge of each CP step (module docstring): 34 / 10 bytes per element, 5 kernels.
 EAGER_CP_MERGE = OpFusion(3.4, 5)
+# Megatron-core's unfused vocab-parallel cross-entropy (module docstring): 52 / 16 bytes per element, 7 kernels.
+MEGATRON_UNFUSED_LOSS = OpFusion(3.25, 7)
 # TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
 COMPILED_REDUCTION = OpFusion(1.0, 2)
 # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
@@ -178,6 +185,11 @@ STACKS: dict[str, SoftwareStack] = {
             "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap); "
             "NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
             tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0),
+        SoftwareStack(
+            "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer Engine, as "
+            "megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless asked)",
+            loss=MEGATRON_UNFUSED_LOSS, attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
+            cpu_launch_s=0.0),
         SoftwareStack(
             "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
             "scale-mask-softmax, no FlashAttention, no distributed optimizer)", attention="unfused",
@@ -238,6 +250,7 @@ _FRAMEWORK_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"composer|llm-foundry|mosaic", "composer-fsdp"),
     (r"deepspeed", "deepspeed"),
     (r"megatron-lm \((20(19|20|21|22))\)|megatron-lm 20(19|20|21|22)", "megatron-legacy"),
+    (r"^(?!.*(nemo|bridge)).*(megatron-core|megatron-lm|mcore)", "megatron-core"),
     (r"nemo|megatron|mcore|transformer engine|\bte\b", "megatron-te"),
     (r"fsdp|pytorch|torch|ddp|metaseq", "pytorch-eager"),
 )

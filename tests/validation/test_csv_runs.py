@@ -95,7 +95,8 @@ def test_parse_sharding(cell: str, fields: dict) -> None:
 
 
 @pytest.mark.parametrize(("cell", "stack", "assumed"), [
-    ("Megatron-Core r0.8.0", "megatron-te", False), ("NeMo 24.07 (Megatron-Core)", "megatron-te", False),
+    ("Megatron-Core r0.8.0", "megatron-core", False), ("NeMo 24.07 (Megatron-Core)", "megatron-te", False),
+    ("Megatron-Bridge / NeMo 25.11", "megatron-te", False),
     ("Megatron-LM (2021)", "megatron-legacy", False), ("Megatron-LM (2022)", "megatron-legacy", False),
     ("torchtitan (eager)", "torchtitan-eager", False), ("torchtitan (compile+Float8)", "torchtitan-compile", False),
     ("torchtitan + torch.compile (asyncTP)", "torchtitan-compile", False),
@@ -166,3 +167,14 @@ def test_moe_row_whose_ep_folds_only_with_expert_tp_1_gets_etp_1_named() -> None
     fits = parse_row({**row, "ep": "4"})  # 4 x 2 = 8 ranks: expert TP = tp folds, nothing assumed
     assert fits.run is not None and fits.run.layout.etp is None
     assert not any("etp" in a for a in fits.assumptions)
+
+
+def test_megatron_core_scripts_run_the_unfused_cross_entropy() -> None:
+    """Megatron-LM's --cross-entropy-loss-fusion is off unless asked: 52 bytes per logit element vs 16 for
+    the fused kernel of NeMo / Megatron-Bridge recipes (stacks module docstring)."""
+    from simtrain.stacks import get_stack
+
+    core, te = get_stack("megatron-core"), get_stack("megatron-te")
+    assert core.fusion_of("cross_entropy").bytes_factor == pytest.approx(52 / 16)
+    assert te.fusion_of("cross_entropy").bytes_factor == 1.0
+    assert core.fusion_of("ln1").bytes_factor == te.fusion_of("ln1").bytes_factor
