@@ -45,11 +45,12 @@ class Comm:
 class Ring:
     """Ring attention (context parallelism, ``cp_comm=p2p``): ``steps`` attention blocks; while block
     i is computed, KV block i is passed on to the next CP rank (``comm``), and block i+1 waits for it
-    (Liu et al. 2023 "Ring Attention"; Megatron-core ``AttnFuncWithCPAndKVP2P``)."""
+    (Liu et al. 2023 "Ring Attention"; Megatron-core ``AttnFuncWithCPAndKVP2P``). ``comm`` None: the
+    blocks arrive otherwise (an all-gather before the ring) and the steps pass nothing on."""
 
     steps: int
     kernels: tuple[Kernel, ...]
-    comm: Comm
+    comm: Comm | None
 
 
 Segment = tuple[Kernel, ...] | Comm | Ring
@@ -96,6 +97,13 @@ class BlockBuilder:
     which then moves 1 byte per element: torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
     (torchtitan docs/float8.md: "float8 all-gather ... for TP (by default for Float8Linear)"), tensorwise
     scaling. Forward and replayed-forward gathers only; backward gathers stay BF16."""
+    torch_cp: bool = False
+    """Ring attention as torch's ``context_parallel`` runs it (torch/distributed/tensor/experimental/
+    _attention.py, default ``_ContextParallelOptions``: ``rotate_method=ALL_GATHER``, ``convert_to_f32``):
+    K and V, expanded to the query heads (torchtitan repeats the KV heads before SDPA), are all-gathered
+    once, beside the first block, in forward and again in backward; every step concatenates the K and V
+    it holds (``torch.cat([key.flatten(), value.flatten()])``), and in backward the fp32 dK and dV
+    accumulators travel the ring (``_AllToAllRotater``), concatenated each step too."""
     dtensor_tp: bool = False
     """Tensor parallelism through DTensor (torchtitan), with two consequences:
 
@@ -243,6 +251,8 @@ class BlockBuilder:
         m = self.model
         heads, kv_heads = m.n_heads // self.t, max(m.kv_heads // self.t, 1)
         kv_bytes = 2.0 * 2.0 * self.T * kv_heads * m.d_head  # K and V of the local tokens, bf16
+        if self.cp_comm == "p2p" and self.torch_cp:
+            return self._torch_ring(backward, heads)
         if self.cp_comm == "p2p":
             step = (self._flash(backward, self.s, self.s, heads, kv_heads), self._ring_merge(backward, heads, kv_heads))
             return [Ring(self.cp, step, Comm("ring_shift", kv_bytes * (2 if backward else 1), "cp"))]
@@ -256,6 +266,19 @@ class BlockBuilder:
         attn = (self._flash(backward, s_full, s_full, heads // self.cp, max(kv_heads // self.cp, 1)),)
         first, last = (out, qkv) if backward else (qkv, out)
         return [Comm("all_to_all", first, "cp"), attn, Comm("all_to_all", last, "cp")]
+
+    def _torch_ring(self, backward: bool, heads: int) -> list[Segment]:
+        """torch's ring attention (``torch_cp``): the expanded K and V all-gathered beside the first block,
+        then ``cp`` blocks with their merges and concatenations; in backward the fp32 dK, dV ring."""
+        d = self.model.d_head
+        kv = 2.0 * self.T * heads * d  # K and V elements of the local tokens, expanded to the query heads
+        flash = self._flash(backward, self.s, self.s, heads, heads)
+        merge_k = self._ring_merge(backward, heads, heads)
+        cat = self.cost.memory_op("cp_cat.bwd" if backward else "cp_cat",
+                                  2.0 * kv * (2.0 + (4.0 if backward else 0.0)))  # read + write bf16 KV (+ fp32 dKV)
+        gather = Comm("all_gather", 2.0 * kv * self.cp, "cp", overlap=True)
+        hop = Comm("ring_shift", 4.0 * kv, "cp") if backward else None
+        return [gather, Ring(self.cp, (flash, merge_k, cat), hop)]
 
     def _ring_merge(self, backward: bool, heads: int, kv_heads: int) -> Kernel:
         """One ring step's merge into the running result, 10 bytes per element when fused (read the step's

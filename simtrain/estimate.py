@@ -70,7 +70,7 @@ from simtrain.lowering import (
     leading_gemms,
     recomputed_layers,
     split_layers,
-    tp_gather_options,
+    stack_block_options,
 )
 from simtrain.memory import (
     ChunkMemory,
@@ -210,7 +210,7 @@ def _block(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, cost: Com
     return BlockBuilder(model, cost, shape.b, shape.s, layout.tp, layout.sequence_parallel, shape.flash,
                         shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.expert_tp,
                         layout.ep_comm_overlap or dualpipe, 1.0 if fp8_blockwise else 2.0,
-                        *tp_gather_options(layout, train, get_stack(train.stack)))
+                        **stack_block_options(layout, train, get_stack(train.stack)))
 
 
 def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tuple[object, ...]:
@@ -298,9 +298,13 @@ class Estimator:
             if isinstance(s, Ring):
                 # ring attention: block i+1 waits for KV block i's transfer, which runs beside block i
                 block = sum(k.time_s for k in s.kernels)
-                hop = self.collective_s(s.comm.coll, groups.get(s.comm.axis, ()), s.comm.size_bytes)
+                hop = 0.0 if s.comm is None else self.collective_s(s.comm.coll, groups.get(s.comm.axis, ()),
+                                                                    s.comm.size_bytes)
                 compute += s.steps * block
                 comm += (s.steps - 1) * max(hop - block, 0.0)
+                if hidden:  # a collective overlapped with the first block only (torch's KV all-gather)
+                    comm += max(hidden - block, 0.0)
+                    hidden = 0.0
             elif isinstance(s, Comm):
                 if tp_overlap and s.axis == "tp" and s.fusable:
                     comm += before or 0.0  # two in a row: the first one cannot pipeline

@@ -159,7 +159,7 @@ class _Emitter:
         prev_comm = self.pending_comm
         for i in range(r.steps):
             recv = prev_comm
-            if i < r.steps - 1:
+            if i < r.steps - 1 and r.comm is not None:
                 deps = [d.idx for d in (prev_comm,) if d is not None] or (
                     [] if self.last_compute is None else [self.last_compute])
                 prev_comm = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[r.comm.axis],
@@ -872,12 +872,14 @@ def microbatches(run: RunConfig) -> int:
     return run.train.global_batch_seqs_resolved // (run.train.micro_batch_size * run.layout.dp)
 
 
-def tp_gather_options(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> tuple[bool, bool, bool]:
-    """BlockBuilder's ``fp8_tp_gather``, ``dtensor_tp`` and ``tp_overlap`` for this layout, precision and
-    stack (``SoftwareStack.fp8_tp_gather``: tensorwise FP8 with sequence parallelism only)."""
+def stack_block_options(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> dict[str, bool]:
+    """BlockBuilder's stack-dependent switches for this layout and precision: ``fp8_tp_gather``
+    (``SoftwareStack.fp8_tp_gather``, tensorwise FP8 with sequence parallelism only), ``dtensor_tp``,
+    ``tp_overlap`` and ``torch_cp``."""
     sp = lay.sequence_parallel and lay.tp > 1
     fp8 = stack.fp8_tp_gather and sp and train.precision == "fp8" and train.fp8_recipe == "current"
-    return fp8, stack.dtensor_tp, lay.tp_comm_overlap and lay.tp > 1
+    return dict(fp8_tp_gather=fp8, dtensor_tp=stack.dtensor_tp, tp_overlap=lay.tp_comm_overlap and lay.tp > 1,
+                torch_cp=stack.torch_cp)
 
 
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
@@ -891,7 +893,7 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
                          # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
                          lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
                          1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0,
-                         *tp_gather_options(run.layout, run.train, get_stack(run.train.stack)))
+                         **stack_block_options(run.layout, run.train, get_stack(run.train.stack)))
     kind = lay.resolved_schedule
     route = schedule_route(kind, lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)

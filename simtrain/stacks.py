@@ -120,6 +120,9 @@ class SoftwareStack:
     fp8_tp_gather: bool = False
     """Tensorwise FP8 casts a column-parallel layer's input on its sequence shard and all-gathers it in
     FP8 (``BlockBuilder.fp8_tp_gather``; torchao Float8ColwiseParallel, the torchtitan default)."""
+    torch_cp: bool = False
+    """Context parallelism through torch's ring attention (``context_parallel``; ``BlockBuilder.torch_cp``)
+    rather than Transformer Engine's KV ring."""
     dtensor_tp: bool = False
     """Tensor parallelism through DTensor with separate q/k/v and gate/up linears (``BlockBuilder.dtensor_tp``):
     sequence parallelism shards the sequence dim of [batch, seq, hidden] (Shard(1)), so each unfused TP
@@ -199,7 +202,7 @@ STACKS: dict[str, SoftwareStack] = {
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
@@ -207,14 +210,14 @@ STACKS: dict[str, SoftwareStack] = {
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
@@ -228,7 +231,7 @@ STACKS: dict[str, SoftwareStack] = {
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
             loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
-            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE),
+            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE, torch_cp=True),
     )
 }
 
