@@ -14,7 +14,7 @@ from simtrain import cli_calibrate
 from simtrain.cli_run import COMMANDS as RUN_COMMANDS
 from simtrain.cli_run import add_parsers as add_run_parsers
 from simtrain.cli_run import run_command
-from simtrain.errors import ConfigError, InfeasibleLayout
+from simtrain.errors import ConfigError, InfeasibleLayout, problem
 from simtrain.results import StepResult
 
 GiB = 1024.0**3
@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
     val.add_argument("--out", metavar="FILE", help="write one row per run (predictions, errors) as CSV")
     val.add_argument("--report", metavar="FILE", help="write an HTML report with the predicted-vs-measured plot")
+    val.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; 1 = in-process)")
     add_run_parsers(sub)  # run, sweep, search, report (simtrain/cli_run.py)
     cli_calibrate.add_parser(sub)  # calibrate: the torch suite in calibration/ (simtrain/cli_calibrate.py)
     return p
@@ -126,7 +127,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from simtrain.fidelity import render_html, render_table, to_csv_text, to_json_dict, validate_runs
     from simtrain.trace import write_atomic
 
-    frame, summary = validate_runs(args.runs_csv)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(problem("--workers", args.workers, "a positive number of processes"))
+    frame, summary = validate_runs(args.runs_csv, workers=args.workers)
     if args.out:
         write_atomic(args.out, to_csv_text(frame))
     if args.report:

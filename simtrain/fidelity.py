@@ -22,6 +22,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -231,14 +232,25 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None
-                  ) -> tuple[pd.DataFrame, dict[str, Any]]:
+def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None,
+                  workers: int | None = 1) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every row of a runs CSV; return (one row per run with ``ROW_KEYS``, summary dict).
+
+    ``workers``: rows simulated in that many local processes (None: the CPUs; 1: in this process, as
+    with a custom ``simulate_fn``). The rows keep the file's order whatever the worker count.
 
     Raises:
         ConfigError: the file is missing, unreadable, or lacks the ``run_id`` column.
     """
-    rows = [evaluate_row(r, simulate_fn) for r in read_rows(path)]
+    from simtrain.sweep import default_workers
+
+    cells = read_rows(path)
+    n = min(workers or default_workers(), max(len(cells), 1))
+    if n <= 1 or simulate_fn is not None:
+        rows = [evaluate_row(r, simulate_fn) for r in cells]
+    else:
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            rows = list(pool.map(evaluate_row, cells))
     frame = pd.DataFrame(rows, columns=list(ROW_KEYS))
     return frame, summarize(frame)
 
