@@ -15,7 +15,7 @@ LM head (T, V/t, h). Backward runs dgrad (m, k, n) and wgrad (k, n, m) for each 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import op_sac_recomputed
@@ -38,7 +38,7 @@ class Comm:
 
     def overlapped(self) -> Comm:
         """This collective, overlapped with the compute segment that follows it."""
-        return Comm(self.coll, self.size_bytes, self.axis, True, self.fusable)
+        return replace(self, overlap=True)
 
 
 @dataclass(frozen=True, slots=True)

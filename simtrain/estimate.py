@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
+from simtrain.blocks import Comm, Ring, Segment
 from simtrain.collectives import (
     collective_candidates,
     effective_bandwidth,
@@ -63,6 +63,7 @@ from simtrain.layout import RankGrid
 from simtrain.lowering import (
     TP_OVERLAP_CHUNKS,
     LayerPlan,
+    build_block,
     chunk_memory,
     first_layers,
     fsdp_keeps_unsharded,
@@ -70,7 +71,7 @@ from simtrain.lowering import (
     leading_gemms,
     recomputed_layers,
     split_layers,
-    stack_block_options,
+    tp_overlap_on,
 )
 from simtrain.memory import (
     ChunkMemory,
@@ -200,17 +201,6 @@ def _layer_run(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> Ru
     """A RunConfig of an already-valid (model, layout, train) without re-validation (lowering's
     plan functions read only these three)."""
     return RunConfig.model_construct(model=model, layout=layout, train=train)
-
-
-def _block(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, cost: ComputeCostModel) -> BlockBuilder:
-    """The BlockBuilder ``lowering.lower`` builds for this layout (same arguments)."""
-    shape = activation_shape(train, layout, model)
-    dualpipe = layout.resolved_schedule in ("dualpipe", "dualpipev")  # F&B overlap
-    fp8_blockwise = train.precision == "fp8" and train.fp8_recipe == "blockwise"
-    return BlockBuilder(model, cost, shape.b, shape.s, layout.tp, layout.sequence_parallel, shape.flash,
-                        shape.dropout, layout.cp, layout.cp_comm, layout.ep, layout.expert_tp,
-                        layout.ep_comm_overlap or dualpipe, 1.0 if fp8_blockwise else 2.0,
-                        **stack_block_options(layout, train, get_stack(train.stack)))
 
 
 def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tuple[object, ...]:
@@ -358,7 +348,7 @@ class Estimator:
         key = _plan_key(self.model, layout, train)
         hit = self._plans.get(key)
         if hit is None:
-            block = _block(self.model, layout, train, self.cost_model(train))
+            block = build_block(self.model, layout, train, self.cost_model(train))
             run = _layer_run(self.model, layout, train)
             hit = self._plans[key] = layer_plans(run, block, self.model.n_layers + self.model.mtp_depth)
         return hit
@@ -379,14 +369,14 @@ class Estimator:
         plans = self.plans(layout, train)
         groups = self._groups(grid)
         load = self._load(layout, train)
-        key = (_plan_key(self.model, layout, train), tuple(groups.values()), load, layout.tp_comm_overlap)
+        key = (_plan_key(self.model, layout, train), tuple(groups.values()), load)
         hit = self._times.get(key)
         if hit is not None:
             return hit
         by_plan: dict[int, _LayerTimes] = {}
         for plan in plans.values():
             if id(plan) not in by_plan:
-                by_plan[id(plan)] = self._plan_times(plan, groups, load, layout.tp_comm_overlap and layout.tp > 1)
+                by_plan[id(plan)] = self._plan_times(plan, groups, load, tp_overlap_on(layout))
         out = self._times[key] = {i: by_plan[id(p)] for i, p in plans.items()}
         return out
 
@@ -406,10 +396,9 @@ class Estimator:
         hit = self._edges.get(key)
         if hit is not None:
             return hit
-        blk = _block(self.model, layout, train, self.cost_model(train))
-        ov = layout.tp_comm_overlap and layout.tp > 1
-        emb = sum(self._segments_s(blk.embedding_forward() + blk.embedding_backward(), groups, tp_overlap=ov))
-        head = sum(self._segments_s(blk.head_forward() + blk.head_backward(), groups, tp_overlap=ov))
+        blk = build_block(self.model, layout, train, self.cost_model(train))
+        emb = sum(self._segments_s(blk.embedding_forward() + blk.embedding_backward(), groups, tp_overlap=blk.tp_overlap))
+        head = sum(self._segments_s(blk.head_forward() + blk.head_backward(), groups, tp_overlap=blk.tp_overlap))
         proj_f = blk.mtp_projection(False)[0].time_s if self.model.mtp_depth else 0.0
         proj_b = sum(k.time_s for k in blk.mtp_projection(True)) if self.model.mtp_depth else 0.0
         out = self._edges[key] = _EdgeTimes(emb, head, proj_f, proj_b)

@@ -30,6 +30,7 @@ from simtrain.memory import (
     op_sac_activation_bytes,
     weight_grad_input_bytes,
 )
+from simtrain.model import ModelSpec
 from simtrain.ops import Kernel, Op, OpKind, Program, Stream
 from simtrain.schedules import Action, Route, build_schedule, schedule_route, split_backward_keys
 from simtrain.stacks import SoftwareStack, get_stack
@@ -337,7 +338,7 @@ class _StageLowering:
 
     def __post_init__(self) -> None:
         self.prog = Program(self.stage)
-        self.em = _Emitter(self.prog, self.run.layout.tp_comm_overlap and self.run.layout.tp > 1)
+        self.em = _Emitter(self.prog, tp_overlap_on(self.run.layout))
         self.stack = get_stack(self.run.train.stack)
         self.keep_unsharded = fsdp_keeps_unsharded(self.run.layout, self.run.train.stack)
 
@@ -872,28 +873,34 @@ def microbatches(run: RunConfig) -> int:
     return run.train.global_batch_seqs_resolved // (run.train.micro_batch_size * run.layout.dp)
 
 
-def stack_block_options(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> dict[str, bool]:
-    """BlockBuilder's stack-dependent switches for this layout and precision: ``fp8_tp_gather``
-    (``SoftwareStack.fp8_tp_gather``, tensorwise FP8 with sequence parallelism only), ``dtensor_tp``,
-    ``tp_overlap`` and ``torch_cp``."""
+def tp_overlap_on(lay: LayoutConfig) -> bool:
+    """Whether TP communication overlaps compute (``tp_comm_overlap`` with more than one TP rank)."""
+    return lay.tp_comm_overlap and lay.tp > 1
+
+
+def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: ComputeCostModel) -> BlockBuilder:
+    """The BlockBuilder of one micro-batch of this layout, precision and stack (lowering and the search
+    estimate build the same one). Stack switches: ``fp8_tp_gather`` (tensorwise FP8 with sequence
+    parallelism only), ``dtensor_tp``, ``torch_cp``."""
+    shape = activation_shape(train, lay, model)
+    stack = get_stack(train.stack)
     sp = lay.sequence_parallel and lay.tp > 1
-    fp8 = stack.fp8_tp_gather and sp and train.precision == "fp8" and train.fp8_recipe == "current"
-    return dict(fp8_tp_gather=fp8, dtensor_tp=stack.dtensor_tp, tp_overlap=lay.tp_comm_overlap and lay.tp > 1,
-                torch_cp=stack.torch_cp)
+    return BlockBuilder(model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
+                        shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
+                        # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
+                        # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
+                        lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
+                        1.0 if train.precision == "fp8" and train.fp8_recipe == "blockwise" else 2.0,
+                        fp8_tp_gather=(stack.fp8_tp_gather and sp and train.precision == "fp8"
+                                       and train.fp8_recipe == "current"),
+                        dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp)
 
 
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     """Lower a validated run into one program per pipeline stage, with sends matched to receives."""
     lay = run.layout
     m = microbatches(run)
-    shape = activation_shape(run.train, lay, run.model)
-    block = BlockBuilder(run.model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
-                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
-                         # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
-                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
-                         lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
-                         1.0 if run.train.precision == "fp8" and run.train.fp8_recipe == "blockwise" else 2.0,
-                         **stack_block_options(run.layout, run.train, get_stack(run.train.stack)))
+    block = build_block(run.model, lay, run.train, cost)
     kind = lay.resolved_schedule
     route = schedule_route(kind, lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)

@@ -103,18 +103,14 @@ def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, sl
 
 def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False):  # type: ignore[no-untyped-def]
     """The BlockBuilder lowering builds for Llama 3 8B at TP 8 with SP under ``stack``."""
-    from simtrain.blocks import BlockBuilder
-    from simtrain.lowering import stack_block_options
-    from simtrain.memory import activation_shape
+    from simtrain.lowering import build_block
 
     run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1),
                            layout=dict(tp=8, sequence_parallel=True, tp_comm_overlap=overlap),
                            train=dict(seq_len=8192, global_batch_seqs=2, stack=stack, precision=precision,
                                       fp8_recipe=get_stack(stack).fp8_recipe)))
-    lay, shape = run.layout, activation_shape(run.train, run.layout, run.model)
     cost = ComputeCostModel(load_gpu("h100-sxm"), precision, stack=get_stack(stack), fp8_recipe=run.train.fp8_recipe)
-    return BlockBuilder(run.model, cost, shape.b, shape.s, 8, True, shape.flash, shape.dropout,
-                        *(1, "p2p", 1, 1, False, 2.0), **stack_block_options(lay, run.train, get_stack(stack)))
+    return build_block(run.model, run.layout, run.train, cost)
 
 
 def test_dtensor_sequence_parallel_copies_around_each_tp_collective() -> None:
