@@ -69,6 +69,7 @@ from simtrain.lowering import (
     fsdp_keeps_unsharded,
     layer_plans,
     leading_gemms,
+    pp_runtime_bytes,
     recomputed_layers,
     split_layers,
     tp_overlap_on,
@@ -490,10 +491,14 @@ class Estimator:
         return tuple(out)
 
     def stage_memory(self, layout: LayoutConfig, train: TrainConfig, microbatches: int) -> tuple[float, ...]:
-        """Peak bytes of each stage, fragmentation included (``simulate``'s static memory plus the
-        ledger's activation peak)."""
+        """Peak bytes of each stage, fragmentation included (``simulate``'s static memory with the
+        pipeline runtime's buffers, plus the ledger's activation peak)."""
         dynamic = self.dynamic_peaks(layout, train, microbatches)
-        return tuple((static + dynamic[s]) * (1 + self.fragmentation_ratio)
+        st = self.structure(layout)
+        last = st.route.length - 1
+        runtime = [pp_runtime_bytes(self.model, layout, train, [st.position(s, c) for c in range(len(st.layers[s]))],
+                                    last, microbatches) for s in range(layout.pp)]
+        return tuple((static + runtime[s] + dynamic[s]) * (1 + self.fragmentation_ratio)
                      for s, static in enumerate(self.static_memory(layout, train)))
 
     def dynamic_peaks(self, layout: LayoutConfig, train: TrainConfig, microbatches: int) -> tuple[float, ...]:
@@ -522,8 +527,9 @@ class Estimator:
         m = self.model
         plans, st = self.plans(layout, train), self.structure(layout)
         shape = activation_shape(train, layout, m)
+        stack = get_stack(train.stack)
         edges = (embedding_activation_bytes(m, shape), head_activation_bytes(m, shape),
-                 loss_backward_transient_bytes(m, shape, get_stack(train.stack).eager_loss))
+                 loss_backward_transient_bytes(m, shape, stack.eager_loss, loss_parallel=stack.dtensor_tp))
         last = st.route.length - 1
         mtp = self._mtp_plans(plans)
         return [{c: chunk_memory([plans[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edges, mtp)

@@ -28,6 +28,7 @@ from simtrain.memory import (
     layer_checkpoint_bytes,
     loss_backward_transient_bytes,
     op_sac_activation_bytes,
+    pipeline_stage_buffer_bytes,
     weight_grad_input_bytes,
 )
 from simtrain.model import ModelSpec
@@ -106,6 +107,8 @@ class Lowered:
     """Transformer-layer parameters per stage on one rank (the linear layers FP8 keeps copies of)."""
     max_layer_params: float = 0.0
     """Largest per-rank layer (dense part), for ZeRO-3/FSDP gather buffers."""
+    stage_pp_buffers: list[float] = field(default_factory=list)
+    """Bytes each stage's pipeline runtime keeps for the whole step (``memory.pipeline_stage_buffer_bytes``)."""
 
 
 def leading_gemms(kernels: tuple[Kernel, ...]) -> int:
@@ -541,7 +544,8 @@ class _StageLowering:
     @property
     def _loss_transient(self) -> float:
         """Bytes the loss's backward holds beyond the head's activations (eager fp32 cross-entropy)."""
-        return loss_backward_transient_bytes(self.run.model, self._shape, self.stack.eager_loss)
+        return loss_backward_transient_bytes(self.run.model, self._shape, self.stack.eager_loss,
+                                             loss_parallel=self.stack.dtensor_tp)
 
     def _send(self, kind: str, a: Action, dst_v: int) -> None:
         """Pipeline send of this action's output (activations or input gradients) to ``dst_v``."""
@@ -873,6 +877,17 @@ def microbatches(run: RunConfig) -> int:
     return run.train.global_batch_seqs_resolved // (run.train.micro_batch_size * run.layout.dp)
 
 
+def pp_runtime_bytes(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, positions: list[int], last: int,
+                     microbatches: int) -> float:
+    """Bytes the stack's pipeline runtime keeps on a stage (chunks at route ``positions``, the last
+    at ``last``) for the whole step: torch pipelining's buffers (``memory.pipeline_stage_buffer_bytes``)
+    under PP, nothing otherwise."""
+    if lay.pp == 1 or not get_stack(train.stack).torch_pipelining:
+        return 0.0
+    shape = activation_shape(train, lay, model)
+    return pipeline_stage_buffer_bytes(model, shape, positions, last, microbatches)
+
+
 def tp_overlap_on(lay: LayoutConfig) -> bool:
     """Whether TP communication overlaps compute (``tp_comm_overlap`` with more than one TP rank)."""
     return lay.tp_comm_overlap and lay.tp > 1
@@ -921,6 +936,8 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
         lowered.stage_expert_params.append(sum(sl.chunk_expert_params(c) for c in chunks))
         lowered.stage_layer_params.append(sum(sl.plan(c, i).params_per_rank + sl.plan(c, i).expert_params_per_rank
                                               for c in chunks for i in range(layers[s][c])))
+        lowered.stage_pp_buffers.append(pp_runtime_bytes(run.model, lay, run.train,
+                                                         [sl.vstage(c) for c in chunks], sl.n_virtual - 1, m))
     lowered.max_layer_params = max(p.params_per_rank + p.expert_params_per_rank for p in plans.values())
     _match_sends(stages)
     lowered.programs = [sl.prog for sl in stages]

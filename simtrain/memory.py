@@ -241,17 +241,48 @@ def head_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
     return (x / a.t if a.sp else x) + 2.0 * a.tokens * model.hidden + 4.0 * a.tokens * model.vocab / a.t
 
 
-def loss_backward_transient_bytes(model: ModelSpec, a: ActivationShape, eager_loss: bool) -> float:
+def loss_backward_transient_bytes(model: ModelSpec, a: ActivationShape, eager_loss: bool,
+                                  loss_parallel: bool = False) -> float:
     """Extra bytes the loss's backward holds on the last stage, per micro-batch.
 
     An eager ``F.cross_entropy(logits.float(), labels)`` (torchtitan ``cross_entropy_loss``; Hugging
     Face) saves the fp32 log-softmax output (the 4*s*b*V/t of ``head_activation_bytes``); its backward
     allocates the fp32 gradient of that output (nll_loss backward) and the fp32 gradient of its input
-    (log_softmax backward) while the saved output is alive: 2 x 4*s*b*V/t more at that moment. A
-    fused cross-entropy (Megatron-core vocab-parallel, Inductor-compiled) writes its gradient in place
-    of the saved softmax: nothing extra (0).
+    (log_softmax backward) while the saved output is alive: 2 x 4*s*b*V/t more at that moment. Under
+    torch's ``loss_parallel`` (vocab-sharded DTensor logits, TP > 1; torchtitan's default) the two
+    backwards run as one decomposed function (``torch/distributed/tensor/parallel/loss.py``,
+    ``_nll_loss_and_log_softmax_backward``: ``(zeros_like(x) + exp(x)) * grad_output``), which holds
+    three fp32 logit-sized tensors beside the saved output at once (the zeros, the exponential or the
+    sum, the product): 3 x 4*s*b*V/t. A fused cross-entropy (Megatron-core vocab-parallel,
+    Inductor-compiled) writes its gradient in place of the saved softmax: nothing extra (0).
     """
-    return 2 * 4.0 * a.tokens * model.vocab / a.t if eager_loss else 0.0
+    if not eager_loss:
+        return 0.0
+    copies = 3 if loss_parallel and a.t > 1 else 2
+    return copies * 4.0 * a.tokens * model.vocab / a.t
+
+
+def pipeline_stage_buffer_bytes(model: ModelSpec, a: ActivationShape, positions: list[int], last: int,
+                                microbatches: int) -> float:
+    """Bytes ``torch.distributed.pipelining`` keeps on one rank for the whole step (torchtitan PP).
+
+    Each ``PipelineStage`` (one per position ``v`` in ``positions``) allocates, before its first
+    micro-batch, a receive buffer per micro-batch for the activations it receives (every position but
+    the first) and another for the input gradients it receives (every position but ``last``),
+    2*s*b*h each, /t with sequence parallelism (``stage.py``: ``_prepare_forward_infra``,
+    ``_create_grad_recv_info``, one ``_make_tensor_from_meta`` per micro-batch); the last position
+    keeps every micro-batch's output, the bf16 logits (2*s*b*V/t), in ``output_chunks`` until the
+    schedule merges them after the step. A received micro-batch's activation buffer is its first
+    layer's saved input, which the ledger already counts while the micro-batch is in flight; that count
+    stands in for the stage output the stage keeps (``fwd_cache``) until the same micro-batch's backward.
+    """
+    edge = 2.0 * a.tokens * model.hidden / (a.t if a.sp else 1)
+    total = 0.0
+    for v in positions:
+        total += microbatches * edge * ((v > 0) + (v < last))
+        if v == last:
+            total += microbatches * 2.0 * a.tokens * model.vocab / a.t
+    return total
 
 
 def embedding_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:

@@ -82,6 +82,8 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
             # Engine caches both for fprop and dgrad; sharded with the weights under ZeRO-3/FSDP
             fp8 = 2.0 * lowered.stage_layer_params[s]
             prog.static_mem["fp8_weights"] = fp8 / (shard if run.layout.shard_stage >= 3 else 1)
+        if lowered.stage_pp_buffers[s]:
+            prog.static_mem["pp_buffers"] = lowered.stage_pp_buffers[s]
         if lowered.stage_expert_params[s]:
             experts = expert_static_memory(lowered.stage_expert_params[s], run.layout, run.train, edp)
             for k, v in experts.items():

@@ -115,6 +115,10 @@ class SoftwareStack:
     sequence_parallel: bool = True
     pp_microbatches_equal_pp: bool = False
     eager_loss: bool = False
+    torch_pipelining: bool = False
+    """Pipeline parallelism through ``torch.distributed.pipelining``, whose stages keep per-micro-batch
+    receive buffers and the last stage's outputs for the whole step
+    (``memory.pipeline_stage_buffer_bytes``)."""
     attn_merge: OpFusion = FUSED
     """Fusion of the ring-attention merge of each context-parallel step (module docstring)."""
     fp8_tp_gather: bool = False
@@ -202,7 +206,8 @@ STACKS: dict[str, SoftwareStack] = {
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True,
+            torch_pipelining=True),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
@@ -210,14 +215,16 @@ STACKS: dict[str, SoftwareStack] = {
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True,
+            torch_pipelining=True),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
             pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True),
+            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True,
+            torch_pipelining=True),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),

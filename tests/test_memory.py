@@ -143,7 +143,7 @@ E2E = [
     dict(model="llama", layout=dict(tp=2, dp=2, sequence_parallel=True, recompute="op_sac", schedule="zb_h1", pp=2),
          train=dict(global_batch_seqs=8)),
 ]
-STATIC_KEYS = ("weights", "grads", "optimizer", "comm_buffers", "workspace", "context")
+STATIC_KEYS = ("weights", "grads", "optimizer", "comm_buffers", "workspace", "context", "pp_buffers")
 
 
 def _e2e_cfg(case: dict) -> dict:
@@ -232,6 +232,48 @@ def test_eager_loss_holds_fp32_gradients() -> None:
 
     extra = peak("torchtitan-eager") - peak("torchtitan-compile")
     assert extra == pytest.approx(2 * 4.0 * 1024 * LLAMA_TINY["vocab"], rel=1e-6)
+
+
+def test_loss_parallel_backward_holds_a_third_fp32_buffer() -> None:
+    """torch's loss_parallel backward ((zeros + exp(x)) * grad) holds three fp32 logit-sized tensors
+    beside the saved log-softmax, against two for aten's fused log_softmax backward; TP 1 has no
+    loss_parallel."""
+    from simtrain.memory import loss_backward_transient_bytes
+    from simtrain.model import ModelSpec
+
+    spec = ModelSpec(**LLAMA_TINY)
+    logits = 4.0 * 2 * 1024 * LLAMA_TINY["vocab"]  # fp32, b=2, s=1024, unsharded
+    for t, parallel, copies in ((4, True, 3), (4, False, 2), (1, True, 2)):
+        a = ActivationShape(b=2, s=1024, t=t, sp=True, flash=True, dropout=False)
+        assert loss_backward_transient_bytes(spec, a, True, loss_parallel=parallel) == copies * logits / t
+        assert loss_backward_transient_bytes(spec, a, False, loss_parallel=parallel) == 0.0
+
+
+def test_torch_pipelining_buffers() -> None:
+    """torch.distributed.pipelining: one activation and one gradient receive buffer per micro-batch
+    on every stage that receives them, and the last stage's bf16 logits of every micro-batch."""
+    from simtrain.memory import pipeline_stage_buffer_bytes
+    from simtrain.model import ModelSpec
+
+    spec = ModelSpec(**LLAMA_TINY)
+    a = ActivationShape(b=1, s=1024, t=2, sp=True, flash=True, dropout=False)
+    edge, logits, m = 2.0 * 1024 * 512 / 2, 2.0 * 1024 * LLAMA_TINY["vocab"] / 2, 4
+    assert pipeline_stage_buffer_bytes(spec, a, [0], 3, m) == m * edge  # first: gradients only
+    assert pipeline_stage_buffer_bytes(spec, a, [1], 3, m) == 2 * m * edge
+    assert pipeline_stage_buffer_bytes(spec, a, [3], 3, m) == m * (edge + logits)  # last: activations + outputs
+    assert pipeline_stage_buffer_bytes(spec, a, [1, 3], 3, m) == m * (3 * edge + logits)  # interleaved rank
+
+    def buffers(stack: str, pp: int) -> list[float]:
+        res = simulate(_e2e_cfg(dict(model="llama", layout=dict(pp=pp, dp=8 // pp, fsdp="full"),
+                                     train=dict(global_batch_seqs=8, stack=stack))))
+        return [mem.components.get("pp_buffers", 0.0) for mem in res.memory]
+
+    one = ActivationShape(b=1, s=1024, t=1, sp=False, flash=True, dropout=False)  # micro-batch 1: 2 per rank
+    assert buffers("torchtitan-compile", 2) == [pipeline_stage_buffer_bytes(spec, one, [v], 1, 2) for v in (0, 1)]
+    # Megatron-core allocates each receive buffer with its micro-batch (p2p_communication) and frees a sent
+    # output's storage (deallocate_output_tensor): nothing held beyond the in-flight activations
+    assert buffers("megatron-te", 2) == [0.0, 0.0]
+    assert buffers("torchtitan-compile", 1) == [0.0]
 
 
 def test_fsdp_prefetch_hides_parameter_gathers() -> None:
