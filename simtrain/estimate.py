@@ -137,7 +137,7 @@ def _tp_pipelined_s(seg: tuple[Kernel, ...], before: float | None, after: float 
     ``after`` fed by the trailing GEMMs is the mirror image. Without a GEMM next to it a collective waits
     (or is waited for) whole."""
     n = TP_OVERLAP_CHUNKS
-    lead, trail = leading_gemms(seg), leading_gemms(seg[::-1])
+    lead, trail = leading_gemms(seg, gathered=True), leading_gemms(seg[::-1])
     exposed = 0.0
     for total, gemms in ((before, seg[:lead]), (after, seg[len(seg) - trail:])):
         if total is None:

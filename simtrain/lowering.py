@@ -111,11 +111,19 @@ class Lowered:
     """Bytes each stage's pipeline runtime keeps for the whole step (``memory.pipeline_stage_buffer_bytes``)."""
 
 
-def leading_gemms(kernels: tuple[Kernel, ...]) -> int:
-    """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op)."""
+def leading_gemms(kernels: tuple[Kernel, ...], gathered: bool = False) -> int:
+    """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op).
+
+    ``gathered``: count only the GEMMs an all-gather before them can feed chunk by chunk, those that read
+    the gathered tensor as their row-split left operand: a weight-gradient GEMM (dW = X^T dY) contracts
+    over the gathered token dim and waits for the whole gather. torch's micro-pipeline pass fuses an
+    all-gather only with matmuls whose A is the gathered tensor (``torch/_inductor/fx_passes/
+    micro_pipeline_tp.py``, ``fused_all_gather_matmul``); Transformer Engine's ``ub_overlap_ag`` splits
+    the fprop / dgrad GEMM, and the wgrad GEMM runs after it on the gathered tensor.
+    """
     n = 0
     for k in kernels:
-        if not k.flops or k.name.startswith(("flash_attn", "attn.")):
+        if not k.flops or k.name.startswith(("flash_attn", "attn.")) or (gathered and k.name.endswith(".wgrad")):
             break
         n += 1
     return n
@@ -225,7 +233,7 @@ class _Emitter:
         run on their own: a collective next to one of those waits for it or is waited for."""
         before = self.pending_comm_spec
         self.pending_comm_spec = None
-        lead = leading_gemms(kernels) if before is not None else 0
+        lead = leading_gemms(kernels, gathered=True) if before is not None else 0
         trail = leading_gemms(kernels[::-1]) if after is not None else 0
         if lead == len(kernels) or trail == len(kernels):
             return self._pipelined(kernels, before, after, category, mb, chunk, mem_start, mem_end, tag)
