@@ -65,8 +65,10 @@ from simtrain.lowering import (
     LayerPlan,
     build_block,
     chunk_memory,
+    dp_overlaps,
     first_layers,
     fsdp_keeps_unsharded,
+    grad_reduce_collective,
     layer_plans,
     leading_gemms,
     pp_runtime_bytes,
@@ -612,11 +614,13 @@ class Estimator:
         stage = layout.shard_stage
         bucket = layout.grad_bucket_MiB * MiB
         chunks = len(costs[0])
-        coll = "all_reduce" if stage == 0 else "reduce_scatter"
+        stack = get_stack(train.stack)
+        coll = grad_reduce_collective(layout, stack)
+        overlap_reduce, overlap_gather = dp_overlaps(layout, stack)
         reduce_s = (self._bucketed_s(coll, group, grad_b * params, bucket)
                     + self._bucketed_s(coll, egroup, grad_b * experts, bucket))
         last = self.collective_s(coll, group, min(bucket, grad_b * params))
-        if not layout.overlap_grad_reduce:
+        if not overlap_reduce:
             exposed = reduce_s
         elif chunks > 1 and stage != 2:
             # Interleaved (and DualPipe's/DualPipeV's two chunks): each chunk reduces as its last
@@ -635,7 +639,7 @@ class Estimator:
             # its own share: interleaved, the first chunk's 1/v is exposed and the rest hides behind
             # earlier chunks; otherwise the gather mostly overlaps the first forward (calibrated
             # against the engine).
-            if not layout.overlap_param_gather:
+            if not overlap_gather:
                 exposed += gather_s
             else:
                 exposed += gather_s / layout.vpp if layout.vpp > 1 else max(gather_s - fwd_mb, 0.0)

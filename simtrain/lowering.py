@@ -692,7 +692,7 @@ class BucketFiller:
         if not self.active:
             return
         lay = self.sl.run.layout
-        coll = "all_reduce" if lay.shard_stage == 0 else "reduce_scatter"
+        coll = grad_reduce_collective(lay, self.sl.stack)
         last = self.sl.em.last_compute
         for params, axis, degree in ((self.pending, lay.data_axis, lay.data_degree),
                                      (self.pending_expert, "edp", self.sl.edp)):
@@ -705,7 +705,7 @@ class BucketFiller:
                 self.sl.em.compute((self.sl.cost.memory_op("ddp.bucket", 2.0 * passes * size),), "bwd",
                                    self.action.microbatch, self.action.chunk)
                 last = self.sl.em.last_compute
-            if lay.overlap_grad_reduce:
+            if dp_overlaps(lay, self.sl.stack)[0]:
                 self.sl.dp_collective(coll, axis, size, f"dp.{coll}", () if last is None else (last,))
             else:
                 self.sl.deferred.append((coll, size, axis))
@@ -735,7 +735,7 @@ def _finish_stage(sl: _StageLowering) -> None:
     sl.em.extra_deps = list(deps)
     opt = sl.em.compute((kernel,), "optimizer", -1, 0)
     assert opt is not None
-    if lay.shard_stage in (1, 2) and not lay.overlap_param_gather:
+    if lay.shard_stage in (1, 2) and not dp_overlaps(lay, sl.stack)[1]:
         for size, axis, degree in ((params, lay.data_axis, lay.data_degree), (experts, "edp", sl.edp)):
             if degree > 1 and size > 0:
                 sl.dp_collective("all_gather", axis, 2.0 * size, "dp.param_all_gather", (opt.idx,))
@@ -746,7 +746,7 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
     all-gathered bucket by bucket while this step's forward runs (Megatron --overlap-param-gather);
     each chunk's first forward waits for its buckets."""
     lay = sl.run.layout
-    if lay.shard_stage not in (1, 2) or not lay.overlap_param_gather:
+    if lay.shard_stage not in (1, 2) or not dp_overlaps(lay, sl.stack)[1]:
         return
     bucket = lay.grad_bucket_MiB * MiB
     for c in range(len(sl.layers)):
@@ -894,6 +894,21 @@ def pp_runtime_bytes(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, po
         return 0.0
     shape = activation_shape(train, lay, model)
     return pipeline_stage_buffer_bytes(model, shape, positions, last, microbatches)
+
+
+def dp_overlaps(lay: LayoutConfig, stack: SoftwareStack) -> tuple[bool, bool]:
+    """(gradient reduction, ZeRO-1/2 parameter all-gather) overlapped with compute: as the layout asks,
+    unless the stack runs them as blocking steps under pipeline parallelism (``SoftwareStack.pp_dp_overlap``)."""
+    blocking = lay.pp > 1 and not stack.pp_dp_overlap
+    return lay.overlap_grad_reduce and not blocking, lay.overlap_param_gather and not blocking
+
+
+def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> str:
+    """The data-parallel gradient collective: an all-reduce without ZeRO (and for ZeRO-1 on a stack that
+    all-reduces, ``SoftwareStack.zero1_grad_all_reduce``), else a reduce-scatter to the owning shards."""
+    if lay.shard_stage == 0 or (lay.shard_stage == 1 and stack.zero1_grad_all_reduce):
+        return "all_reduce"
+    return "reduce_scatter"
 
 
 def tp_overlap_on(lay: LayoutConfig) -> bool:

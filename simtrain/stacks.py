@@ -115,6 +115,17 @@ class SoftwareStack:
     sequence_parallel: bool = True
     pp_microbatches_equal_pp: bool = False
     eager_loss: bool = False
+    zero1_grad_all_reduce: bool = False
+    """ZeRO-1 all-reduces the accumulated gradients instead of reduce-scattering them; each rank then
+    steps its optimizer shard and all-gathers the updated bf16 parameters (DeepSpeed's BF16_Optimizer
+    under its pipeline engine: ``PipelineEngine._bf16_reduce_grads`` runs ``buffered_allreduce_fallback``
+    on the fp32 ``get_grads_for_reduction()``)."""
+    pp_dp_overlap: bool = True
+    """Under pipeline parallelism the data-parallel gradient reduction and the ZeRO-1/2 parameter
+    all-gather overlap compute as the layout's ``overlap_grad_reduce`` / ``overlap_param_gather`` ask
+    (Megatron-core). False: the framework runs them as blocking steps of its schedule, the reduction
+    after the pipeline flush and the gather after the optimizer step (DeepSpeed ``PipelineEngine``:
+    ``ReduceGrads`` then ``OptimizerStep`` instructions; ``lowering.dp_overlaps``)."""
     torch_pipelining: bool = False
     """Pipeline parallelism through ``torch.distributed.pipelining``, whose stages keep per-micro-batch
     receive buffers and the last stage's outputs for the whole step
@@ -233,7 +244,8 @@ STACKS: dict[str, SoftwareStack] = {
             "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
             "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
             "fork that trained BLOOM (tr11 launch script) has none)",
-            attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False),
+            attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False,
+            zero1_grad_all_reduce=True, pp_dp_overlap=False),
         SoftwareStack(
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,

@@ -153,3 +153,26 @@ def test_search_estimate_prices_tp_comm_overlap_like_the_engine() -> None:
         times[overlap] = Estimator(run.model, cluster_of(run)).estimate(run.layout, run.train).step_time_s
     assert times[True] == pytest.approx(simulate(cfg).step_time_s, rel=0.05)
     assert times[True] < times[False]
+
+
+def test_deepspeed_pipeline_engine_reduces_gradients_after_the_flush() -> None:
+    """DeepSpeed's PipelineEngine with its BF16 optimizer (ZeRO-1) all-reduces the fp32 gradients after
+    the stage's last backward (ReduceGrads) and all-gathers the parameters after the optimizer step;
+    Megatron-core reduce-scatters them bucket by bucket while the backward runs."""
+    cfg = dict(BASE, hardware=dict(n_nodes=2), layout=dict(pp=2, dp=8, zero_stage=1))
+    runs = {stack: simulate(cfg, [f"train.stack={stack}"], mode="full", trace=True)
+            for stack in ("deepspeed", "megatron-te")}
+    for stack, coll in (("deepspeed", "all_reduce"), ("megatron-te", "reduce_scatter")):
+        rank0 = [e for e in runs[stack].trace if e.rank == 0]
+        grads = [e for e in rank0 if e.op.axis == "dp" and e.op.coll != "all_gather"]
+        assert grads and all(e.op.coll == coll for e in grads)
+        last_bwd = max(e.end_s for e in rank0 if e.category == "bwd")
+        optimizer = next(e for e in rank0 if e.category == "optimizer")
+        gathers = [e for e in rank0 if e.op.axis == "dp" and e.op.coll == "all_gather"]
+        if stack == "deepspeed":
+            assert min(e.start_s for e in grads) >= last_bwd - 1e-12
+            assert gathers and min(e.start_s for e in gathers) >= optimizer.end_s - 1e-12
+        else:
+            assert min(e.start_s for e in grads) < last_bwd
+    dp = {s: r.breakdown_s["exposed_comm"]["dp"] for s, r in runs.items()}
+    assert dp["deepspeed"] > dp["megatron-te"]

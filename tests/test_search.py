@@ -43,6 +43,8 @@ def _assert_estimate_matches_engine(run: RunConfig, step_rel: float) -> None:
     ["layout.pp=8", "layout.dp=2", "train.attention_kernel=unfused", "layout.recompute=selective"],
     # torchtitan keeps each pipeline stage's parameters unsharded for the step (one gather, one reduce-scatter)
     ["layout.pp=2", "layout.dp=8", "layout.zero_stage=3", "train.stack=torchtitan-compile"],
+    # DeepSpeed's pipeline engine: fp32 gradient all-reduce after the flush, parameter gather after the step
+    ["layout.pp=2", "layout.dp=8", "layout.zero_stage=1", "train.stack=deepspeed"],
     # torch pipelining's per-micro-batch buffers on interleaved stages, loss_parallel's eager backward
     ["layout.tp=2", "layout.pp=2", "layout.vpp=2", "layout.dp=4", "layout.zero_stage=3",
      "layout.sequence_parallel=true", "train.stack=torchtitan-compile-2024"],
