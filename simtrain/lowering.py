@@ -904,9 +904,10 @@ def dp_overlaps(lay: LayoutConfig, stack: SoftwareStack) -> tuple[bool, bool]:
 
 
 def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> str:
-    """The data-parallel gradient collective: an all-reduce without ZeRO (and for ZeRO-1 on a stack that
-    all-reduces, ``SoftwareStack.zero1_grad_all_reduce``), else a reduce-scatter to the owning shards."""
-    if lay.shard_stage == 0 or (lay.shard_stage == 1 and stack.zero1_grad_all_reduce):
+    """The data-parallel gradient collective: an all-reduce without ZeRO (and for ZeRO-1 under PP on a
+    stack that all-reduces, ``SoftwareStack.zero1_grad_all_reduce``), else a reduce-scatter to the owning
+    shards."""
+    if lay.shard_stage == 0 or (lay.shard_stage == 1 and lay.pp > 1 and stack.zero1_grad_all_reduce):
         return "all_reduce"
     return "reduce_scatter"
 

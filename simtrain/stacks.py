@@ -116,10 +116,10 @@ class SoftwareStack:
     pp_microbatches_equal_pp: bool = False
     eager_loss: bool = False
     zero1_grad_all_reduce: bool = False
-    """ZeRO-1 all-reduces the accumulated gradients instead of reduce-scattering them; each rank then
-    steps its optimizer shard and all-gathers the updated bf16 parameters (DeepSpeed's BF16_Optimizer
-    under its pipeline engine: ``PipelineEngine._bf16_reduce_grads`` runs ``buffered_allreduce_fallback``
-    on the fp32 ``get_grads_for_reduction()``)."""
+    """Under pipeline parallelism ZeRO-1 all-reduces the accumulated gradients instead of
+    reduce-scattering them; each rank then steps its optimizer shard and all-gathers the updated bf16
+    parameters (DeepSpeed's BF16_Optimizer under its pipeline engine: ``PipelineEngine._bf16_reduce_grads``
+    runs ``buffered_allreduce_fallback`` on the fp32 ``get_grads_for_reduction()``)."""
     pp_dp_overlap: bool = True
     """Under pipeline parallelism the data-parallel gradient reduction and the ZeRO-1/2 parameter
     all-gather overlap compute as the layout's ``overlap_grad_reduce`` / ``overlap_param_gather`` ask
