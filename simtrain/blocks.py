@@ -40,6 +40,11 @@ class Comm:
         """This collective, overlapped with the compute segment that follows it."""
         return replace(self, overlap=True)
 
+    def fused_with_gemm(self, tp_overlap: bool) -> bool:
+        """Whether TP comm overlap (``tp_overlap``) runs this collective fused with its GEMM, chunk by
+        chunk: a fusable TP collective."""
+        return tp_overlap and self.axis == "tp" and self.fusable
+
 
 @dataclass(frozen=True, slots=True)
 class Ring:
@@ -606,7 +611,7 @@ class BlockBuilder:
             return segs
         out: list[Segment | tuple[Kernel | None, ...]] = []
         for seg in segs:
-            unfused = isinstance(seg, Comm) and seg.axis == "tp" and (not self.tp_overlap or not seg.fusable)
+            unfused = isinstance(seg, Comm) and seg.axis == "tp" and not seg.fused_with_gemm(self.tp_overlap)
             if isinstance(seg, Comm) and unfused and seg.coll == "all_gather":
                 out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
             elif isinstance(seg, Comm) and unfused and seg.coll == "reduce_scatter":

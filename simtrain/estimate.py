@@ -299,7 +299,7 @@ class Estimator:
                     comm += max(hidden - block, 0.0)
                     hidden = 0.0
             elif isinstance(s, Comm):
-                if tp_overlap and s.axis == "tp" and s.fusable:
+                if s.fused_with_gemm(tp_overlap):
                     comm += before or 0.0  # two in a row: the first one cannot pipeline
                     before = self._tp_chunks_s(s, groups)
                     continue
@@ -315,7 +315,7 @@ class Estimator:
                 compute += t
                 nxt = segs[i + 1] if i + 1 < len(segs) else None
                 after = None
-                if (tp_overlap and isinstance(nxt, Comm) and nxt.axis == "tp" and nxt.fusable
+                if (isinstance(nxt, Comm) and nxt.fused_with_gemm(tp_overlap)
                         and nxt.coll in ("reduce_scatter", "all_reduce")):
                     after, skip = self._tp_chunks_s(nxt, groups), i + 1
                 if before is not None or after is not None:

@@ -149,7 +149,7 @@ class _Emitter:
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
-        if self.tp_overlap and c.axis == "tp" and c.fusable:
+        if c.fused_with_gemm(self.tp_overlap):
             self.pending_comm_spec = c
             return
         self._blocking_comm(c, category, mb, chunk)
@@ -227,9 +227,9 @@ class _Emitter:
         """TP communication overlap (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers;
         torch async TP): a collective pipelines only with the GEMMs it is fused with. A preceding
         all-gather feeds the segment's leading GEMMs (TE ``LayerNormLinear`` QKV / FC1 with
-        ``ub_overlap_ag``; torch ``fused_all_gather_matmul``; in backward the bulk overlap of the
-        gather with dgrad/wgrad), a following reduce-scatter is fed by its trailing GEMMs (``ub_overlap_rs``;
-        ``fused_matmul_reduce_scatter``). Kernels between them (RoPE, core attention, the activation)
+        ``ub_overlap_ag``; torch ``fused_all_gather_matmul``; in backward the dgrad GEMM that reads the
+        gathered output gradient, ``leading_gemms(gathered=True)``), a following reduce-scatter is fed
+        by its trailing GEMMs (``ub_overlap_rs``; ``fused_matmul_reduce_scatter``). Kernels between them (RoPE, core attention, the activation)
         run on their own: a collective next to one of those waits for it or is waited for."""
         before = self.pending_comm_spec
         self.pending_comm_spec = None
@@ -294,8 +294,8 @@ class _Emitter:
             if i == done:
                 continue
             nxt = segs[i + 1] if i + 1 < len(segs) else None
-            if (self.tp_overlap and isinstance(s, tuple) and s and isinstance(nxt, Comm) and nxt.axis == "tp"
-                    and nxt.fusable and nxt.coll in ("reduce_scatter", "all_reduce")):
+            if (isinstance(s, tuple) and s and isinstance(nxt, Comm) and nxt.fused_with_gemm(self.tp_overlap)
+                    and nxt.coll in ("reduce_scatter", "all_reduce")):
                 # a reduce-scatter/all-reduce of this segment's output pipelines with it
                 self._overlapped(s, category, mb, chunk, mem_start if i == computes[0] else 0.0,
                                  mem_end if i == computes[-1] else 0.0, tag, after=nxt)

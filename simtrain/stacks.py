@@ -53,8 +53,10 @@ hold the best kernel's efficiency, and ``fa2`` scales it on Hopper and later by 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 from simtrain.errors import ConfigError, problem
 
@@ -190,6 +192,11 @@ EAGER_NORM, EAGER_ROPE, EAGER_ACT, EAGER_LOSS = OpFusion(9.0, 7), OpFusion(5.0, 
 EAGER_CP_MERGE = OpFusion(3.4, 5)
 # Megatron-core's unfused vocab-parallel cross-entropy (module docstring): 52 / 16 bytes per element, 7 kernels.
 MEGATRON_UNFUSED_LOSS = OpFusion(3.25, 7)
+# What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP), torch pipelining
+# (local batch split into pp micro-batches), DTensor TP with FP8 all-gathers, torch ring attention.
+TORCHTITAN: Mapping[str, Any] = MappingProxyType(dict(
+    pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, attn_merge=EAGER_CP_MERGE,
+    dtensor_tp=True, fp8_tp_gather=True, torch_cp=True, torch_pipelining=True))
 # TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
 COMPILED_REDUCTION = OpFusion(1.0, 2)
 # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
@@ -216,26 +223,20 @@ STACKS: dict[str, SoftwareStack] = {
             "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
             activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
-            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True,
-            torch_pipelining=True),
+            eager_loss=True, **TORCHTITAN),
         SoftwareStack(
             "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
             "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
             "is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True,
-            torch_pipelining=True),
+            **TORCHTITAN),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, eager_loss=True,
-            attn_merge=EAGER_CP_MERGE, dtensor_tp=True, fp8_tp_gather=True, torch_cp=True,
-            torch_pipelining=True),
+            eager_loss=True, **TORCHTITAN),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
