@@ -14,7 +14,8 @@ What is measured (rank 0's journal keys make a rerun resume where it stopped):
   barrier; a repetition's time is the slowest rank's (nccl-tests reports the max over ranks); the
   median is kept. algbw = S / t and busbw = algbw x factor follow nccl-tests (reference Table B);
 - contention (CPU, one node): a GEMM, a copy and an attention kernel timed on rank 0 alone and on
-  every rank at once; the ratio is the slowdown of compute when the processes share the cores;
+  every rank at once, in alternating pairs of windows; the median of the pairs' ratios is the
+  slowdown of compute when the processes share the cores;
 - interference: a GEMM timed on every rank while all-reduces run beside it (``async_op``), against
   the same GEMM without them (Calculon's processor_usage, reference Notes 2.4).
 
@@ -45,7 +46,9 @@ from simtrain.profile import JOURNAL_FILE, profile_folder
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
 FAIL_RANK_ENV = "SIMTRAIN_CALIBRATION_FAIL_RANK"  # fault injection for tests: this rank raises at start
-WINDOW_S = 0.6  # seconds each rank spends in a contention / interference window
+WINDOW_S = 0.6  # seconds each rank spends in an interference window
+CONTENTION_ROUNDS = 5  # alternating solo / shared window pairs per op class (median of their ratios)
+CONTENTION_WINDOW_S = 0.25  # seconds of one contention window
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -207,21 +210,30 @@ def _compute_ops(ctx: Ctx, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
 def measure_contention(ctx: Ctx, dtype: torch.dtype) -> dict[str, dict[str, float]]:
     """Per op class: rank 0's time alone, every rank's at once (the slowest rank's), and their ratio.
 
-    The ranks run the shared window between the same wall-clock instants (one machine, one clock),
-    so no rank runs alone at its start or end.
+    The ranks run each shared window between the same wall-clock instants (one machine, one clock),
+    so no rank runs alone at its start or end. A shared machine's speed drifts by 10-20 % within
+    seconds, and one pair of windows once read a GEMM slowdown of ~1.2 where the real 2-process step
+    showed none: so ``CONTENTION_ROUNDS`` solo/shared pairs alternate and the factor is the median of
+    the per-pair ratios (each pair's two windows are adjacent in time, so a drift cancels in its ratio).
     """
     out = {}
     for cls, fn in _compute_ops(ctx, dtype).items():
         fn()
-        dist.barrier()
-        solo = _windowed(fn, ctx, time.time() + WINDOW_S) if ctx.rank == 0 else 0.0
-        box: list[Any] = [time.time() + 0.1]
-        dist.broadcast_object_list(box, src=0)
-        while time.time() < box[0]:
-            time.sleep(0.001)
-        together = torch.tensor([_windowed(fn, ctx, box[0] + WINDOW_S)], dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(together, op=dist.ReduceOp.MAX)
-        out[cls] = {"solo_s": solo, "concurrent_s": together.item(), "factor": together.item() / solo if solo else 1.0}
+        solos, shared = [], []
+        for _ in range(CONTENTION_ROUNDS):
+            dist.barrier()
+            solos.append(_windowed(fn, ctx, time.time() + CONTENTION_WINDOW_S) if ctx.rank == 0 else 0.0)
+            box: list[Any] = [time.time() + 0.05]
+            dist.broadcast_object_list(box, src=0)
+            while time.time() < box[0]:
+                time.sleep(0.001)
+            together = torch.tensor([_windowed(fn, ctx, box[0] + CONTENTION_WINDOW_S)], dtype=torch.float64,
+                                    device=ctx.device)
+            dist.all_reduce(together, op=dist.ReduceOp.MAX)
+            shared.append(together.item())
+        ratios = [c / s if s else 1.0 for s, c in zip(solos, shared, strict=True)]
+        out[cls] = {"solo_s": statistics.median(solos), "concurrent_s": statistics.median(shared),
+                    "factor": statistics.median(ratios)}
     return out
 
 
