@@ -40,6 +40,7 @@ import torch.distributed as dist
 from calibration import ops
 from calibration.device import describe, fingerprint
 from calibration.journal import Journal, measurement_key
+from calibration.steal import cpu_ticks, steal_fraction
 from calibration.writer import build_profile, write_profile
 from simtrain.profile import JOURNAL_FILE, profile_folder
 
@@ -49,6 +50,7 @@ FAIL_RANK_ENV = "SIMTRAIN_CALIBRATION_FAIL_RANK"  # fault injection for tests: t
 WINDOW_S = 0.6  # seconds each rank spends in an interference window
 CONTENTION_ROUNDS = 5  # alternating solo / shared window pairs per op class (median of their ratios)
 CONTENTION_WINDOW_S = 0.25  # seconds of one contention window
+MAX_STEAL = 0.02  # a contention pair during which the hypervisor stole more CPU time than this is redone
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -215,26 +217,41 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype) -> dict[str, dict[str, floa
     seconds, and one pair of windows once read a GEMM slowdown of ~1.2 where the real 2-process step
     showed none: so ``CONTENTION_ROUNDS`` solo/shared pairs alternate and the factor is the median of
     the per-pair ratios (each pair's two windows are adjacent in time, so a drift cancels in its ratio).
+    A pair during which the hypervisor stole more than ``MAX_STEAL`` of the CPU time
+    (``calibration.steal``) is not counted, and another is run in its place (at most as many again).
     """
     out = {}
     for cls, fn in _compute_ops(ctx, dtype).items():
         fn()
-        solos, shared = [], []
-        for _ in range(CONTENTION_ROUNDS):
-            dist.barrier()
-            solos.append(_windowed(fn, ctx, time.time() + CONTENTION_WINDOW_S) if ctx.rank == 0 else 0.0)
-            box: list[Any] = [time.time() + 0.05]
-            dist.broadcast_object_list(box, src=0)
-            while time.time() < box[0]:
-                time.sleep(0.001)
-            together = torch.tensor([_windowed(fn, ctx, box[0] + CONTENTION_WINDOW_S)], dtype=torch.float64,
-                                    device=ctx.device)
-            dist.all_reduce(together, op=dist.ReduceOp.MAX)
-            shared.append(together.item())
-        ratios = [c / s if s else 1.0 for s, c in zip(solos, shared, strict=True)]
+        pairs: list[tuple[float, float]] = []
+        for _ in range(2 * CONTENTION_ROUNDS):
+            ticks = cpu_ticks()
+            pair = _contention_pair(ctx, fn)
+            flag = [pair if steal_fraction(ticks, cpu_ticks()) <= MAX_STEAL else None]
+            dist.broadcast_object_list(flag, src=0)  # rank 0's reading decides for every rank
+            if flag[0] is not None:
+                pairs.append(flag[0])
+            if len(pairs) == CONTENTION_ROUNDS:
+                break
+        pairs = pairs or [pair]
+        solos, shared = [p[0] for p in pairs], [p[1] for p in pairs]
         out[cls] = {"solo_s": statistics.median(solos), "concurrent_s": statistics.median(shared),
-                    "factor": statistics.median(ratios)}
+                    "factor": statistics.median(c / s if s else 1.0 for s, c in pairs)}
     return out
+
+
+def _contention_pair(ctx: Ctx, fn: Callable[[], None]) -> tuple[float, float]:
+    """(rank 0's time of ``fn`` alone, the slowest rank's with every rank running it) in seconds."""
+    dist.barrier()
+    solo = _windowed(fn, ctx, time.time() + CONTENTION_WINDOW_S) if ctx.rank == 0 else 0.0
+    box: list[Any] = [time.time() + 0.05]
+    dist.broadcast_object_list(box, src=0)
+    while time.time() < box[0]:
+        time.sleep(0.001)
+    together = torch.tensor([_windowed(fn, ctx, box[0] + CONTENTION_WINDOW_S)], dtype=torch.float64,
+                            device=ctx.device)
+    dist.all_reduce(together, op=dist.ReduceOp.MAX)
+    return solo, together.item()
 
 
 def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...]) -> dict[str, float]:
