@@ -117,7 +117,9 @@ class BlockBuilder:
       DTensor's Shard(1) ([batch, seq, hidden] sequence sharding) costs ``torch.cat(torch.chunk(out, n,
       0), dim=1)`` after an all-gather and ``torch.cat(torch.chunk(x, n, dim=1))`` before a
       reduce-scatter (torch/distributed/_functional_collectives.py, ``all_gather_tensor`` /
-      ``reduce_scatter_tensor``). Async TP's fused ops read and write the shards in place.
+      ``reduce_scatter_tensor``). Async TP's fused ops read and write the shards in place, but copy
+      the shard in before a fused all-gather and sum the stacked partials after a fused
+      reduce-scatter (``_with_layout_copies``).
     - The query/key/value and gate/up projections are separate linears (torchtitan ``Attention.wq/wk/wv``,
       ``FeedForward.w1/w3``), so in backward the input gradient reduce-scattered is a sum of several
       GEMM outputs: async TP's pattern matcher fuses a reduce-scatter only with the one matmul that
@@ -605,16 +607,36 @@ class BlockBuilder:
         return self._with_layout_copies(self._head_backward())
 
     def _with_layout_copies(self, segs: list[Segment]) -> list[Segment]:
-        """``segs`` with the copy after each TP all-gather and before each TP reduce-scatter that runs
-        through torch's functional collectives (read and write the full tensor; ``dtensor_tp``)."""
+        """``segs`` with the memory passes around each sequence-parallel TP collective that DTensor TP
+        (``dtensor_tp``) adds beyond the collective itself:
+
+        - run through torch's functional collectives (unfused): a copy of the full tensor after each
+          all-gather and before each reduce-scatter (read and write; see ``dtensor_tp``);
+        - fused with its matmul by async TP (torch/distributed/_symmetric_memory/__init__.py): before a
+          ``fused_all_gather_matmul`` each rank copies its shard into the symmetric-memory workspace and
+          waits at a barrier before the first matmul chunk (``_pipelined_multi_all_gather_and_consume``:
+          "we are giving up the chance to overlap 'mv' and 'b' with the first shard_consumer"), read and
+          write of the shard; after a ``fused_matmul_reduce_scatter`` the tp partial outputs stacked by
+          ``_pipelined_produce_and_all2all`` are summed by a separate reduction (``reduce_fn(
+          stacked_partials...)``), which reads all tp partials (the unreduced output, ``size_bytes``)
+          and writes one shard, once every chunk has arrived. NCCL's reduce-scatter reduces in flight,
+          inside the collective's own time.
+        """
         if not (self.dtensor_tp and self.sp and self.t > 1):
             return segs
         out: list[Segment | tuple[Kernel | None, ...]] = []
         for seg in segs:
-            unfused = isinstance(seg, Comm) and seg.axis == "tp" and not seg.fused_with_gemm(self.tp_overlap)
-            if isinstance(seg, Comm) and unfused and seg.coll == "all_gather":
+            if not (isinstance(seg, Comm) and seg.axis == "tp"):
+                out.append(seg)
+            elif seg.fused_with_gemm(self.tp_overlap) and seg.coll == "all_gather":
+                out += [(self.cost.memory_op("tp.ag_shard_copy", 2.0 * seg.size_bytes / self.t),), seg]
+            elif seg.fused_with_gemm(self.tp_overlap) and seg.coll == "reduce_scatter":
+                out += [seg, (self.cost.memory_op("tp.rs_reduce", seg.size_bytes * (1.0 + 1.0 / self.t)),)]
+            elif seg.fused_with_gemm(self.tp_overlap):
+                out.append(seg)
+            elif seg.coll == "all_gather":
                 out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
-            elif isinstance(seg, Comm) and unfused and seg.coll == "reduce_scatter":
+            elif seg.coll == "reduce_scatter":
                 out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
             else:
                 out.append(seg)

@@ -116,7 +116,7 @@ def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False):  # ty
 def test_dtensor_sequence_parallel_copies_around_each_tp_collective() -> None:
     """torch's functional collectives gather/scatter along dim 0, so torchtitan's Shard(1) sequence
     parallelism copies the whole gathered tensor after each all-gather and the whole input before each
-    reduce-scatter (read + write); Megatron's [s, b, h] layout and async TP do not."""
+    reduce-scatter (read + write); Megatron's [s, b, h] layout does not (async TP: the next test)."""
     from simtrain.blocks import Comm
 
     segs = _tp_block("torchtitan-compile").layer_forward()
@@ -128,8 +128,33 @@ def test_dtensor_sequence_parallel_copies_around_each_tp_collective() -> None:
             assert segs[i - 1][-1].name == "tp.scatter_copy"  # type: ignore[index]
     copies = [k for s in segs if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
     assert len(copies) == 4
-    for block in (_tp_block("megatron-te"), _tp_block("torchtitan-compile", overlap=True)):
-        assert not [k for s in block.layer_forward() if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
+    assert not [k for s in _tp_block("megatron-te").layer_forward() if isinstance(s, tuple) for k in s
+                if k.name.startswith("tp.")]
+
+
+def test_async_tp_copies_the_shard_in_and_sums_the_stacked_partials() -> None:
+    """torch async TP (torch/distributed/_symmetric_memory): a fused all-gather first copies the local
+    shard into the symmetric-memory workspace (read + write of 1/t of the gathered bytes), and a fused
+    reduce-scatter ends with a separate sum of the t stacked partials (read the whole unreduced output,
+    write one shard), which waits for the collective; no full-tensor layout copies."""
+    from simtrain.blocks import Comm
+
+    t = 8
+    segs = _tp_block("torchtitan-compile", overlap=True).layer_forward()
+    names = [k.name for s in segs if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
+    assert names == ["tp.ag_shard_copy", "tp.rs_reduce"] * 2
+    for i, seg in enumerate(segs):
+        if isinstance(seg, Comm) and seg.coll == "all_gather":
+            copy = segs[i - 1][-1]  # type: ignore[index]
+            assert copy.name == "tp.ag_shard_copy" and copy.bytes == pytest.approx(2 * seg.size_bytes / t)
+        if isinstance(seg, Comm) and seg.coll == "reduce_scatter":
+            red = segs[i + 1][0]  # type: ignore[index]
+            assert red.name == "tp.rs_reduce" and red.bytes == pytest.approx(seg.size_bytes * (1 + 1 / t))
+    # the backward's fused gathers (output gradients) copy their shard; its summed reduce-scatters are
+    # unfused (NCCL, with the layout copy before them)
+    back = [k.name for s in _tp_block("torchtitan-compile", overlap=True).layer_backward() if isinstance(s, tuple)
+            for k in s if k.name.startswith("tp.")]
+    assert back.count("tp.ag_shard_copy") == 2 and back.count("tp.scatter_copy") == 2 and "tp.rs_reduce" not in back
 
 
 def test_float8_tensor_parallel_gathers_in_fp8_after_casting_the_shard() -> None:
