@@ -61,6 +61,7 @@ from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
 from simtrain.lowering import (
+    FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM,
     TP_OVERLAP_CHUNKS,
     LayerPlan,
     build_block,
@@ -448,14 +449,20 @@ class Estimator:
     def stage_params(self, layout: LayoutConfig) -> list[tuple[float, float, float]]:
         """Per stage, on one rank: (dense parameters incl. embedding/head/MTP, routed-expert
         parameters, transformer-layer parameters), as ``lowering`` places them."""
+        return [(sum(c[0] for c in row), sum(c[1] for c in row), sum(c[2] for c in row))
+                for row in self.chunk_params(layout)]
+
+    def chunk_params(self, layout: LayoutConfig) -> list[list[tuple[float, float, float]]]:
+        """``stage_params`` per (stage, chunk)."""
         m, tp = self.model, layout.tp
         per_layer, st = self.layer_params(layout), self.structure(layout)
         mtp = per_layer[m.n_layers:]
         last = st.route.length - 1
         out = []
         for s, chunks in enumerate(st.layers):
-            dense = expert = layer = 0.0
+            row = []
             for c in range(len(chunks)):
+                dense = expert = layer = 0.0
                 for i in st.chunk(s, c):
                     d, e = per_layer[i]
                     dense, expert, layer = dense + d, expert + e, layer + d + e
@@ -467,7 +474,8 @@ class Estimator:
                     dense += head / tp + m.final_norm_params() + sum(d for d, _ in mtp)
                     dense += m.mtp_depth * (2 * m.hidden * m.hidden / tp + 3 * m.hidden)
                     expert += sum(e for _, e in mtp)
-            out.append((dense, expert, layer))
+                row.append((dense, expert, layer))
+            out.append(row)
         return out
 
     def static_memory(self, layout: LayoutConfig, train: TrainConfig) -> tuple[float, ...]:
@@ -584,8 +592,15 @@ class Estimator:
         st = self.structure(layout)
         last = st.route.length - 1
         mtp = [times[self.model.n_layers + k] for k in range(self.model.mtp_depth)]
-        return [[_chunk_cost([times[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edge, mtp)
-                 for c in range(len(st.layers[s]))] for s in range(layout.pp)]
+        costs = [[_chunk_cost([times[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edge, mtp)
+                  for c in range(len(st.layers[s]))] for s in range(layout.pp)]
+        if get_stack(train.stack).fp32_grad_accumulation_pass and layout.pp > 1:  # lowering._fp32_grad_accumulation
+            cost = self.cost_model(train)
+            for row, params in zip(costs, self.chunk_params(layout), strict=True):
+                for cc, (dense, expert, _) in zip(row, params, strict=True):
+                    cc.bwd_s += cost.memory_op("grad.fp32_accumulate",
+                                               FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * (dense + expert)).time_s
+        return costs
 
     def _pp_s(self, layout: LayoutConfig, grid: RankGrid, train: TrainConfig, m: int) -> float:
         """Exposed pipeline sends: one activation/gradient transfer per virtual micro-batch boundary."""

@@ -38,6 +38,9 @@ from simtrain.stacks import SoftwareStack, get_stack
 
 MiB = 1024.0**2
 STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stream.TP}
+# DeepSpeed BF16_Optimizer.update_hp_grads: hp_grad.add_(lp.grad.to(float32)) reads the BF16 gradient (2 B)
+# and writes its FP32 copy (4 B), then add_ reads both FP32 tensors and writes one (12 B)
+FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM = 18.0
 TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
 
 
@@ -499,8 +502,18 @@ class _StageLowering:
         bucket.flush()
         if not split:
             self._fsdp_reduce_chunk(a, is_last_mb)
+            self._fp32_grad_accumulation(a)
         if v > 0:
             self._send("B", a, v - 1)
+
+    def _fp32_grad_accumulation(self, a: Action) -> None:
+        """The pass adding this micro-batch's BF16 gradients of the chunk into their FP32 copies, where the
+        stack runs one (``SoftwareStack.fp32_grad_accumulation_pass``, under pipeline parallelism)."""
+        if not (self.stack.fp32_grad_accumulation_pass and self.run.layout.pp > 1):
+            return
+        params = self.chunk_params(a.chunk) + self.chunk_expert_params(a.chunk)
+        kernel = self.cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
+        self.em.compute((kernel,), "bwd", a.microbatch, a.chunk)
 
     def weight_grad(self, a: Action, is_last_mb: bool) -> Iterator[None]:
         """Zero-bubble "W": the weight-gradient GEMMs of a split backward, then the gradient buckets."""

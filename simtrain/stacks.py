@@ -122,6 +122,13 @@ class SoftwareStack:
     reduce-scattering them; each rank then steps its optimizer shard and all-gathers the updated bf16
     parameters (DeepSpeed's BF16_Optimizer under its pipeline engine: ``PipelineEngine._bf16_reduce_grads``
     runs ``buffered_allreduce_fallback`` on the fp32 ``get_grads_for_reduction()``)."""
+    fp32_grad_accumulation_pass: bool = False
+    """Under pipeline parallelism each micro-batch's BF16 gradients are added into FP32 copies by a
+    separate pass after its backward, before the gradient is sent upstream (DeepSpeed ``PipelineEngine.
+    _exec_backward_pass`` with the BF16 optimizer: ``optimizer.update_hp_grads(clear_lp_grads=False)``,
+    per parameter ``hp_grad.add_(lp.grad.to(float32))``: 18 bytes per parameter through HBM;
+    ``lowering.FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM``). Megatron-core accumulates into its FP32
+    ``main_grad`` inside the weight-gradient GEMM (gradient-accumulation fusion): no pass."""
     pp_dp_overlap: bool = True
     """Under pipeline parallelism the data-parallel gradient reduction and the ZeRO-1/2 parameter
     all-gather overlap compute as the layout's ``overlap_grad_reduce`` / ``overlap_param_gather`` ask
@@ -246,7 +253,7 @@ STACKS: dict[str, SoftwareStack] = {
             "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
             "fork that trained BLOOM (tr11 launch script) has none)",
             attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False,
-            zero1_grad_all_reduce=True, pp_dp_overlap=False),
+            zero1_grad_all_reduce=True, pp_dp_overlap=False, fp32_grad_accumulation_pass=True),
         SoftwareStack(
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
