@@ -65,6 +65,7 @@ def render_summary(r: StepResult) -> str:
         f"    compute     {bd['compute']:.4f} s",
         f"    optimizer   {bd['optimizer']:.4f} s",
         f"    bubble      {bd['bubble']:.4f} s",
+        f"    stage imbalance {bd['stage_imbalance']:.4f} s",
     ]
     for axis, t in bd["exposed_comm"].items():
         if t > 0:

@@ -53,7 +53,8 @@ SEARCH_SCHEDULES = ("auto", "dualpipe", "dualpipev", "zb_h1")
 # layers = 2,016 units, simulates in ~0.7 s).
 DEFAULT_BUDGET_UNITS = 100_000
 # What each time component is, for "why it lost".
-CAUSE = {"compute": "compute", "bubble": "bubble", "optimizer": "optimizer", "tp comm": "communication",
+CAUSE = {"compute": "compute", "bubble": "bubble", "stage imbalance": "bubble", "optimizer": "optimizer",
+         "tp comm": "communication",
          "tp/cp comm": "communication",
          "dp comm": "communication", "pp comm": "communication", "cp comm": "communication",
          "ep comm": "communication", "other": "other"}
@@ -352,7 +353,8 @@ def _point(c: Candidate) -> dict[str, Any]:
 
 
 def _sim_components(row: dict[str, Any]) -> dict[str, float]:
-    return {"compute": row["compute_s"], "bubble": row["bubble_s"], "tp comm": row["exposed_tp_s"],
+    return {"compute": row["compute_s"], "bubble": row["bubble_s"], "stage imbalance": row["stage_imbalance_s"],
+            "tp comm": row["exposed_tp_s"],
             "dp comm": row["exposed_dp_s"], "pp comm": row["exposed_pp_s"], "cp comm": row["exposed_cp_s"],
             "ep comm": row["exposed_ep_s"], "optimizer": row["optimizer_s"], "other": row["other_s"]}
 

@@ -105,16 +105,25 @@ def _stage_memory(run: RunConfig, lowered: Lowered, res: EngineResult, grid: Ran
     return out
 
 
-def _breakdown(st: RankStats, step: float) -> dict[str, Any]:
-    compute = st.busy["fwd"] + st.busy["bwd"] + st.busy["recompute"]
+def _compute_s(st: RankStats) -> float:
+    return st.busy["fwd"] + st.busy["bwd"] + st.busy["recompute"]
+
+
+def _breakdown(st: RankStats, step: float, max_compute_s: float) -> dict[str, Any]:
+    """Where the critical rank's step went (seconds). Its waits for pipeline inputs are split in two:
+    ``stage_imbalance``, the part a slower rank's extra compute explains (max_compute_s - its own
+    compute: in 1F1B's steady state every stage runs at the slowest one's pace, so a lighter stage idles
+    that much over the step), and ``bubble``, the rest (the schedule's fill and drain)."""
+    compute = _compute_s(st)
     exposed = {a: st.exposed.get(a, 0.0) for a in AXES}
     tail = max(step - max(st.last_compute_end_s, 0.0), 0.0)
     if tail > 0:
         axis = st.last_axis if st.last_axis in exposed else "dp"
         exposed[axis] += tail
+    imbalance = min(st.bubble_s, max(max_compute_s - compute, 0.0))
     known = compute + st.busy["optimizer"] + sum(exposed.values()) + st.bubble_s
-    return {"compute": compute, "exposed_comm": exposed, "bubble": st.bubble_s, "optimizer": st.busy["optimizer"],
-            "other": max(step - known, 0.0)}
+    return {"compute": compute, "exposed_comm": exposed, "bubble": st.bubble_s - imbalance,
+            "stage_imbalance": imbalance, "optimizer": st.busy["optimizer"], "other": max(step - known, 0.0)}
 
 
 def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, cluster: ClusterSpec,
@@ -133,7 +142,7 @@ def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, clus
         name=run.name, mode=mode, step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
         model_tflops_per_gpu=model_flops / step / n / 1e12, hardware_tflops_per_gpu=hw_per_gpu / step / 1e12,
         mfu=model_flops / (step * n * peak), hfu=hw_per_gpu / (step * peak), n_gpus=n, global_batch_tokens=tokens,
-        microbatches=lowered.microbatches, breakdown_s=_breakdown(res.stats[critical], step), memory=memory,
+        microbatches=lowered.microbatches, breakdown_s=_breakdown(res.stats[critical], step, max(_compute_s(res.stats[r]) for r in res.ranks)), memory=memory,
         fits=all(m.fits for m in memory), layout=run.layout.model_dump(mode="json"),
         ops_executed=res.ops_executed, trace=res.trace, stage_of={r: grid.stage_of(r) for r in res.ranks},
     )

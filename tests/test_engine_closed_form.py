@@ -179,8 +179,35 @@ def test_simulated_1f1b_bubble_fraction() -> None:
 def test_breakdown_sums_to_step() -> None:
     res = simulate(_cfg(SIM_CASES[0]))
     bd = res.breakdown_s
-    total = bd["compute"] + bd["bubble"] + bd["optimizer"] + bd["other"] + sum(bd["exposed_comm"].values())
+    total = (bd["compute"] + bd["bubble"] + bd["stage_imbalance"] + bd["optimizer"] + bd["other"]
+             + sum(bd["exposed_comm"].values()))
     assert total == pytest.approx(res.step_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("slow", [None, 1, 2])
+def test_stage_imbalance_is_the_slowest_stage_extra_compute(slow: int | None) -> None:
+    """1F1B, p = 4, m = 8, one stage's ops 1.5x longer: in the steady state every stage runs at the
+    slowest one's pace, so stage 0 waits m x 0.5 x (TF + TB) = 12 s more than the fill and drain; the
+    breakdown calls that ``stage_imbalance`` and leaves the rest of its input waits as ``bubble``
+    (balanced: no imbalance, bubble = (p - 1)(TF + TB))."""
+    from simtrain.simulate import _breakdown, _compute_s
+
+    p, m = 4, 8
+    progs = _programs("1f1b", p, m, 1)
+    if slow is not None:
+        for op in progs[slow].ops:
+            if op.kind == OpKind.COMPUTE:
+                op.duration_s *= 1.5
+    res = _engine(progs, p).run()
+    first = res.stats[res.ranks[0]]
+    bd = _breakdown(first, res.step_time_s, max(_compute_s(res.stats[r]) for r in res.ranks))
+    extra = 0.0 if slow is None else m * 0.5 * (TF + TB)
+    assert bd["stage_imbalance"] == pytest.approx(extra)
+    assert bd["bubble"] + bd["stage_imbalance"] == pytest.approx(first.bubble_s)
+    assert 0.0 < bd["bubble"] <= (p - 1) * (TF + TB) + HOP_SLACK
+    if slow is None:
+        assert bd["bubble"] == pytest.approx((p - 1) * (TF + TB), abs=HOP_SLACK)
+    assert res.step_time_s == pytest.approx(m * (TF + TB) + extra + bd["bubble"], abs=HOP_SLACK)
 
 
 def test_interference_per_link_class() -> None:
