@@ -79,15 +79,18 @@ def _timer_settings(cuda: bool, quick: bool) -> TimerSettings:
     return TimerSettings(warmup=1, min_repeats=3, max_repeats=30, target_s=0.1)
 
 
-def _collective_args(args: argparse.Namespace, folder: Path) -> list[str]:
+def _collective_args(args: argparse.Namespace, folder: Path, target: Target) -> list[str]:
+    m, tp = target.model, target.tp
+    shape = (target.micro_batch_size, target.seq_len, m.hidden, max(m.ffn_hidden // tp, 1), max(m.n_heads // tp, 1),
+             m.d_head)
     out = ["--out", str(folder), "--device", args.device, "--threads", str(args.threads),
-           "--timeout-s", str(min(args.timeout_s, 300.0))]
+           "--timeout-s", str(min(args.timeout_s, 300.0)), "--work-shape", *map(str, shape)]
     if args.quick:
         out += ["--max-bytes", str(4 * MiB)]
     return out
 
 
-def _multiprocess(args: argparse.Namespace, folder: Path, log: Any) -> None:
+def _multiprocess(args: argparse.Namespace, folder: Path, target: Target, log: Any) -> None:
     cuda = args.device == "cuda"
     n = args.processes or (torch.cuda.device_count() if cuda else 2)
     if args.no_collectives or n < 2:
@@ -96,7 +99,7 @@ def _multiprocess(args: argparse.Namespace, folder: Path, log: Any) -> None:
                 f"`torchrun --nproc-per-node N -m calibration.collectives --out {args.out}` on a multi-GPU node")
         return
     log(f"multi-process part: {n} ranks ({'nccl' if cuda else 'gloo'})")
-    launch_local(_collective_args(args, folder), n, args.threads, args.timeout_s, log_dir=folder / "logs")
+    launch_local(_collective_args(args, folder, target), n, args.threads, args.timeout_s, log_dir=folder / "logs")
 
 
 def calibrate(args: argparse.Namespace, log: Any = print) -> Path:
@@ -125,7 +128,7 @@ def calibrate(args: argparse.Namespace, log: Any = print) -> Path:
     counts = run_plan(ctx, plan, target, journal, log)
     log(f"compute: {counts['ok']} measured, {counts['oom']} out of memory, {counts['error']} failed, "
         f"{counts['skipped']} already done ({time.perf_counter() - t0:.0f} s)")
-    _multiprocess(args, folder, log)
+    _multiprocess(args, folder, target, log)
     final = Journal(folder / JOURNAL_FILE, header)
     path = write_profile(folder, build_profile(folder.name, final.header, final.records()))
     log(f"profile written to {path} ({time.perf_counter() - t0:.0f} s); use it with "

@@ -13,9 +13,10 @@ What is measured (rank 0's journal keys make a rerun resume where it stopped):
   to ``--max-bytes`` (1 GiB on GPUs). Each point: warm-up, then repetitions each started after a
   barrier; a repetition's time is the slowest rank's (nccl-tests reports the max over ranks); the
   median is kept. algbw = S / t and busbw = algbw x factor follow nccl-tests (reference Table B);
-- contention (CPU, one node): a GEMM, a copy and an attention kernel timed on rank 0 alone and on
-  every rank at once, in alternating pairs of windows; the median of the pairs' ratios is the
-  slowdown of compute when the processes share the cores;
+- contention (CPU, one node): a GEMM, a copy and an attention kernel at the run's shapes timed on
+  rank 0 alone and while the other ranks train (a decoder layer's forward and backward), in
+  alternating pairs of windows; the median of the pairs' ratios is the slowdown of compute when the
+  processes share the cores;
 - interference: a GEMM timed on every rank while all-reduces run beside it (``async_op``), against
   the same GEMM without them (Calculon's processor_usage, reference Notes 2.4).
 
@@ -48,8 +49,11 @@ KiB, MiB, GiB = 1024, 1024**2, 1024**3
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
 FAIL_RANK_ENV = "SIMTRAIN_CALIBRATION_FAIL_RANK"  # fault injection for tests: this rank raises at start
 WINDOW_S = 0.6  # seconds each rank spends in an interference window
+#: Contention kernel shapes without a target run: (micro-batch size, sequence length, hidden, FFN width,
+#: query heads, head dim)
+DEFAULT_WORK_SHAPE = (1, 1024, 1024, 1024, 8, 64)
 CONTENTION_ROUNDS = 5  # alternating solo / shared window pairs per op class (median of their ratios)
-CONTENTION_WINDOW_S = 0.25  # seconds of one contention window
+CONTENTION_WINDOW_S = 0.6  # seconds of one contention window: several of the background's layer steps (~0.2 s)
 MAX_STEAL = 0.02  # a contention pair during which the hypervisor stole more CPU time than this is redone
 
 
@@ -67,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
     p.add_argument("--fresh", action="store_true", help="discard the journal instead of resuming it")
     p.add_argument("--no-compute-checks", action="store_true", help="skip contention and interference")
+    p.add_argument("--work-shape", type=int, nargs=6, default=list(DEFAULT_WORK_SHAPE),
+                   metavar=("B", "S", "HIDDEN", "FFN", "HEADS", "HEAD_DIM"),
+                   help="the run's micro-batch size, sequence length, hidden, per-rank FFN width, per-rank query "
+                        "heads and head dim: the shapes of the contention kernels")
     return p
 
 
@@ -198,35 +206,45 @@ def _windowed(fn: Callable[[], None], ctx: Ctx, deadline: float, during: Callabl
     return statistics.median(times) if times else float("nan")
 
 
-def _compute_ops(ctx: Ctx, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
-    """Representative kernels of each op class for the contention measurement."""
-    a, b = torch.randn(1024, 1024, device=ctx.device, dtype=dtype), torch.randn(1024, 1024, device=ctx.device,
-                                                                                   dtype=dtype)
-    src = torch.randn(16 * MiB // 4, device=ctx.device)
+def _compute_ops(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Callable[[], None]]:
+    """Kernels of each op class for the contention measurement, at the run's shapes ``shape`` = (micro-batch
+    size, sequence length, hidden, per-rank FFN width, per-rank query heads, head dim): the MLP's up
+    projection (tokens x hidden @ hidden x ffn), a copy of its output (the largest elementwise tensor) and
+    the causal attention of one micro-batch. Shared caches and memory bandwidth make the slowdown depend
+    on the working set: a 1024^3 fp32 GEMM (12 MB of operands per process) read 1.8-1.9x on this project's
+    2-vCPU CI machine while the run's 512 x 512 x 1536 GEMMs ran a real 2-process step only ~1.1x slower."""
+    b, s, h, f, heads, d = shape
+    x, w = torch.randn(b * s, h, device=ctx.device, dtype=dtype), torch.randn(h, f, device=ctx.device, dtype=dtype)
+    src = torch.randn(b * s * f, device=ctx.device, dtype=dtype)
     dst = torch.empty_like(src)
-    q = torch.randn(1, 512, 8, 64, device=ctx.device, dtype=dtype)
-    return {"gemm": lambda: torch.mm(a, b), "memory": lambda: dst.copy_(src),
+    q = torch.randn(b, s, heads, d, device=ctx.device, dtype=dtype)
+    return {"gemm": lambda: torch.mm(x, w), "memory": lambda: dst.copy_(src),
             "attention": lambda: ops.attention(q, q, q)}
 
 
-def measure_contention(ctx: Ctx, dtype: torch.dtype) -> dict[str, dict[str, float]]:
-    """Per op class: rank 0's time alone, every rank's at once (the slowest rank's), and their ratio.
+def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE
+                       ) -> dict[str, dict[str, float]]:
+    """Per op class: rank 0's time of the class's kernel alone, and while every other rank trains (forward
+    and backward of a decoder layer at the run's shapes, ``_background``), and their ratio.
 
-    The ranks run each shared window between the same wall-clock instants (one machine, one clock),
-    so no rank runs alone at its start or end. A shared machine's speed drifts by 10-20 % within
-    seconds, and one pair of windows once read a GEMM slowdown of ~1.2 where the real 2-process step
-    showed none: so ``CONTENTION_ROUNDS`` solo/shared pairs alternate and the factor is the median of
-    the per-pair ratios (each pair's two windows are adjacent in time, so a drift cancels in its ratio).
-    A pair during which the hypervisor stole more than ``MAX_STEAL`` of the CPU time
+    The other ranks run the training mix rather than the same kernel, because that is what a rank's
+    kernels share the cores with in a real step: two loops of the same GEMM (1024^3 fp32) read 1.8-1.9x
+    on this project's 2-vCPU CI machine while a real 2-process step ran only ~1.1x slower than one process
+    (heavy GEMM phases of two processes coincide only part of the time). A shared machine's speed drifts
+    by 10-20 % within seconds, so ``CONTENTION_ROUNDS`` solo/shared pairs alternate and the factor is the
+    median of the per-pair ratios (each pair's windows are adjacent in time, so a drift cancels in its
+    ratio). A pair during which the hypervisor stole more than ``MAX_STEAL`` of the CPU time
     (``calibration.steal``) is not counted, and another is run in its place (at most as many again).
     """
     out = {}
-    for cls, fn in _compute_ops(ctx, dtype).items():
+    background = _background(ctx, dtype, shape)
+    background()
+    for cls, fn in _compute_ops(ctx, dtype, shape).items():
         fn()
         pairs: list[tuple[float, float]] = []
         for _ in range(2 * CONTENTION_ROUNDS):
             ticks = cpu_ticks()
-            pair = _contention_pair(ctx, fn)
+            pair = _contention_pair(ctx, fn, background)
             flag = [pair if steal_fraction(ticks, cpu_ticks()) <= MAX_STEAL else None]
             dist.broadcast_object_list(flag, src=0)  # rank 0's reading decides for every rank
             if flag[0] is not None:
@@ -240,18 +258,43 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype) -> dict[str, dict[str, floa
     return out
 
 
-def _contention_pair(ctx: Ctx, fn: Callable[[], None]) -> tuple[float, float]:
-    """(rank 0's time of ``fn`` alone, the slowest rank's with every rank running it) in seconds."""
-    dist.barrier()
-    solo = _windowed(fn, ctx, time.time() + CONTENTION_WINDOW_S) if ctx.rank == 0 else 0.0
+def _background(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> Callable[[], None]:
+    """One training step's worth of a decoder layer at ``shape`` (``_compute_ops``): forward and backward."""
+    b, s, h, f, heads, d = shape
+    layer = ops.EagerLlamaLayer(h, heads, heads, f, d).to(device=ctx.device, dtype=dtype)
+    x = torch.randn(b, s, h, device=ctx.device, dtype=dtype, requires_grad=True)
+    cos, sin = ops.rope_tables(s, d, dtype, ctx.device)
+
+    def step() -> None:
+        layer(x, cos, sin).sum().backward()
+        ctx.sync()
+    return step
+
+
+def _contention_pair(ctx: Ctx, fn: Callable[[], None], background: Callable[[], None]) -> tuple[float, float]:
+    """(rank 0's time of ``fn`` alone, rank 0's time of ``fn`` while the other ranks run ``background``), s.
+
+    Rank 0 sets both windows' wall-clock instants before the first (one machine, one clock) and every rank
+    sleeps until its turn: a rank waiting inside a gloo collective instead keeps a core busy, which made
+    rank 0's "solo" GEMM 36 % slower than with the other process asleep."""
     box: list[Any] = [time.time() + 0.05]
     dist.broadcast_object_list(box, src=0)
-    while time.time() < box[0]:
-        time.sleep(0.001)
-    together = torch.tensor([_windowed(fn, ctx, box[0] + CONTENTION_WINDOW_S)], dtype=torch.float64,
-                            device=ctx.device)
-    dist.all_reduce(together, op=dist.ReduceOp.MAX)
-    return solo, together.item()
+    solo_start = box[0]
+    shared_start = solo_start + CONTENTION_WINDOW_S + 0.02
+    shared_end = shared_start + CONTENTION_WINDOW_S
+    _sleep_until(solo_start)
+    solo = _windowed(fn, ctx, solo_start + CONTENTION_WINDOW_S) if ctx.rank == 0 else 0.0
+    _sleep_until(shared_start)
+    if ctx.rank == 0:
+        return solo, _windowed(fn, ctx, shared_end)
+    while time.time() < shared_end:
+        background()
+    return solo, 0.0
+
+
+def _sleep_until(instant: float) -> None:
+    while time.time() < instant:
+        time.sleep(min(0.001, max(instant - time.time(), 0.0)))
 
 
 def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...]) -> dict[str, float]:
@@ -332,7 +375,7 @@ def _measure_all(args: argparse.Namespace, rank: int, world: int, per_node: int,
                 journal.add(kind, params, "ok", stats)
         dist.barrier()
     if not args.no_compute_checks:
-        _compute_checks(ctx, dtype, world, per_node, journal, device.type == "cpu")
+        _compute_checks(ctx, dtype, world, per_node, journal, device.type == "cpu", tuple(args.work_shape))
     if journal is not None:
         fresh = Journal(folder / JOURNAL_FILE, journal.header)
         path = write_profile(folder, build_profile(folder.name, fresh.header, fresh.records()))
@@ -354,13 +397,13 @@ def compute_checks(world: int, per_node: int, cpu: bool) -> list[tuple[str, dict
 
 
 def _compute_checks(ctx: Ctx, dtype: torch.dtype, world: int, per_node: int, journal: Journal | None,
-                    cpu: bool) -> None:
+                    cpu: bool, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE) -> None:
     """Run the pending contention and interference measurements (rank 0 decides, everyone runs)."""
     box: list[Any] = [_pending(journal, compute_checks(world, per_node, cpu))]
     dist.broadcast_object_list(box, src=0)
     todo: list[tuple[str, dict[str, Any]]] = box[0]
     if any(kind == "contention" for kind, _ in todo):
-        for cls, res in measure_contention(ctx, dtype).items():
+        for cls, res in measure_contention(ctx, dtype, shape).items():
             if journal is not None:
                 journal.add("contention", {"processes": world, "op_class": cls}, "ok", result=res)
     for kind, params in todo:
