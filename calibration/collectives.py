@@ -41,7 +41,7 @@ import torch.distributed as dist
 from calibration import ops
 from calibration.device import describe, fingerprint
 from calibration.journal import Journal, measurement_key
-from calibration.steal import cpu_ticks, steal_fraction
+from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
 from calibration.writer import build_profile, write_profile
 from simtrain.profile import JOURNAL_FILE, profile_folder
 
@@ -54,7 +54,6 @@ WINDOW_S = 0.6  # seconds each rank spends in an interference window
 DEFAULT_WORK_SHAPE = (1, 1024, 1024, 1024, 8, 64)
 CONTENTION_ROUNDS = 5  # alternating solo / shared window pairs per op class (median of their ratios)
 CONTENTION_WINDOW_S = 0.6  # seconds of one contention window: several of the background's layer steps (~0.2 s)
-MAX_STEAL = 0.02  # a contention pair during which the hypervisor stole more CPU time than this is redone
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -233,7 +232,7 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DE
     (heavy GEMM phases of two processes coincide only part of the time). A shared machine's speed drifts
     by 10-20 % within seconds, so ``CONTENTION_ROUNDS`` solo/shared pairs alternate and the factor is the
     median of the per-pair ratios (each pair's windows are adjacent in time, so a drift cancels in its
-    ratio). A pair during which the hypervisor stole more than ``MAX_STEAL`` of the CPU time
+    ratio). A pair during which the hypervisor stole more than ``MAX_STEAL_FRACTION`` of the CPU time
     (``calibration.steal``) is not counted, and another is run in its place (at most as many again).
     """
     out = {}
@@ -245,7 +244,7 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DE
         for _ in range(2 * CONTENTION_ROUNDS):
             ticks = cpu_ticks()
             pair = _contention_pair(ctx, fn, background)
-            flag = [pair if steal_fraction(ticks, cpu_ticks()) <= MAX_STEAL else None]
+            flag = [pair if steal_fraction(ticks, cpu_ticks()) <= MAX_STEAL_FRACTION else None]
             dist.broadcast_object_list(flag, src=0)  # rank 0's reading decides for every rank
             if flag[0] is not None:
                 pairs.append(flag[0])

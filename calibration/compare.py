@@ -24,7 +24,7 @@ from typing import Any
 
 from calibration.launch import RankFailed, launch_local
 from calibration.shapes import read_run
-from calibration.steal import cpu_ticks, steal_fraction
+from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
 from simtrain import simulate
 
 
@@ -55,12 +55,11 @@ def run_overrides(processes: int, micro_batch_size: int) -> list[str]:
     return [f"layout.dp={processes}", f"train.global_batch_seqs={processes * micro_batch_size}"]
 
 
-MAX_STEAL = 0.02  # a batch during which the hypervisor stole more of the CPU time than this is measured again
 STEADY_TRIES = 3
 
 
 def measure_steady(config: str, processes: int, steps: int, warmup: int, threads: int, workdir: Path,
-                   tries: int = STEADY_TRIES, max_steal: float = MAX_STEAL) -> dict[str, Any]:
+                   tries: int = STEADY_TRIES, max_steal: float = MAX_STEAL_FRACTION) -> dict[str, Any]:
     """``measure``, repeated (at most ``tries`` times) while the hypervisor stole more than
     ``max_steal`` of the CPU time during it; the least disturbed batch is returned.
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 STEAL_COLUMN = 7  # user nice system idle iowait irq softirq steal ... (proc(5)), 0-based after "cpu"
+#: A measurement during which the hypervisor stole more of the CPU time than this is taken again
+MAX_STEAL_FRACTION = 0.02
 
 
 def cpu_ticks(stat: Path = PROC_STAT) -> tuple[int, int] | None:

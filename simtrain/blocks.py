@@ -626,18 +626,14 @@ class BlockBuilder:
             return segs
         out: list[Segment | tuple[Kernel | None, ...]] = []
         for seg in segs:
-            if not (isinstance(seg, Comm) and seg.axis == "tp"):
+            if not (isinstance(seg, Comm) and seg.axis == "tp" and seg.coll in ("all_gather", "reduce_scatter")):
                 out.append(seg)
             elif seg.fused_with_gemm(self.tp_overlap) and seg.coll == "all_gather":
                 out += [(self.cost.memory_op("tp.ag_shard_copy", 2.0 * seg.size_bytes / self.t),), seg]
-            elif seg.fused_with_gemm(self.tp_overlap) and seg.coll == "reduce_scatter":
-                out += [seg, (self.cost.memory_op("tp.rs_reduce", seg.size_bytes * (1.0 + 1.0 / self.t)),)]
             elif seg.fused_with_gemm(self.tp_overlap):
-                out.append(seg)
+                out += [seg, (self.cost.memory_op("tp.rs_reduce", seg.size_bytes * (1.0 + 1.0 / self.t)),)]
             elif seg.coll == "all_gather":
                 out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
-            elif seg.coll == "reduce_scatter":
-                out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
             else:
-                out.append(seg)
+                out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
         return merge(out)

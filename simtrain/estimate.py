@@ -61,13 +61,13 @@ from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
 from simtrain.lowering import (
-    FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM,
     TP_OVERLAP_CHUNKS,
     LayerPlan,
     build_block,
     chunk_memory,
     dp_overlaps,
     first_layers,
+    fp32_grad_accumulation_kernel,
     fsdp_keeps_unsharded,
     grad_reduce_collective,
     layer_plans,
@@ -594,12 +594,12 @@ class Estimator:
         mtp = [times[self.model.n_layers + k] for k in range(self.model.mtp_depth)]
         costs = [[_chunk_cost([times[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edge, mtp)
                   for c in range(len(st.layers[s]))] for s in range(layout.pp)]
-        if get_stack(train.stack).fp32_grad_accumulation_pass and layout.pp > 1:  # lowering._fp32_grad_accumulation
-            cost = self.cost_model(train)
-            for row, params in zip(costs, self.chunk_params(layout), strict=True):
-                for cc, (dense, expert, _) in zip(row, params, strict=True):
-                    cc.bwd_s += cost.memory_op("grad.fp32_accumulate",
-                                               FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * (dense + expert)).time_s
+        stack, cost = get_stack(train.stack), self.cost_model(train)
+        for row, params in zip(costs, self.chunk_params(layout), strict=True):
+            for cc, (dense, expert, _) in zip(row, params, strict=True):
+                kernel = fp32_grad_accumulation_kernel(layout, stack, cost, dense + expert)
+                if kernel is not None:  # as lowering adds it to each chunk's backward
+                    cc.bwd_s += kernel.time_s
         return costs
 
     def _pp_s(self, layout: LayoutConfig, grid: RankGrid, train: TrainConfig, m: int) -> float:

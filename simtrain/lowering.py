@@ -508,12 +508,11 @@ class _StageLowering:
 
     def _fp32_grad_accumulation(self, a: Action) -> None:
         """The pass adding this micro-batch's BF16 gradients of the chunk into their FP32 copies, where the
-        stack runs one (``SoftwareStack.fp32_grad_accumulation_pass``, under pipeline parallelism)."""
-        if not (self.stack.fp32_grad_accumulation_pass and self.run.layout.pp > 1):
-            return
+        stack runs one (``fp32_grad_accumulation_kernel``)."""
         params = self.chunk_params(a.chunk) + self.chunk_expert_params(a.chunk)
-        kernel = self.cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
-        self.em.compute((kernel,), "bwd", a.microbatch, a.chunk)
+        kernel = fp32_grad_accumulation_kernel(self.run.layout, self.stack, self.cost, params)
+        if kernel is not None:
+            self.em.compute((kernel,), "bwd", a.microbatch, a.chunk)
 
     def weight_grad(self, a: Action, is_last_mb: bool) -> Iterator[None]:
         """Zero-bubble "W": the weight-gradient GEMMs of a split backward, then the gradient buckets."""
@@ -923,6 +922,16 @@ def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> str:
     if lay.shard_stage == 0 or (lay.shard_stage == 1 and lay.pp > 1 and stack.zero1_grad_all_reduce):
         return "all_reduce"
     return "reduce_scatter"
+
+
+def fp32_grad_accumulation_kernel(lay: LayoutConfig, stack: SoftwareStack, cost: ComputeCostModel,
+                                  params: float) -> Kernel | None:
+    """The per-micro-batch pass adding the BF16 gradients of ``params`` parameters into their FP32 copies,
+    where the stack runs one (``SoftwareStack.fp32_grad_accumulation_pass``, under pipeline parallelism);
+    lowering and the search estimate add the same kernel to each chunk's backward."""
+    if not (stack.fp32_grad_accumulation_pass and lay.pp > 1):
+        return None
+    return cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
 
 
 def tp_overlap_on(lay: LayoutConfig) -> bool:

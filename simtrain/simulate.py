@@ -137,12 +137,13 @@ def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, clus
                        for s in range(run.layout.pp)]
     hw_per_gpu = sum(per_stage_flops) / run.layout.pp
     critical = max(res.ranks, key=lambda r: (res.stats[r].end_s, -r))
+    max_compute_s = max(_compute_s(res.stats[r]) for r in res.ranks)
     memory = _stage_memory(run, lowered, res, grid, cluster.gpu.hbm_bytes)
     return StepResult(
         name=run.name, mode=mode, step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
         model_tflops_per_gpu=model_flops / step / n / 1e12, hardware_tflops_per_gpu=hw_per_gpu / step / 1e12,
         mfu=model_flops / (step * n * peak), hfu=hw_per_gpu / (step * peak), n_gpus=n, global_batch_tokens=tokens,
-        microbatches=lowered.microbatches, breakdown_s=_breakdown(res.stats[critical], step, max(_compute_s(res.stats[r]) for r in res.ranks)), memory=memory,
+        microbatches=lowered.microbatches, breakdown_s=_breakdown(res.stats[critical], step, max_compute_s), memory=memory,
         fits=all(m.fits for m in memory), layout=run.layout.model_dump(mode="json"),
         ops_executed=res.ops_executed, trace=res.trace, stage_of={r: grid.stage_of(r) for r in res.ranks},
     )
