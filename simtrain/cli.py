@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--mode", choices=["symmetric", "full"], help="simulation mode (default: sim.mode)")
     sim.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the step")
     sim.add_argument("--timeline", action="store_true", help="include memory timelines in --json output")
+    sim.add_argument("--error-table", metavar="FILE", help="measured-run errors behind the likely step-time range "
+                     "(written by validate --error-table; default: simtrain's errors on the published runs)")
     sub.add_parser("models", help="list model presets")
     sub.add_parser("hardware", help="list GPU and node profiles")
     val = sub.add_parser("validate", help="predict the measured runs of a CSV and report the error")
@@ -38,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the summary and rows as JSON")
     val.add_argument("--out", metavar="FILE", help="write one row per run (predictions, errors) as CSV")
     val.add_argument("--report", metavar="FILE", help="write an HTML report with the predicted-vs-measured plot")
+    val.add_argument("--error-table", metavar="FILE", help="write the simulated runs' signed step-time errors, "
+                     "the table simulate --error-table reads for its likely step-time range")
     val.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; 1 = in-process)")
     add_run_parsers(sub)  # run, sweep, search, report (simtrain/cli_run.py)
     cli_calibrate.add_parser(sub)  # calibrate: the torch suite in calibration/ (simtrain/cli_calibrate.py)
@@ -58,6 +62,7 @@ def render_summary(r: StepResult) -> str:
         f"zero={lay['zero_stage']} fsdp={lay['fsdp']} recompute={lay['recompute']} "
         f"schedule={lay['schedule']}; {r.microbatches} micro-batches per step",
         f"  step time     {r.step_time_s:.4f} s   ({r.global_batch_tokens:,} tokens per step)",
+        *_band_lines(r),
         f"  throughput    {r.tokens_per_s:,.0f} tokens/s, {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
         f"  FLOP rate     {r.model_tflops_per_gpu:.1f} model TFLOP/s/GPU (MFU {100 * r.mfu:.1f} %), "
         f"{r.hardware_tflops_per_gpu:.1f} hardware TFLOP/s/GPU (HFU {100 * r.hfu:.1f} %)",
@@ -83,11 +88,20 @@ def render_summary(r: StepResult) -> str:
     return "\n".join(lines)
 
 
+def _band_lines(r: StepResult) -> list[str]:
+    b = r.error_band
+    if b is None:
+        return []
+    return [f"  likely range  {b.low_s:.4f} - {b.high_s:.4f} s measured: simtrain's error on {b.basis} "
+            f"ran {b.error_p10_pct:+.1f} % to {b.error_p90_pct:+.1f} % (10th-90th percentile)"]
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from simtrain.simulate import simulate
     from simtrain.trace import write_chrome_trace
 
-    result = simulate(args.config, args.overrides, mode=args.mode, trace=bool(args.trace))
+    result = simulate(args.config, args.overrides, mode=args.mode, trace=bool(args.trace),
+                      error_table=args.error_table)
     if args.trace:
         write_chrome_trace(args.trace, result.trace, result.stage_of)
     if args.json:
@@ -127,6 +141,7 @@ def _cmd_hardware() -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simtrain.fidelity import render_html, render_table, to_csv_text, to_json_dict, validate_runs
     from simtrain.trace import write_atomic
+    from simtrain.uncertainty import error_table
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(problem("--workers", args.workers, "a positive number of processes"))
@@ -135,6 +150,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         write_atomic(args.out, to_csv_text(frame))
     if args.report:
         write_atomic(args.report, render_html(frame, summary))
+    if args.error_table:
+        write_atomic(args.error_table, error_table(frame).to_csv(index=False))
     if args.json:
         print(json.dumps(to_json_dict(frame, summary), indent=2, default=str))
     else:

@@ -38,7 +38,7 @@ GiB = 1024.0**3
 
 #: Row keys, in output order (the names the issue and README document).
 ROW_KEYS = (
-    "run_id", "source", "gpu_type", "n_gpus", "stack", "visible", "status",
+    "run_id", "source", "gpu_type", "n_gpus", "stack", "moe", "visible", "status",
     "predicted_step_time_s", "measured_step_time_s", "step_time_error_pct",
     "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
     "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct",
@@ -149,7 +149,8 @@ def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | N
     out: dict[str, Any] = {k: None for k in ROW_KEYS}
     out.update(run_id=p.run_id, source=p.source, gpu_type=p.gpu_type, n_gpus=p.n_gpus, visible=p.visible,
                status=p.status, mfu_convention=conv, source_mfu_pct=_source_mfu(p, conv),
-               stack=p.run.train.stack if p.run is not None else None)
+               stack=p.run.train.stack if p.run is not None else None,
+               moe=p.run.model.is_moe if p.run is not None else None)
     if p.run is not None:
         try:
             out["measured_step_time_s"] = _measured_step_time(p, row, conv)

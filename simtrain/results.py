@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simtrain.uncertainty import ErrorBand
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -47,13 +50,16 @@ class StepResult:
     layout: dict[str, Any]
     ops_executed: int
     notes: list[str] = field(default_factory=list)
+    error_band: ErrorBand | None = None
+    """Likely measured step time from simtrain's error on measured runs like this one (``simtrain.uncertainty``)."""
     trace: list[Any] = field(default_factory=list, repr=False)
     stage_of: dict[int, int] = field(default_factory=dict, repr=False)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """JSON-ready dict with the documented keys (memory timelines only when asked)."""
-        skip = ("trace", "stage_of", "memory")
+        skip = ("trace", "stage_of", "memory", "error_band")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        out["error_band"] = self.error_band.to_dict() if self.error_band is not None else None
         out["memory"] = []
         for m in self.memory:
             d = {"stage": m.stage, "peak_bytes": m.peak_bytes, "components": m.components,

@@ -24,6 +24,7 @@ from simtrain.batch import Phase, resolve_phases
 from simtrain.config import RunConfig, load_config
 from simtrain.errors import ConfigError, Problem
 from simtrain.results import StepResult
+from simtrain.uncertainty import ErrorBand
 
 S_PER_HOUR = 3600.0
 S_PER_DAY = 86400.0
@@ -57,7 +58,9 @@ class RunResult:
     ``tokens`` is what whole steps train (at least the budget ``budget_tokens``);
     ``time_to_train_s`` in seconds; ``gpu_hours`` = time x GPUs / 3600; ``cost`` in ``currency``
     (None without a price). ``mfu`` is the time-weighted mean over phases. ``simulations`` counts
-    the distinct step configurations (simulated once each).
+    the distinct step configurations (simulated once each). ``time_to_train_range_s``: the likely
+    measured time to train, each phase's steps times its step's ``error_band`` (None without bands),
+    from ``range_basis``'s runs.
     """
 
     name: str
@@ -74,6 +77,8 @@ class RunResult:
     fits: bool
     simulations: int
     phases: list[PhaseResult] = field(default_factory=list)
+    time_to_train_range_s: tuple[float, float] | None = None
+    range_basis: str | None = None
 
     @property
     def time_to_train_days(self) -> float:
@@ -137,6 +142,7 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
     cache = {} if cache is None else cache
     keys: set[str] = set()
     out: list[PhaseResult] = []
+    bands: list[ErrorBand | None] = []
     for ph in phases:
         cfg = phase_config(run, ph)
         key = cfg.model_dump_json()
@@ -145,7 +151,14 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
         out.append(PhaseResult(ph.index, ph.start_tokens, ph.tokens, ph.batch_seqs, ph.batch_tokens, ph.seq_len,
                                ph.steps, r.microbatches, r.step_time_s, ph.steps * r.step_time_s, r.tokens_per_s,
                                r.mfu, r.fits))
-    return _summarise(run, out, len(keys))
+        bands.append(r.error_band)
+    result = _summarise(run, out, len(keys))
+    known = [b for b in bands if b is not None]
+    if out and len(known) == len(out):
+        result.time_to_train_range_s = (sum(p.steps * b.low_s for p, b in zip(out, known, strict=True)),
+                                        sum(p.steps * b.high_s for p, b in zip(out, known, strict=True)))
+        result.range_basis = known[0].basis
+    return result
 
 
 def _summarise(run: RunConfig, phases: list[PhaseResult], simulations: int) -> RunResult:
@@ -172,6 +185,9 @@ def render_run(r: RunResult) -> str:
         f"simtrain run: {r.name}  ({r.n_gpus:,} GPUs)",
         f"  tokens         {r.tokens:,.0f} trained (budget {r.budget_tokens:,.0f}) in {r.steps:,} steps",
         f"  time to train  {r.time_to_train_s:,.0f} s = {r.time_to_train_days:,.2f} days",
+        *([] if r.time_to_train_range_s is None else [
+            f"  likely range   {r.time_to_train_range_s[0] / S_PER_DAY:,.2f} - "
+            f"{r.time_to_train_range_s[1] / S_PER_DAY:,.2f} days measured (simtrain's error on {r.range_basis})"]),
         f"  GPU-hours      {r.gpu_hours:,.0f}",
         f"  cost           {cost}",
         f"  MFU            {100 * r.mfu:.1f} % (time-weighted over phases); {r.simulations} distinct step(s) simulated",

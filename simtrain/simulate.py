@@ -21,6 +21,7 @@ from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
 from simtrain.routing import rank_load_factors, symmetric_load_factors
 from simtrain.stacks import get_stack
+from simtrain.uncertainty import band_for, read_error_table
 
 
 def cluster_of(run: RunConfig) -> ClusterSpec:
@@ -29,7 +30,8 @@ def cluster_of(run: RunConfig) -> ClusterSpec:
 
 
 def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None,
-             mode: str | None = None, trace: bool = False) -> StepResult:
+             mode: str | None = None, trace: bool = False,
+             error_table: str | Path | None = None) -> StepResult:
     """Simulate one training step.
 
     Args:
@@ -37,6 +39,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         overrides: dotted ``key=value`` overrides (as ``--set``).
         mode: "symmetric" or "full" (default: the config's ``sim.mode``).
         trace: keep every executed op for a Chrome trace.
+        error_table: the measured-run errors behind ``StepResult.error_band`` (a CSV of
+            ``simtrain.uncertainty.COLUMNS``; default: simtrain's errors on the published runs).
 
     Raises:
         ConfigError: invalid input (every problem, with its dotted path).
@@ -65,6 +69,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     res = engine.run()
     result = _result(run, mode, lowered, res, cluster, grid)
     result.notes.extend(notes)
+    result.error_band = band_for(result.step_time_s, run.train.stack, run.model.is_moe, gpu.name,
+                                 read_error_table(error_table))
     return result
 
 

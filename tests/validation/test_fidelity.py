@@ -18,6 +18,7 @@ from simtrain.fidelity import (
     validate_runs,
 )
 from simtrain.model import ModelSpec, preset
+from simtrain.uncertainty import read_error_table
 
 from .conftest import SMALL_ROWS
 
@@ -91,13 +92,18 @@ def test_conventions_reduce_to_the_published_formulas() -> None:
 
 
 def test_cli_validate_outputs(small_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, report = tmp_path / "pred.csv", tmp_path / "fidelity.html"
-    assert main(["validate", str(small_csv), "--json", "--out", str(out), "--report", str(report)]) == 0
+    out, report, errors = tmp_path / "pred.csv", tmp_path / "fidelity.html", tmp_path / "errors.csv"
+    assert main(["validate", str(small_csv), "--json", "--out", str(out), "--report", str(report),
+                 "--error-table", str(errors)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"summary", "rows"} and len(data["rows"]) == 5
     assert set(data["rows"][0]) == set(ROW_KEYS)
     assert all(v is None or not (isinstance(v, float) and math.isnan(v)) for r in data["rows"] for v in r.values())
     assert out.read_text().startswith("run_id,") and len(out.read_text().splitlines()) == 6
+    # the error table holds the three simulated visible rows with a measured step time
+    table = read_error_table(errors)
+    assert [r.run_id for r in table] == ["tiny-fsdp", "tiny-tp-fp8", "tiny-unknown-gpu"]
+    assert [r.family for r in table] == ["torchtitan", "megatron", "megatron"] and not any(r.moe for r in table)
     page = report.read_text()
     assert "data:image/png;base64," in page and "tiny-fsdp" in page and "http" not in page.split("<body>")[1][:200]
     assert main(["validate", str(small_csv)]) == 0

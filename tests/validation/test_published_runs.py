@@ -83,6 +83,20 @@ def test_every_visible_row_is_simulated_or_says_why(table: tuple[pd.DataFrame, d
 
 
 @SLOW
+def test_packaged_error_table_is_todays(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    """simtrain/data/published_errors.csv (behind every prediction's likely range) holds today's errors:
+    after a model change, rebuild it with ``simtrain validate <published_runs.csv> --error-table
+    simtrain/data/published_errors.csv``."""
+    from simtrain.uncertainty import PACKAGED_TABLE, error_table
+
+    fresh = error_table(table[0])
+    packaged = pd.read_csv(PACKAGED_TABLE)
+    assert list(packaged["run_id"]) == list(fresh["run_id"])
+    assert list(packaged["stack"]) == list(fresh["stack"]) and list(packaged["moe"]) == list(fresh["moe"])
+    assert packaged["step_time_error_pct"].tolist() == pytest.approx(fresh["step_time_error_pct"].tolist(), abs=0.011)
+
+
+@SLOW
 def test_step_time_error_no_worse_than_today(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
     s = table[1]["step_time_visible"]
     assert s["median_abs_pct"] <= GUARD_MEDIAN_PCT and s["p90_abs_pct"] <= GUARD_P90_PCT

@@ -1,0 +1,139 @@
+"""The likely measured step time (simtrain.uncertainty): percentiles, the choice of runs, files, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from simtrain.cli import main
+from simtrain.config import load_config
+from simtrain.errors import ConfigError
+from simtrain.run import render_run, simulate_run
+from simtrain.simulate import cluster_of, simulate
+from simtrain.stacks import STACKS
+from simtrain.uncertainty import (
+    COLUMNS,
+    MIN_RUNS,
+    PACKAGED_TABLE,
+    ErrorRow,
+    band_for,
+    read_error_table,
+    stack_family,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "llama3_70b_h100.yaml"
+
+
+def _rows(errors: list[float], family: str = "megatron", moe: bool = False, gpu: str = "h100-sxm") -> list[ErrorRow]:
+    return [ErrorRow(f"r{i}", "test", gpu, family, moe, e) for i, e in enumerate(errors)]
+
+
+def _write(path: Path, rows: list[dict[str, object]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(COLUMNS))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_band_is_the_10th_to_90th_percentile_of_the_signed_error() -> None:
+    """Errors 0, 10, 20, 30, 40 %: p10 = 4 %, p50 = 20 %, p90 = 36 % (linear interpolation), so a
+    10 s prediction was measured between 10 / 1.36 and 10 / 1.04 s on 8 in 10 such runs."""
+    b = band_for(10.0, "megatron-te", False, "h100-sxm", _rows([0.0, 10.0, 20.0, 30.0, 40.0]))
+    assert b is not None
+    assert (b.error_p10_pct, b.error_p50_pct, b.error_p90_pct) == pytest.approx((4.0, 20.0, 36.0))
+    assert b.low_s == pytest.approx(10.0 / 1.36) and b.high_s == pytest.approx(10.0 / 1.04)
+    assert b.runs == 5 and "megatron stacks, dense, h100-sxm" in b.basis
+
+
+def test_a_model_that_predicts_too_fast_widens_the_band_upwards() -> None:
+    b = band_for(2.0, "torchtitan-compile", False, "h100-sxm", _rows([-20.0, -15.0, -10.0, -5.0], "torchtitan"))
+    assert b is not None and b.low_s > 2.0 and b.high_s > b.low_s
+
+
+def test_runs_are_chosen_by_gpu_then_family_then_dense_or_moe() -> None:
+    same_gpu = _rows([1.0, 2.0, 3.0, 4.0])
+    other_gpu = _rows([50.0, 60.0], gpu="a100-80gb")
+    other_family = _rows([-30.0, -31.0, -32.0], family="torchtitan")
+    moe = _rows([-60.0] * 3, moe=True)
+    table = same_gpu + other_gpu + other_family + moe
+    b = band_for(1.0, "megatron-core", False, "H100-SXM", table)
+    assert b is not None and b.runs == 4 and b.error_p90_pct < 5.0  # enough on the same GPU
+    b = band_for(1.0, "megatron-core", False, "b200", table)
+    assert b is not None and b.runs == 6 and "any GPU" in b.basis  # the family on any GPU
+    b = band_for(1.0, "composer-fsdp", False, "h100-sxm", table)
+    assert b is not None and b.runs == 9 and "dense models" in b.basis  # no composer runs: every dense run
+    b = band_for(1.0, "megatron-te", True, "h100-sxm", table)
+    assert b is not None and b.runs == len(table) and b.basis.endswith("(all runs)")  # 3 MoE runs < MIN_RUNS
+
+
+def test_too_few_runs_or_no_step_give_no_band() -> None:
+    assert band_for(1.0, "megatron-te", False, "h100-sxm", _rows([1.0] * (MIN_RUNS - 1))) is None
+    assert band_for(0.0, "megatron-te", False, "h100-sxm", _rows([1.0] * MIN_RUNS)) is None
+
+
+def test_stack_family() -> None:
+    assert stack_family("megatron-te") == stack_family("Megatron-Legacy") == "megatron"
+    assert stack_family("torchtitan-compile-2024") == "torchtitan" and stack_family("deepspeed") == "deepspeed"
+
+
+def test_packaged_table_covers_the_published_runs() -> None:
+    rows = read_error_table()
+    assert PACKAGED_TABLE.is_file() and len(rows) >= 55
+    assert {r.family for r in rows} <= {stack_family(s) for s in STACKS}
+    assert all(-100.0 < r.error_pct < 100.0 for r in rows) and any(r.moe for r in rows)
+    assert len({r.run_id for r in rows}) == len(rows)
+
+
+def test_read_error_table_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nope.csv"):
+        read_error_table(tmp_path / "nope.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("run_id,error\nx,1\n")
+    with pytest.raises(ConfigError, match="columns run_id, source"):
+        read_error_table(bad)
+    row = dict(run_id="x", source="s", gpu_type="h100-sxm", stack="megatron-te", moe="False")
+    with pytest.raises(ConfigError, match=r"line 2\.step_time_error_pct.*'fast'"):
+        read_error_table(_write(tmp_path / "text.csv", [{**row, "step_time_error_pct": "fast"}]))
+    with pytest.raises(ConfigError, match="above -100"):
+        read_error_table(_write(tmp_path / "low.csv", [{**row, "step_time_error_pct": "-100"}]))
+
+
+def test_simulate_attaches_a_band_around_its_step_time() -> None:
+    r = simulate(EXAMPLE)
+    b = r.error_band
+    assert b is not None and b.low_s < b.high_s and b.runs >= MIN_RUNS
+    assert b.low_s <= r.step_time_s * 1.5 and b.high_s >= r.step_time_s / 1.5
+    assert "megatron stacks, dense" in b.basis
+    assert simulate(EXAMPLE).error_band == b  # deterministic
+    assert r.to_dict()["error_band"] == b.to_dict()
+
+
+def test_cli_simulate_reads_a_users_error_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    row = dict(source="my cluster", gpu_type="h100-sxm", stack="megatron-te", moe="False")
+    table = _write(tmp_path / "mine.csv", [{**row, "run_id": f"m{i}", "step_time_error_pct": e}
+                                           for i, e in enumerate([-10, -5, 0, 5, 10])])
+    assert main(["simulate", str(EXAMPLE), "--json", "--error-table", str(table)]) == 0
+    band = json.loads(capsys.readouterr().out)["error_band"]
+    assert band["runs"] == 5 and band["error_p10_pct"] == pytest.approx(-8.0)
+    assert main(["simulate", str(EXAMPLE), "--error-table", str(table)]) == 0
+    assert "likely range" in capsys.readouterr().out
+    assert main(["simulate", str(EXAMPLE), "--error-table", str(tmp_path / "nope.csv")]) == 2
+    assert "error_table" in capsys.readouterr().err
+
+
+def test_whole_run_range_is_steps_times_each_phases_band() -> None:
+    """Every phase shares the stack, GPU and model, so the range is the time to train times one band's
+    ratios; the run summary prints it."""
+    path = ROOT / "examples" / "llama1_65b_a100_run.yaml"
+    r = simulate_run(path)
+    run = load_config(path)
+    unit = band_for(1.0, run.train.stack, run.model.is_moe, cluster_of(run).gpu.name, read_error_table())
+    assert unit is not None and r.time_to_train_range_s is not None and r.range_basis == unit.basis
+    assert r.time_to_train_range_s == pytest.approx((r.time_to_train_s * unit.low_s, r.time_to_train_s * unit.high_s),
+                                                    rel=1e-9)
+    assert "likely range" in render_run(r)
