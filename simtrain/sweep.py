@@ -3,7 +3,8 @@
 ``sweep(config, {"layout.tp": [1, 2, 4, 8], "train.micro_batch_size": [1, 2]})`` simulates the
 cartesian product of the grid (first key slowest) and returns a pandas DataFrame with one row per
 point, in grid order whatever ran them: the grid values, the resolved config fields (dotted names, in
-the config's own units), the results (``step_time_s``, ``mfu``, breakdown ``*_s``), memory
+the config's own units), the results (``step_time_s`` with its likely measured range ``step_time_low_s`` /
+``step_time_high_s`` from ``simtrain.uncertainty``, ``mfu``, breakdown ``*_s``), memory
 (``peak_memory_bytes``, ``fits``, and ``memory_json``: per-stage components and a down-sampled memory
 timeline), the whole run when the config has a ``run:`` section (``time_to_train_s``, ``gpu_hours``,
 ``cost``), and ``error``: a failing point becomes a row with its error and the sweep goes on.
@@ -151,9 +152,12 @@ def result_columns(r: StepResult) -> Row:
     exposed = {f"exposed_{a}_s": float(bd["exposed_comm"].get(a, 0.0)) for a in AXES}
     peak = max(m.peak_bytes for m in r.memory)
     capacity = r.memory[0].capacity_bytes
+    band = r.error_band
     return {
         "n_gpus": r.n_gpus, "global_batch_tokens": r.global_batch_tokens, "microbatches": r.microbatches,
-        "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+        "step_time_s": r.step_time_s, "step_time_low_s": band.low_s if band else None,
+        "step_time_high_s": band.high_s if band else None,
+        "tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
         "model_tflops_per_gpu": r.model_tflops_per_gpu, "hardware_tflops_per_gpu": r.hardware_tflops_per_gpu,
         "mfu": r.mfu, "hfu": r.hfu, "compute_s": float(bd["compute"]), "bubble_s": float(bd["bubble"]),
         "stage_imbalance_s": float(bd["stage_imbalance"]),

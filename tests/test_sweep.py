@@ -50,6 +50,10 @@ def test_one_row_per_point_with_units(table: pd.DataFrame) -> None:
     assert (ok["layout.dp"] * ok["layout.tp"] * ok["layout.pp"] == 8).all()  # dp=auto filled the node
     mem = json.loads(ok.iloc[0]["memory_json"])
     assert mem[0]["peak_bytes"] > 0 and 0 < len(mem[0]["timeline"]) <= 96
+    # the likely measured range (simtrain.uncertainty) brackets the same ratio of every point's step time
+    assert (ok["step_time_low_s"] < ok["step_time_high_s"]).all()
+    ratios = (ok["step_time_high_s"] / ok["step_time_s"]).round(12)
+    assert ratios.nunique() == 1
 
 
 def test_failing_points_become_rows(table: pd.DataFrame) -> None:
