@@ -288,6 +288,7 @@ def plots(df: pd.DataFrame) -> list[Plot]:
 _SUMMARY: tuple[tuple[str, str, float | None, int], ...] = (
     ("n_gpus", "GPUs", 1.0, 0), ("global_batch_tokens", "batch tokens", 1.0, 0),
     ("train.global_batch_tokens", "batch tokens", 1.0, 0), ("step_time_s", "step s", 1.0, 4),
+    ("step_time_low_s", "likely from s", 1.0, 4), ("step_time_high_s", "likely to s", 1.0, 4),
     ("mfu", "MFU %", 100.0, 2), ("tokens_per_s_per_gpu", "tokens/s/GPU", 1.0, 0),
     ("peak_memory_bytes", "peak GiB", 1 / GiB, 2), ("time_to_train_s", "time to train h", 1 / S_PER_HOUR, 1),
     ("time_to_target_s", "time to target h", 1 / S_PER_HOUR, 1), ("gpu_hours", "GPU-hours", 1.0, 0),

@@ -56,6 +56,8 @@ def test_markdown_and_csv(table: pd.DataFrame, tmp_path: Path) -> None:
     assert [p.name for p in written] == ["r.md", "r.csv"]
     best = pd.read_csv(tmp_path / "r.csv")
     assert best["MFU %"].is_monotonic_decreasing and len(best) <= 20
+    # each layout's likely measured step time (simtrain.uncertainty), a range around its prediction
+    assert (best["likely from s"] < best["likely to s"]).all() and "likely from s" in md
 
 
 def test_study_heatmap() -> None:
