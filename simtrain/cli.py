@@ -92,8 +92,8 @@ def _band_lines(r: StepResult) -> list[str]:
     b = r.error_band
     if b is None:
         return []
-    return [f"  likely range  {b.low_s:.4f} - {b.high_s:.4f} s measured: simtrain's error on {b.basis} "
-            f"ran {b.error_p10_pct:+.1f} % to {b.error_p90_pct:+.1f} % (10th-90th percentile)"]
+    return [f"  likely range  {b.low_s:.4f} - {b.high_s:.4f} s measured ({100 * b.coverage:.0f} % prediction "
+            f"interval): simtrain's error on {b.basis} ran {b.error_low_pct:+.1f} % to {b.error_high_pct:+.1f} %"]
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

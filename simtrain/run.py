@@ -60,7 +60,7 @@ class RunResult:
     (None without a price). ``mfu`` is the time-weighted mean over phases. ``simulations`` counts
     the distinct step configurations (simulated once each). ``time_to_train_range_s``: the likely
     measured time to train, each phase's steps times its step's ``error_band`` (None without bands),
-    from ``range_basis``'s runs.
+    from ``range_basis``'s runs, a prediction interval of ``range_coverage`` (the phases' lowest).
     """
 
     name: str
@@ -79,6 +79,7 @@ class RunResult:
     phases: list[PhaseResult] = field(default_factory=list)
     time_to_train_range_s: tuple[float, float] | None = None
     range_basis: str | None = None
+    range_coverage: float | None = None
 
     @property
     def time_to_train_days(self) -> float:
@@ -157,7 +158,7 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
     if out and len(known) == len(out):
         result.time_to_train_range_s = (sum(p.steps * b.low_s for p, b in zip(out, known, strict=True)),
                                         sum(p.steps * b.high_s for p, b in zip(out, known, strict=True)))
-        result.range_basis = known[0].basis
+        result.range_basis, result.range_coverage = known[0].basis, min(b.coverage for b in known)
     return result
 
 
@@ -187,7 +188,8 @@ def render_run(r: RunResult) -> str:
         f"  time to train  {r.time_to_train_s:,.0f} s = {r.time_to_train_days:,.2f} days",
         *([] if r.time_to_train_range_s is None else [
             f"  likely range   {r.time_to_train_range_s[0] / S_PER_DAY:,.2f} - "
-            f"{r.time_to_train_range_s[1] / S_PER_DAY:,.2f} days measured (simtrain's error on {r.range_basis})"]),
+            f"{r.time_to_train_range_s[1] / S_PER_DAY:,.2f} days measured ({100 * (r.range_coverage or 0):.0f} % "
+            f"prediction interval from simtrain's error on {r.range_basis})"]),
         f"  GPU-hours      {r.gpu_hours:,.0f}",
         f"  cost           {cost}",
         f"  MFU            {100 * r.mfu:.1f} % (time-weighted over phases); {r.simulations} distinct step(s) simulated",

@@ -20,6 +20,7 @@ from simtrain.uncertainty import (
     PACKAGED_TABLE,
     ErrorRow,
     band_for,
+    order_statistic_bounds,
     read_error_table,
     stack_family,
 )
@@ -40,14 +41,21 @@ def _write(path: Path, rows: list[dict[str, object]]) -> Path:
     return path
 
 
-def test_band_is_the_10th_to_90th_percentile_of_the_signed_error() -> None:
-    """Errors 0, 10, 20, 30, 40 %: p10 = 4 %, p50 = 20 %, p90 = 36 % (linear interpolation), so a
-    10 s prediction was measured between 10 / 1.36 and 10 / 1.04 s on 8 in 10 such runs."""
-    b = band_for(10.0, "megatron-te", False, "h100-sxm", _rows([0.0, 10.0, 20.0, 30.0, 40.0]))
+def test_band_is_an_order_statistic_prediction_interval() -> None:
+    """Nine errors 0, 5, ..., 40 %: ranks j = floor(0.1 x 10) = 1, k = ceil(0.9 x 10) = 9, so the band is
+    the whole range, coverage 8/10; a 10 s prediction is likely measured between 10 / 1.4 and 10 / 1.0 s."""
+    b = band_for(10.0, "megatron-te", False, "h100-sxm", _rows([5.0 * i for i in range(9)]))
     assert b is not None
-    assert (b.error_p10_pct, b.error_p50_pct, b.error_p90_pct) == pytest.approx((4.0, 20.0, 36.0))
-    assert b.low_s == pytest.approx(10.0 / 1.36) and b.high_s == pytest.approx(10.0 / 1.04)
-    assert b.runs == 5 and "megatron stacks, dense, h100-sxm" in b.basis
+    assert (b.error_low_pct, b.error_median_pct, b.error_high_pct) == pytest.approx((0.0, 20.0, 40.0))
+    assert b.low_s == pytest.approx(10.0 / 1.4) and b.high_s == pytest.approx(10.0)
+    assert b.coverage == pytest.approx(0.8) and b.runs == 9 and "megatron stacks, dense, h100-sxm" in b.basis
+
+
+@pytest.mark.parametrize("n, ranks, coverage", [(2, (1, 2), 1 / 3), (9, (1, 9), 0.8), (19, (2, 18), 0.8),
+                                                 (60, (6, 55), 49 / 61)])
+def test_order_statistic_ranks(n: int, ranks: tuple[int, int], coverage: float) -> None:
+    j, k = order_statistic_bounds(n)
+    assert (j, k) == ranks and (k - j) / (n + 1) == pytest.approx(coverage)
 
 
 def test_a_model_that_predicts_too_fast_widens_the_band_upwards() -> None:
@@ -55,25 +63,40 @@ def test_a_model_that_predicts_too_fast_widens_the_band_upwards() -> None:
     assert b is not None and b.low_s > 2.0 and b.high_s > b.low_s
 
 
-def test_runs_are_chosen_by_gpu_then_family_then_dense_or_moe() -> None:
-    same_gpu = _rows([1.0, 2.0, 3.0, 4.0])
+def test_runs_are_chosen_by_gpu_then_family_never_mixing_dense_and_moe() -> None:
+    same_gpu = _rows([1.0] * 9)
     other_gpu = _rows([50.0, 60.0], gpu="a100-80gb")
-    other_family = _rows([-30.0, -31.0, -32.0], family="torchtitan")
-    moe = _rows([-60.0] * 3, moe=True)
+    other_family = _rows([-30.0] * 3, family="torchtitan")
+    moe = _rows([-60.0, -40.0, 10.0], moe=True)
     table = same_gpu + other_gpu + other_family + moe
     b = band_for(1.0, "megatron-core", False, "H100-SXM", table)
-    assert b is not None and b.runs == 4 and b.error_p90_pct < 5.0  # enough on the same GPU
+    assert b is not None and b.runs == 9 and b.error_high_pct == pytest.approx(1.0)  # enough on the same GPU
     b = band_for(1.0, "megatron-core", False, "b200", table)
-    assert b is not None and b.runs == 6 and "any GPU" in b.basis  # the family on any GPU
+    assert b is not None and b.runs == 11 and "any GPU" in b.basis  # the family on any GPU
     b = band_for(1.0, "composer-fsdp", False, "h100-sxm", table)
-    assert b is not None and b.runs == 9 and "dense models" in b.basis  # no composer runs: every dense run
-    b = band_for(1.0, "megatron-te", True, "h100-sxm", table)
-    assert b is not None and b.runs == len(table) and b.basis.endswith("(all runs)")  # 3 MoE runs < MIN_RUNS
+    assert b is not None and b.runs == 14 and "dense models" in b.basis  # no composer runs: every dense run
+    b = band_for(1.0, "megatron-te", True, "h100-sxm", table)  # 3 MoE runs: their whole range, 50 % coverage
+    assert b is not None and b.runs == 3 and "MoE models" in b.basis and b.coverage == pytest.approx(0.5)
+    assert (b.error_low_pct, b.error_high_pct) == pytest.approx((-60.0, 10.0))
 
 
 def test_too_few_runs_or_no_step_give_no_band() -> None:
-    assert band_for(1.0, "megatron-te", False, "h100-sxm", _rows([1.0] * (MIN_RUNS - 1))) is None
+    assert band_for(1.0, "megatron-te", True, "h100-sxm", _rows([1.0] * 9) + _rows([5.0], moe=True)) is None
     assert band_for(0.0, "megatron-te", False, "h100-sxm", _rows([1.0] * MIN_RUNS)) is None
+
+
+def test_packaged_bands_cover_left_out_runs_as_promised() -> None:
+    """Leave-one-out on the published runs: each run's band built from the others. The bands promise
+    83 % on average (50 % for the MoE runs, of which only three others are known; 80-88 % for the rest)
+    and hold 52 of 61 runs (85 %); the sample's 10th-90th percentiles instead held 41 (67 %)."""
+    rows = read_error_table()
+    held, promised = 0, 0.0
+    for i, r in enumerate(rows):
+        b = band_for(1.0, r.family, r.moe, r.gpu_type, rows[:i] + rows[i + 1:])
+        assert b is not None
+        held += b.low_s <= 1.0 / (1.0 + r.error_pct / 100.0) <= b.high_s
+        promised += b.coverage
+    assert held / len(rows) >= 0.78 and promised / len(rows) >= 0.78
 
 
 def test_stack_family() -> None:
@@ -119,7 +142,7 @@ def test_cli_simulate_reads_a_users_error_table(tmp_path: Path, capsys: pytest.C
                                            for i, e in enumerate([-10, -5, 0, 5, 10])])
     assert main(["simulate", str(EXAMPLE), "--json", "--error-table", str(table)]) == 0
     band = json.loads(capsys.readouterr().out)["error_band"]
-    assert band["runs"] == 5 and band["error_p10_pct"] == pytest.approx(-8.0)
+    assert band["runs"] == 5 and band["error_low_pct"] == pytest.approx(-10.0) and band["coverage"] == pytest.approx(4 / 6)
     assert main(["simulate", str(EXAMPLE), "--error-table", str(table)]) == 0
     assert "likely range" in capsys.readouterr().out
     assert main(["simulate", str(EXAMPLE), "--error-table", str(tmp_path / "nope.csv")]) == 2
