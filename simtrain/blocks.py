@@ -97,6 +97,9 @@ class BlockBuilder:
     ep_overlap: bool = False
     dispatch_bytes_per_elem: float = 2.0
     """Bytes per element of the dispatched tokens (DeepSeek-V3 dispatches in FP8: 1; BF16: 2)."""
+    expert_load: float = 1.0
+    """Routed token copies the busiest EP rank receives, as a multiple of balanced routing
+    (``simtrain.routing.worst_rank_load``): every all-to-all lasts until its link has moved them."""
     fp8_tp_gather: bool = False
     """The column-parallel layers' input is cast to FP8 on its sequence shard before the TP all-gather,
     which then moves 1 byte per element: torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
@@ -469,9 +472,9 @@ class BlockBuilder:
 
     def _moe_comms(self) -> tuple[Comm, Comm, float]:
         """Dispatch and combine all-to-alls over the EP group (nccl-tests size: this rank's send buffer,
-        tokens x top_k copies of h), and the expert-TP gather size."""
+        tokens x top_k copies of h, times the busiest rank's load), and the expert-TP gather size."""
         tokens, k, _, _, _, _ = self._moe_dims()
-        copies = float(tokens * k * self.model.hidden)
+        copies = float(tokens * k * self.model.hidden) * self.expert_load
         moe = self.model.moe
         assert moe is not None
         # group-limited routing (DeepSeek-V3): tokens reach at most topk_group nodes, crossing the

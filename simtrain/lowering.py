@@ -954,7 +954,8 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
                         1.0 if train.precision == "fp8" and train.fp8_recipe == "blockwise" else 2.0,
                         fp8_tp_gather=(stack.fp8_tp_gather and sp and train.precision == "fp8"
                                        and train.fp8_recipe == "current"),
-                        dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp)
+                        dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp,
+                        expert_load=shape.expert_load)
 
 
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:

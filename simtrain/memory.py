@@ -20,6 +20,7 @@ from itertools import zip_longest
 
 from simtrain.config import LayoutConfig, TrainConfig
 from simtrain.model import ModelSpec
+from simtrain.routing import worst_rank_load
 from simtrain.schedules import Action
 
 MiB = 1024.0**2
@@ -36,6 +37,9 @@ class ActivationShape:
     sp: bool
     flash: bool
     dropout: bool
+    expert_load: float = 1.0
+    """Routed token copies of the busiest EP rank as a multiple of balanced routing
+    (``simtrain.routing.worst_rank_load``): its routed experts keep that many more activations."""
 
     @property
     def tokens(self) -> int:
@@ -48,13 +52,13 @@ def activation_shape(train: TrainConfig, layout: LayoutConfig, model: ModelSpec)
     dropout = train.dropout if train.dropout is not None else model.activation == "gelu"
     return ActivationShape(b=train.micro_batch_size, s=train.seq_len // layout.cp, t=layout.tp,
                            sp=layout.sequence_parallel, flash=train.attention_kernel == "flash",
-                           dropout=dropout)
+                           dropout=dropout, expert_load=worst_rank_load(model, train, layout))
 
 
 def moe_mlp_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
-    """Bytes an MoE block keeps for backward (before the /t of TP/SP sharding), balanced routing.
+    """Bytes an MoE block keeps for backward (before the /t of TP/SP sharding) on the busiest EP rank.
 
-    Per routed token copy (tokens x top_k): the permuted input (2h, the up-projection's wgrad input)
+    Per routed token copy (tokens x top_k, times ``a.expert_load`` under skewed routing): the permuted input (2h, the up-projection's wgrad input)
     and the expert intermediates (as a dense MLP of width f_e: 2 per projection output); the shared
     experts as a dense MLP on every token; the router's fp32 probabilities (4 x experts per token).
     Megatron-core keeps these in ``MoELayer`` (``experts.py`` GroupedMLP, ``router.py``).
@@ -63,7 +67,7 @@ def moe_mlp_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
     assert moe is not None
     tokens = float(a.tokens)
     n_mlp = 3 if model.activation == "swiglu" else 2
-    copies = tokens * moe.top_k
+    copies = tokens * moe.top_k * a.expert_load
     routed = copies * (2.0 * model.hidden + n_mlp * 2.0 * moe.ffn_hidden)
     shared = n_mlp * 2.0 * tokens * moe.n_shared_experts * moe.shared_ffn
     return routed + shared + 4.0 * tokens * moe.n_experts
@@ -231,7 +235,7 @@ def backward_transient_bytes(model: ModelSpec, a: ActivationShape, layer: int | 
     if layer is not None and model.is_moe_layer(layer):
         moe = model.moe
         assert moe is not None
-        return 2.0 * a.tokens * (moe.top_k * n_up * moe.ffn_hidden / a.t + model.hidden)
+        return 2.0 * a.tokens * (moe.top_k * a.expert_load * n_up * moe.ffn_hidden / a.t + model.hidden)
     return 2.0 * a.tokens * (n_up * model.ffn_hidden / a.t + model.hidden)
 
 

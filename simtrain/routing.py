@@ -7,12 +7,19 @@ equally; a capacity factor c caps each expert at c x the mean, dropping the over
 et al. 2020 sec. 2.2; Switch Transformer, Fedus et al. 2022 sec. 2.2). A rank's factor is the mean load
 of its experts; EP synchronises at every dispatch, so the hottest rank sets the pace (the report's
 "slowest rank"), which symmetric mode charges to every rank and full mode to that rank alone.
+
+The busiest rank also receives that many more token copies: the dispatch all-to-all finishes when its
+inbound link has moved them, the combine when its outbound link has sent them back (an all-to-all is as
+slow as its most loaded link), and its experts keep that many more activations for backward. So
+``worst_rank_load`` scales the EP all-to-alls (and expert-TP gathers) of every rank and the routed
+experts' activation memory of the reported peak (the busiest rank's).
 """
 
 from __future__ import annotations
 
-from simtrain.config import RunConfig
+from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.layout import RankGrid
+from simtrain.model import ModelSpec
 
 
 def expert_loads(n_experts: int, routing: str, hot: float, capacity: float | None) -> list[float]:
@@ -44,10 +51,20 @@ def symmetric_load_factors(run: RunConfig, representatives: list[int]) -> dict[i
 
 def expert_loads_by_rank(run: RunConfig) -> list[float]:
     """Load factor of each EP rank (index = position in its EP group)."""
-    moe = run.model.moe
+    return ep_rank_loads(run.model, run.train, run.layout)
+
+
+def ep_rank_loads(model: ModelSpec, train: TrainConfig, layout: LayoutConfig) -> list[float]:
+    """Load factor of each EP rank: the mean load of its local experts ([1.0] without MoE)."""
+    moe = model.moe
     if moe is None:
         return [1.0]
-    tr = run.train
-    loads = expert_loads(moe.n_experts, tr.moe_routing, tr.moe_hot_expert_load, tr.moe_capacity_factor)
-    local = moe.n_experts // run.layout.ep
-    return [sum(loads[i * local:(i + 1) * local]) / local for i in range(run.layout.ep)]
+    loads = expert_loads(moe.n_experts, train.moe_routing, train.moe_hot_expert_load, train.moe_capacity_factor)
+    local = moe.n_experts // layout.ep
+    return [sum(loads[i * local:(i + 1) * local]) / local for i in range(layout.ep)]
+
+
+def worst_rank_load(model: ModelSpec, train: TrainConfig, layout: LayoutConfig) -> float:
+    """Routed token copies the busiest EP rank receives, as a multiple of balanced routing (1.0 without
+    MoE, with balanced routing, or when a capacity factor caps every expert at the mean)."""
+    return max(ep_rank_loads(model, train, layout))

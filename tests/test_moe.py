@@ -9,7 +9,8 @@ from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.hardware import Topology, build_cluster, load_gpu
 from simtrain.lowering import lower
-from simtrain.routing import expert_loads
+from simtrain.memory import activation_shape, moe_mlp_activation_bytes
+from simtrain.routing import expert_loads, worst_rank_load
 from simtrain.simulate import simulate
 
 # a shrunk Mixtral: 4 layers, 8 experts top-2, h=1024
@@ -68,6 +69,53 @@ def test_hot_expert_sets_the_pace_in_both_modes() -> None:
         assert full.step_time_s == pytest.approx(sym.step_time_s, rel=0.02)
     assert steps[1.0][0] < steps[2.0][0] < steps[4.0][0]
     assert steps[1.0][1] < steps[2.0][1] < steps[4.0][1]
+
+
+def test_hot_rank_load_is_the_mean_of_its_experts() -> None:
+    """8 experts on 8 EP ranks, one hot at 4x the mean: rank 0 gets 4x, the others (8 - 4) / 7 each; on 4
+    ranks (2 experts each) rank 0 gets (4 + 4/7) / 2; a capacity factor of 1.25 caps it at 1.25."""
+    run = load_config(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4"])
+    assert worst_rank_load(run.model, run.train, run.layout) == pytest.approx(4.0)
+    four = load_config(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4", "layout.ep=4"])
+    assert worst_rank_load(four.model, four.train, four.layout) == pytest.approx((4 + 4 / 7) / 2)
+    capped = load_config(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4", "train.moe_capacity_factor=1.25"])
+    assert worst_rank_load(capped.model, capped.train, capped.layout) == pytest.approx(1.25)
+    balanced = load_config(BASE)
+    assert worst_rank_load(balanced.model, balanced.train, balanced.layout) == 1.0
+
+
+def _ep_bytes(cfg: dict, over: list[str]) -> float:
+    run = load_config(cfg, over)
+    cost = ComputeCostModel(load_gpu("h100-sxm"), run.train.precision)
+    return sum(op.comm_bytes for op in lower(run, cost).programs[0].ops if op.axis == "ep")
+
+
+def test_all_to_alls_carry_the_hot_ranks_tokens() -> None:
+    """An all-to-all ends when the busiest link has moved its bytes: the hot rank receives (dispatch) and
+    sends back (combine) 4x the balanced copies, so every EP all-to-all is sized 4x."""
+    skew = ["train.moe_routing=skewed", "train.moe_hot_expert_load=4"]
+    assert _ep_bytes(BASE, skew) == pytest.approx(4.0 * _ep_bytes(BASE, []), rel=1e-12)
+    balanced, hot = simulate(BASE), simulate(BASE, skew)
+    assert hot.breakdown_s["exposed_comm"]["ep"] > balanced.breakdown_s["exposed_comm"]["ep"]
+
+
+def test_hot_rank_keeps_more_expert_activations() -> None:
+    """The peak is the busiest rank's: its routed experts keep load x the balanced activations (the
+    permuted inputs and expert intermediates of tokens x top_k copies); the closed form agrees."""
+    run = load_config(BASE)
+    balanced_shape = activation_shape(run.train, run.layout, run.model)
+    hot_run = load_config(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4"])
+    hot_shape = activation_shape(hot_run.train, hot_run.layout, hot_run.model)
+    assert hot_shape.expert_load == pytest.approx(4.0)
+    m, a = run.model, balanced_shape
+    moe = m.moe
+    assert moe is not None
+    routed = a.tokens * moe.top_k * (2.0 * m.hidden + 3 * 2.0 * moe.ffn_hidden)
+    assert moe_mlp_activation_bytes(m, hot_shape) - moe_mlp_activation_bytes(m, a) == pytest.approx(3.0 * routed)
+    balanced, hot = simulate(BASE), simulate(BASE, ["train.moe_routing=skewed", "train.moe_hot_expert_load=4"])
+    for r in (balanced, hot):
+        assert r.memory[0].peak_bytes == pytest.approx(r.memory[0].closed_form_peak_bytes, rel=1e-9)
+    assert hot.memory[0].components["activations"] > balanced.memory[0].components["activations"] + 2.0 * routed
 
 
 def test_capacity_factor_caps_the_hot_expert() -> None:
