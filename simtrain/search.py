@@ -519,4 +519,13 @@ def render_search(r: SearchResult, show: int = 15) -> str:
         lines.append(f"  {c.rank:>4}  {c.label():<44}{c.microbatches:>9}{est}{sim}{mfu_s}{peak_s}  {c.reason}")
     if r.best is None:
         lines.append("  no simulated layout fits in memory")
+    elif (band := _likely(r.best)) is not None:
+        lines.append(f"  best: {r.best.label()}, {r.best.step_time_s:.4g} s per step, likely measured "
+                     f"{band[0]:.4g} - {band[1]:.4g} s (simtrain.uncertainty)")
     return "\n".join(lines)
+
+
+def _likely(c: Candidate) -> tuple[float, float] | None:
+    """The simulated candidate's likely measured step-time range (s), when its row has one."""
+    lo, hi = (c.row or {}).get("step_time_low_s"), (c.row or {}).get("step_time_high_s")
+    return (float(lo), float(hi)) if lo is not None and hi is not None else None

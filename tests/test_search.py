@@ -14,7 +14,7 @@ from simtrain.errors import ConfigError
 from simtrain.estimate import Estimator, single_chunk_peak
 from simtrain.memory import ChunkMemory, closed_form_peak
 from simtrain.schedules import build_schedule
-from simtrain.search import SearchSpace, _point, enumerate_layouts, search
+from simtrain.search import SearchSpace, _point, enumerate_layouts, render_search, search
 from simtrain.simulate import cluster_of, simulate
 from simtrain.sweep import base_data, run_points
 
@@ -229,6 +229,9 @@ def test_search_ranks_and_explains() -> None:
     assert "estimated" in {c.status for c in r.candidates}
     frame = r.to_frame()
     assert len(frame) == len(r.candidates) and {"status", "reason", "layout.tp", "est_step_time_s"} <= set(frame)
+    # the winner's likely measured range (simtrain.uncertainty) is printed under the ranking
+    assert best.row is not None and best.row["step_time_low_s"] < best.row["step_time_high_s"]
+    assert f"best: {best.label()}" in render_search(r) and "likely measured" in render_search(r)
 
 
 def test_search_refuses_bad_gpu_counts() -> None:
