@@ -70,14 +70,23 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
-            columns = reader.fieldnames or []
+            columns = [c.strip() for c in reader.fieldnames or []]
+            missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+            if missing:
+                raise ConfigError(Problem("file", f"{str(p)!r} lacks the column(s) {', '.join(missing)}"))
+            rows = [_stripped(row, p, reader.line_num) for row in reader]
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(Problem("file", f"{str(p)!r} is not a readable CSV: {exc}")) from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if missing:
-        raise ConfigError(Problem("file", f"{str(p)!r} lacks the column(s) {', '.join(missing)}"))
     return rows
+
+
+def _stripped(row: dict[str | None, Any], path: Path, line: int) -> dict[str, str]:
+    """A DictReader row as stripped strings; ConfigError for a row with more cells than the header
+    (DictReader files the surplus under the key None)."""
+    if row.get(None):
+        raise ConfigError(Problem("file", f"{str(path)!r} line {line} has more cells than the header's "
+                                          f"{len(row) - 1} columns"))
+    return {(k or "").strip(): (v or "").strip() for k, v in row.items() if k is not None}
 
 
 # ---- cells --------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from simtrain.errors import SimtrainError
 from simtrain.flops import attention_keys_per_query, model_flops_per_token
 from simtrain.model import ModelSpec
 from simtrain.results import AXES, StepResult
+from simtrain.uncertainty import error_rows, leave_one_out
 
 GiB = 1024.0**3
 
@@ -231,6 +232,7 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
         "by_source": {k: stats(g) for k, g in compared.groupby("source", sort=True)},
         "by_gpu": {k: stats(g) for k, g in compared.groupby("gpu_type", sort=True)},
         "peak_mem": stats(ok, "peak_mem_error_pct"),
+        "likely_range": leave_one_out(error_rows(rows)),
     }
 
 
@@ -303,6 +305,10 @@ def render_summary(summary: dict[str, Any]) -> list[str]:
     out += [line(k, v) for k, v in summary["by_gpu"].items()]
     out.append("|peak-memory error|:")
     out.append(line("rows with a measured peak", summary["peak_mem"]))
+    lr = summary["likely_range"]
+    if lr["runs"]:
+        out.append(f"likely range (simtrain.uncertainty), each visible run left out of its own: held {lr['held']} "
+                   f"of {lr['runs']} ({lr['held_pct']:.0f} %), promised {lr['promised_pct']:.0f} % on average")
     return out
 
 

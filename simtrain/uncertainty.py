@@ -126,6 +126,13 @@ def read_error_table(path: str | Path | None = None) -> list[ErrorRow]:
     return [_error_row(r, p, i) for i, r in enumerate(rows, start=2)]
 
 
+def error_rows(frame: pd.DataFrame) -> list[ErrorRow]:
+    """The ``ErrorRow`` of every run ``error_table`` keeps from a ``validate_runs`` frame."""
+    return [ErrorRow(str(r["run_id"]), str(r["source"]), str(r["gpu_type"]).strip().lower(),
+                     stack_family(str(r["stack"])), bool(r["moe"]), float(r["step_time_error_pct"]))
+            for r in error_table(frame).to_dict(orient="records")]
+
+
 def _error_row(r: dict[str, str], path: Path, line: int) -> ErrorRow:
     try:
         err = float(r["step_time_error_pct"])
@@ -175,3 +182,19 @@ def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[Err
                      error_low_pct=100.0 * lo, error_median_pct=100.0 * float(np.median(errs)),
                      error_high_pct=100.0 * hi, coverage=(k - j) / (len(errs) + 1), runs=len(errs),
                      basis=f"{len(errs)} measured runs ({basis})")
+
+
+def leave_one_out(rows: list[ErrorRow]) -> dict[str, Any]:
+    """How the likely range does on measured runs it was not built from: each run's band from the
+    others, and whether its measured step time fell inside. ``runs``: runs that got a band; ``held``:
+    those inside; ``held_pct`` vs ``promised_pct``, the bands' mean coverage (None without runs)."""
+    held, promised, n = 0, 0.0, 0
+    for i, r in enumerate(rows):
+        b = band_for(1.0, r.family, r.moe, r.gpu_type, rows[:i] + rows[i + 1:])
+        if b is None:
+            continue
+        n += 1
+        held += b.low_s <= 1.0 / (1.0 + r.error_pct / 100.0) <= b.high_s
+        promised += b.coverage
+    return {"runs": n, "held": held, "held_pct": 100.0 * held / n if n else None,
+            "promised_pct": 100.0 * promised / n if n else None}

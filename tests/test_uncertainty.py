@@ -20,6 +20,7 @@ from simtrain.uncertainty import (
     PACKAGED_TABLE,
     ErrorRow,
     band_for,
+    leave_one_out,
     order_statistic_bounds,
     read_error_table,
     stack_family,
@@ -89,14 +90,16 @@ def test_packaged_bands_cover_left_out_runs_as_promised() -> None:
     """Leave-one-out on the published runs: each run's band built from the others. The bands promise
     83 % on average (50 % for the MoE runs, of which only three others are known; 80-88 % for the rest)
     and hold 52 of 61 runs (85 %); the sample's 10th-90th percentiles instead held 41 (67 %)."""
-    rows = read_error_table()
-    held, promised = 0, 0.0
-    for i, r in enumerate(rows):
-        b = band_for(1.0, r.family, r.moe, r.gpu_type, rows[:i] + rows[i + 1:])
-        assert b is not None
-        held += b.low_s <= 1.0 / (1.0 + r.error_pct / 100.0) <= b.high_s
-        promised += b.coverage
-    assert held / len(rows) >= 0.78 and promised / len(rows) >= 0.78
+    loo = leave_one_out(read_error_table())
+    assert loo["runs"] >= 55 and loo["held_pct"] >= 78.0 and loo["promised_pct"] >= 78.0
+
+
+def test_leave_one_out_counts_runs_inside_their_band() -> None:
+    """Nine runs at 0 % and one at +50 %: each 0 % run's band (from the other nine) spans 0..50 %, so it
+    holds; the +50 % run's band (nine zeros) is 0..0 and misses it: 9 of 10, promised 80 %."""
+    loo = leave_one_out(_rows([0.0] * 9 + [50.0]))
+    assert (loo["runs"], loo["held"]) == (10, 9) and loo["promised_pct"] == pytest.approx(80.0)
+    assert leave_one_out(_rows([1.0]))["held_pct"] is None
 
 
 def test_stack_family() -> None:

@@ -138,6 +138,14 @@ def test_read_rows_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match="run_id"):
         read_rows(bad)
+    surplus = tmp_path / "surplus.csv"
+    surplus.write_text("run_id,source\nok,s\nx,y,z\n")  # DictReader files the third cell under None
+    with pytest.raises(ConfigError, match="line 3 has more cells than the header's 2 columns"):
+        read_rows(surplus)
+    prose = tmp_path / "notes.md"
+    prose.write_text("# runs\n\nsome text, with a comma, and more\n")
+    with pytest.raises(ConfigError, match="lacks the column"):
+        read_rows(prose)
 
 
 def test_published_rows_all_parse_and_visible_ones_simulatable(published_csv) -> None:  # type: ignore[no-untyped-def]
