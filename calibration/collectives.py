@@ -31,6 +31,7 @@ import datetime
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -297,7 +298,9 @@ def _sleep_until(instant: float) -> None:
 
 
 def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...]) -> dict[str, float]:
-    """GEMM time with and without all-reduces of ``comm_bytes`` running beside it (every member of ``ranks``)."""
+    """GEMM time with and without all-reduces of ``comm_bytes`` running beside it (every member of
+    ``ranks``), and the all-reduce's own time alone and beside the GEMMs (as DDP's bucket all-reduces
+    run beside the backward): ``slowdown`` of the compute, ``comm_slowdown`` of the collective."""
     group = ctx.group(ranks)
     a = torch.randn(1024, 1024, device=ctx.device, dtype=dtype)
     gemm = lambda: torch.mm(a, a)  # noqa: E731
@@ -305,20 +308,42 @@ def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: t
     dist.all_reduce(buf, group=group)
     dist.barrier(group=group)
     base = _windowed(gemm, ctx, time.time() + WINDOW_S)
-    dist.barrier(group=group)
     times: list[float] = []
+    alone: list[float] = []
+    beside: list[float] = []
     for _ in range(3):  # every rank issues the same number of all-reduces
-        work = dist.all_reduce(buf, group=group, async_op=True)
-        assert work is not None
-        t = _windowed(gemm, ctx, time.time() + 60.0, during=lambda: not work.is_completed())  # noqa: B023
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        ctx.sync()
+        alone.append(time.perf_counter() - t0)
+        dist.barrier(group=group)
+        t, comm_s = _gemms_beside_all_reduce(ctx, gemm, buf, group)
         if t == t:
             times.append(t)
-        work.wait()
+        beside.append(comm_s)
     with_comm = statistics.median(times) if times else base
-    res = torch.tensor([base, with_comm], dtype=torch.float64, device=ctx.device)
+    res = torch.tensor([base, with_comm, statistics.median(alone), statistics.median(beside)], dtype=torch.float64,
+                       device=ctx.device)
     dist.all_reduce(res, op=dist.ReduceOp.MAX, group=group)
-    b, w = res.tolist()
-    return {"gemm_s": b, "gemm_with_comm_s": w, "slowdown": max(w / b - 1.0, 0.0)}
+    b, w, c, cw = res.tolist()
+    return {"gemm_s": b, "gemm_with_comm_s": w, "slowdown": max(w / b - 1.0, 0.0),
+            "comm_s": c, "comm_with_gemm_s": cw, "comm_slowdown": max(cw / c - 1.0, 0.0)}
+
+
+def _gemms_beside_all_reduce(ctx: Ctx, gemm: Callable[[], None], buf: torch.Tensor,
+                             group: Any) -> tuple[float, float]:
+    """(mean GEMM time, all-reduce time) of GEMMs run on this thread until an async all-reduce of ``buf``
+    completes; a helper thread waits on it, so its end is timed to the wait, not to the GEMM that saw it."""
+    finished: list[float] = []
+    t0 = time.perf_counter()
+    work = dist.all_reduce(buf, group=group, async_op=True)
+    assert work is not None
+    waiter = threading.Thread(target=lambda: (work.wait(), ctx.sync(), finished.append(time.perf_counter())))
+    waiter.start()
+    t = _windowed(gemm, ctx, time.time() + 60.0, during=lambda: not finished)
+    waiter.join()
+    return t, finished[0] - t0
 
 
 def _pending(journal: Journal | None, plan: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:

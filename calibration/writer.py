@@ -145,6 +145,10 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
              for r in by_kind.get("interference", []) if r["status"] == "ok"}
     if inter:
         s["comm_interference"] = inter
+    in_situ = {("inter" if r["params"]["nodes"] > 1 else "intra"): r["result"]["comm_slowdown"]
+               for r in by_kind.get("interference", []) if r["status"] == "ok" and "comm_slowdown" in r["result"]}
+    if in_situ:
+        s["comm_in_situ"] = in_situ
     cont: dict[int, dict[str, float]] = defaultdict(dict)
     for r in by_kind.get("contention", []):
         if r["status"] == "ok":

@@ -592,7 +592,9 @@ class Engine:
             start = env.now
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            yield from self._communicate(rank, op)
+            # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
+            stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
+            yield from self._communicate(rank, op, stretch)
             end = env.now
             finished[stream] += 1
             self._ended(rank, op, start, end)
@@ -742,10 +744,12 @@ class Engine:
         stats.bubble_s += bubble
         stats.exposed["pp"] += (start - ready) - bubble
 
-    def _communicate(self, rank: int, op: Op):  # type: ignore[no-untyped-def]
+    def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
+        """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);
+        ``stretch``: its transfer takes (1 + stretch) x as long (in situ beside compute)."""
         latency, phases, cls, private = self._comm[rank][op.idx]  # type: ignore[misc]
         if op.kind == OpKind.SEND or self.symmetric:
-            yield from self._transfer(rank, latency, phases, cls, private)
+            yield from self._transfer(rank, latency, phases, cls, private, stretch)
             return
         group = self.grid.group(op.axis, rank)
         key = (group, op.idx)
@@ -760,20 +764,22 @@ class Engine:
             self.active_comm[rank].remove(cls)
             return
         del self.rendezvous[key]
-        yield from self._transfer(rank, latency, phases, cls, private)
+        yield from self._transfer(rank, latency, phases, cls, private, stretch)
         ev.succeed()
 
     def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str,
-                  private: float | None = None):  # type: ignore[no-untyped-def]
+                  private: float | None = None, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         active = self.active_comm[rank]
         active.append(cls)
+        start = self.env.now
         if private is not None:
             yield self.env.timeout(private)
-            active.remove(cls)
-            return
-        if latency > 0:
-            yield self.env.timeout(latency)
-        for ph in phases:
-            if ph:
-                yield self.net.transfer(ph)
+        else:
+            if latency > 0:
+                yield self.env.timeout(latency)
+            for ph in phases:
+                if ph:
+                    yield self.net.transfer(ph)
+        if stretch > 0:  # the links are free again; the endpoints are still busy
+            yield self.env.timeout(stretch * (self.env.now - start))
         active.remove(cls)

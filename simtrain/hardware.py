@@ -115,6 +115,11 @@ class GpuSpec(BaseModel):
     comm_interference_p2p: float | None = Field(default=None, ge=0, lt=1)
     """Slowdown of compute while a pipeline send/recv is in flight; None = one SM's share
     (``1 / sm_count``: NCCL runs a send/recv as one small CTA per peer, NVIDIA/nccl#1433)."""
+    comm_in_situ_slowdown: float = Field(default=0.0, ge=0)
+    """Fractional slowdown of a collective that runs while this device computes (a calibrated profile's
+    ``summary.comm_in_situ``): on a CPU, gloo's threads share the cores the training step keeps busy, so
+    a DDP all-reduce beside the backward takes longer than alone; 0 in the built-in GPU profiles (NCCL
+    runs on its own SMs)."""
     cuda_context_bytes: float = Field(ge=0)
     nccl_buffer_bytes: float = Field(ge=0)
 

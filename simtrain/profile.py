@@ -491,11 +491,14 @@ def _measured_fractions(s: dict[str, Any], peak: float, memory_Bps: float,
     inter = s.get("comm_interference") or {}
     intra = inter.get("intra", 0.0) if isinstance(inter, dict) else 0.0
     net = inter.get("inter", intra) if isinstance(inter, dict) else 0.0
+    in_situ = s.get("comm_in_situ") or {}
+    comm_in_situ = in_situ.get("intra", in_situ.get("inter", 0.0)) if isinstance(in_situ, dict) else 0.0
     return {"attention_fwd_efficiency": frac(s.get("attention_fwd_flops_per_s"), peak, defaults[0]),
             "attention_bwd_efficiency": frac(s.get("attention_bwd_flops_per_s"), peak, defaults[1]),
             "memory_op_efficiency": frac(s.get("memory_op_Bps"), memory_Bps, defaults[2]),
             "comm_interference_nvlink": min(max(float(intra or 0.0), 0.0), 0.99),
-            "comm_interference_net": min(max(float(net or 0.0), 0.0), 0.99)}
+            "comm_interference_net": min(max(float(net or 0.0), 0.0), 0.99),
+            "comm_in_situ_slowdown": max(float(comm_in_situ or 0.0), 0.0)}
 
 
 def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:

@@ -222,3 +222,28 @@ def test_interference_per_link_class() -> None:
         assert _interference(gpu, "nvlink") == gpu.comm_interference_nvlink
         assert _interference(gpu, P2P_CLASS) == pytest.approx(1 / gpu.sm_count)
         assert _interference(gpu.model_copy(update={"comm_interference_p2p": 0.0}), P2P_CLASS) == 0.0
+
+
+def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
+    """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores): every collective of a
+    comm stream (here ZeRO-1's gradient reduce-scatters and parameter all-gathers) lasts (1 + f) x its
+    transfer; blocking in-line ones and compute do not change."""
+    from simtrain.config import load_config
+    from simtrain.costs import ComputeCostModel
+    from simtrain.lowering import lower
+
+    cfg = {"model": {"preset": "llama3-8b", "n_layers": 2}, "hardware": {"node": "dgx-h100", "n_nodes": 1},
+           "layout": {"dp": 8, "zero_stage": 1}, "train": {"seq_len": 1024, "global_batch_seqs": 8}}
+    run = load_config(cfg)
+    cl = build_cluster("dgx-h100", 1)
+    lowered = lower(run, ComputeCostModel(cl.gpu, run.train.precision))
+
+    def comm_durations(f: float) -> list[tuple[str, float]]:
+        gpu = cl.gpu.model_copy(update={"comm_in_situ_slowdown": f})
+        eng = Engine(lowered.programs, RankGrid(run.layout), Topology(cl), gpu, symmetric=True, trace=True)
+        eng.run()
+        return [(e.name, e.end_s - e.start_s) for e in eng.trace if e.stream == "dp"]
+
+    alone, beside = comm_durations(0.0), comm_durations(0.5)
+    assert alone and [n for n, _ in alone] == [n for n, _ in beside]
+    assert [d for _, d in beside] == pytest.approx([1.5 * d for _, d in alone], rel=1e-9)

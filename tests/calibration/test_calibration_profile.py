@@ -77,7 +77,8 @@ def records(ranks: int = 2) -> list[dict[str, Any]]:
                     "status": "ok", "result": {"solo_s": 1.0, "concurrent_s": f, "factor": f}})
     out.append({"key": "interference", "kind": "interference", "status": "ok",
                 "params": {"ranks": ranks, "nodes": 1, "comm_bytes": 64 * MiB},
-                "result": {"gemm_s": 1.0, "gemm_with_comm_s": 1.5, "slowdown": 0.5}})
+                "result": {"gemm_s": 1.0, "gemm_with_comm_s": 1.5, "slowdown": 0.5,
+                           "comm_s": 0.1, "comm_with_gemm_s": 0.18, "comm_slowdown": 0.8}})
     return out
 
 
@@ -231,6 +232,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
     assert cost.gemm("qkv", 512, 1024, 512).time_s == pytest.approx(0.123)  # the composite, as measured
     assert cost.gemm("out_proj", 512, 512, 512).time_s == pytest.approx(gemm_s(512, 512, 512))
     assert gpu.comm_interference_nvlink == pytest.approx(0.5)
+    assert gpu.comm_in_situ_slowdown == pytest.approx(0.8)  # the all-reduce beside GEMMs took 1.8x as long
 
 
 def test_measured_collective_curve_replaces_the_link_model(profiles_dir: Path) -> None:
