@@ -146,6 +146,8 @@ def test_cli_simulate_reads_a_users_error_table(tmp_path: Path, capsys: pytest.C
     assert main(["simulate", str(EXAMPLE), "--json", "--error-table", str(table)]) == 0
     band = json.loads(capsys.readouterr().out)["error_band"]
     assert band["runs"] == 5 and band["error_low_pct"] == pytest.approx(-10.0) and band["coverage"] == pytest.approx(4 / 6)
+    # the range says how far to trust a prediction; it never moves it
+    assert simulate(EXAMPLE, error_table=table).step_time_s == simulate(EXAMPLE).step_time_s
     assert main(["simulate", str(EXAMPLE), "--error-table", str(table)]) == 0
     assert "likely range" in capsys.readouterr().out
     assert main(["simulate", str(EXAMPLE), "--error-table", str(tmp_path / "nope.csv")]) == 2
