@@ -141,14 +141,12 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
         "attention_bwd_flops_per_s": _best([r for r in att if r["params"]["backward"]], "flops"),
         "memory_op_Bps": statistics.median(mem) if mem else None,
     }
-    inter = {("inter" if r["params"]["nodes"] > 1 else "intra"): r["result"]["slowdown"]
-             for r in by_kind.get("interference", []) if r["status"] == "ok"}
-    if inter:
-        s["comm_interference"] = inter
-    in_situ = {("inter" if r["params"]["nodes"] > 1 else "intra"): r["result"]["comm_slowdown"]
-               for r in by_kind.get("interference", []) if r["status"] == "ok" and "comm_slowdown" in r["result"]}
-    if in_situ:
-        s["comm_in_situ"] = in_situ
+    # per scope: the compute's slowdown beside a collective, and (journals since comm_in_situ) the reverse
+    for key, field in (("comm_interference", "slowdown"), ("comm_in_situ", "comm_slowdown")):
+        by_scope = {("inter" if r["params"]["nodes"] > 1 else "intra"): r["result"][field]
+                    for r in by_kind.get("interference", []) if r["status"] == "ok" and field in r["result"]}
+        if by_scope:
+            s[key] = by_scope
     cont: dict[int, dict[str, float]] = defaultdict(dict)
     for r in by_kind.get("contention", []):
         if r["status"] == "ok":

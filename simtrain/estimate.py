@@ -90,7 +90,7 @@ from simtrain.memory import (
 from simtrain.model import ModelSpec
 from simtrain.ops import Kernel
 from simtrain.profile import compute_calibration
-from simtrain.routing import expert_loads_by_rank
+from simtrain.routing import worst_rank_load
 from simtrain.schedules import Action, ActionCosts, Route, build_schedule, makespan, schedule_route
 from simtrain.stacks import get_stack
 
@@ -364,9 +364,7 @@ class Estimator:
 
     def _load(self, layout: LayoutConfig, train: TrainConfig) -> float:
         """The hottest EP rank's routed load (what the engine charges every rank in symmetric mode)."""
-        if not self.model.is_moe:
-            return 1.0
-        return max(expert_loads_by_rank(_layer_run(self.model, layout, train)))
+        return worst_rank_load(self.model, train, layout)
 
     def layer_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> dict[int, _LayerTimes]:
         """Per-micro-batch times of every layer (by global index) at this layout's shape (cached)."""

@@ -58,8 +58,8 @@ def activation_shape(train: TrainConfig, layout: LayoutConfig, model: ModelSpec)
 def moe_mlp_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
     """Bytes an MoE block keeps for backward (before the /t of TP/SP sharding) on the busiest EP rank.
 
-    Per routed token copy (tokens x top_k, times ``a.expert_load`` under skewed routing): the permuted input (2h, the up-projection's wgrad input)
-    and the expert intermediates (as a dense MLP of width f_e: 2 per projection output); the shared
+    Per routed token copy (tokens x top_k, times ``a.expert_load`` under skewed routing): the permuted
+    input (2h, the up-projection's wgrad input) and the expert intermediates (as a dense MLP of width f_e: 2 per projection output); the shared
     experts as a dense MLP on every token; the router's fp32 probabilities (4 x experts per token).
     Megatron-core keeps these in ``MoELayer`` (``experts.py`` GroupedMLP, ``router.py``).
     """

@@ -39,23 +39,19 @@ def rank_load_factors(run: RunConfig, grid: RankGrid, ranks: list[int]) -> dict[
     """Routed-expert time factor of each rank in ``ranks`` (1.0 without MoE or with balanced routing)."""
     if run.model.moe is None:
         return {r: 1.0 for r in ranks}
-    per_ep_rank = expert_loads_by_rank(run)
+    per_ep_rank = ep_rank_loads(run.model, run.train, run.layout)
     return {r: per_ep_rank[grid.group("ep", r).index(r)] for r in ranks}
 
 
 def symmetric_load_factors(run: RunConfig, representatives: list[int]) -> dict[int, float]:
     """Symmetric mode: each stage's representative runs at the hottest EP rank's pace."""
-    worst = max(expert_loads_by_rank(run))
+    worst = worst_rank_load(run.model, run.train, run.layout)
     return {r: worst for r in representatives}
 
 
-def expert_loads_by_rank(run: RunConfig) -> list[float]:
-    """Load factor of each EP rank (index = position in its EP group)."""
-    return ep_rank_loads(run.model, run.train, run.layout)
-
-
 def ep_rank_loads(model: ModelSpec, train: TrainConfig, layout: LayoutConfig) -> list[float]:
-    """Load factor of each EP rank: the mean load of its local experts ([1.0] without MoE)."""
+    """Load factor of each EP rank (index = position in its EP group): the mean load of its local
+    experts ([1.0] without MoE)."""
     moe = model.moe
     if moe is None:
         return [1.0]

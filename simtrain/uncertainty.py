@@ -123,24 +123,25 @@ def read_error_table(path: str | Path | None = None) -> list[ErrorRow]:
     missing = [c for c in COLUMNS if rows and c not in rows[0]]
     if not rows or missing:
         raise ConfigError(problem("error_table", str(p), f"a CSV with columns {', '.join(COLUMNS)}"))
-    return [_error_row(r, p, i) for i, r in enumerate(rows, start=2)]
+    return [_error_row(r, f"error_table line {i}", str(p)) for i, r in enumerate(rows, start=2)]
 
 
 def error_rows(frame: pd.DataFrame) -> list[ErrorRow]:
     """The ``ErrorRow`` of every run ``error_table`` keeps from a ``validate_runs`` frame."""
-    return [ErrorRow(str(r["run_id"]), str(r["source"]), str(r["gpu_type"]).strip().lower(),
-                     stack_family(str(r["stack"])), bool(r["moe"]), float(r["step_time_error_pct"]))
+    return [_error_row({str(k): str(v) for k, v in r.items()}, f"validate row {r['run_id']}", "validate_runs")
             for r in error_table(frame).to_dict(orient="records")]
 
 
-def _error_row(r: dict[str, str], path: Path, line: int) -> ErrorRow:
+def _error_row(r: dict[str, str], where: str, origin: str) -> ErrorRow:
+    """An error-table row of strings (a CSV's cells) as an ErrorRow; ConfigError at ``where`` (in
+    ``origin``) for an error that is not a percentage above -100."""
     try:
         err = float(r["step_time_error_pct"])
     except ValueError:
         err = math.nan
     if not math.isfinite(err) or err <= -100.0:
-        raise ConfigError(problem(f"error_table line {line}.step_time_error_pct", r["step_time_error_pct"],
-                                  f"a signed percentage above -100 ({path})"))
+        raise ConfigError(problem(f"{where}.step_time_error_pct", r["step_time_error_pct"],
+                                  f"a signed percentage above -100 ({origin})"))
     return ErrorRow(r["run_id"], r["source"], r["gpu_type"].strip().lower(), stack_family(r["stack"]),
                     r["moe"].strip().lower() in ("true", "1", "yes"), err)
 
