@@ -19,6 +19,7 @@ from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
+    ActivationShape,
     ChunkMemory,
     activation_shape,
     backward_transient_bytes,
@@ -27,8 +28,10 @@ from simtrain.memory import (
     layer_activation_bytes,
     layer_checkpoint_bytes,
     loss_backward_transient_bytes,
+    mlp_intermediate_bytes,
     op_sac_activation_bytes,
     pipeline_stage_buffer_bytes,
+    torch_cp_backward_transient_bytes,
     weight_grad_input_bytes,
 )
 from simtrain.model import ModelSpec
@@ -806,12 +809,24 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
         weight_bytes=w_in,
         act_bytes=act,
         ckpt_bytes=layer_checkpoint_bytes(m, shape),
-        transient_bytes=backward_transient_bytes(m, shape, layer),
+        transient_bytes=_backward_transient(run, block, shape, layer),
         params_per_rank=(m.layer_params(layer) - experts) / lay.tp,
         selective=recompute,
         recompute_bytes=rebuilt if recompute else 0.0,
         expert_params_per_rank=experts / (lay.ep * etp),
     )
+
+
+def _backward_transient(run: RunConfig, block: BlockBuilder, shape: ActivationShape, layer: int) -> float:
+    """The largest buffers one layer's backward holds beside its saved activations: the MLP's gradient
+    pair, or under torch's ring attention the CP buffers of the attention backward, which runs after the
+    MLP's backward has freed the MLP intermediates (``memory.torch_cp_backward_transient_bytes``)."""
+    m = run.model
+    mlp = backward_transient_bytes(m, shape, layer)
+    if not (block.torch_cp and block.cp_comm == "p2p") or run.layout.cp <= 1:
+        return mlp
+    ring = torch_cp_backward_transient_bytes(m, shape, run.layout.cp) - mlp_intermediate_bytes(m, shape, layer)
+    return max(mlp, ring)
 
 
 def layer_plans(run: RunConfig, block: BlockBuilder, n_layers: int) -> dict[int, LayerPlan]:

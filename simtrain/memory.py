@@ -239,6 +239,38 @@ def backward_transient_bytes(model: ModelSpec, a: ActivationShape, layer: int | 
     return 2.0 * a.tokens * (n_up * model.ffn_hidden / a.t + model.hidden)
 
 
+def torch_cp_backward_transient_bytes(model: ModelSpec, a: ActivationShape, cp: int) -> float:
+    """Bytes torch's ring attention holds in one layer's attention backward under context parallelism.
+
+    ``torch/distributed/tensor/experimental/_attention.py`` (torch 2.6, ``_templated_ring_attention_backward``
+    with the default all-gather rotater): the local K and V, expanded to the query heads (torchtitan calls
+    ``repeat_kv`` before SDPA), are all-gathered once into a buffer of every CP rank's shard (bf16,
+    ``cp`` x K and V); each step concatenates the local K and V again (bf16); dQ, dK and dV accumulate in
+    fp32 (``convert_to_f32``; dQ stays local, dK and dV travel the ring through an all-to-all rotater:
+    the received buffer the accumulators view, the next concatenation and the exchange's output, 3 x fp32
+    dK and dV); each step's bf16 dQ, dK, dV from the flash backward are alive beside the previous
+    step's until reassigned (2 x bf16), and the flash backward keeps its fp32 dQ accumulator. In
+    elements of the local tokens (q: tokens x heads/t x d_qk; kv: K and V expanded, d_qk + d_v per
+    head), bytes: kv x (2 cp gathered + 2 concatenated + 3 x 4 fp32 ring + 2 x 2 step grads) + q x (4 fp32
+    dQ + 2 x 2 step grads + 4 flash accumulator). torch runs no ring at cp = 1 (0).
+    """
+    if cp <= 1:
+        return 0.0
+    q = float(a.tokens) * model.q_dim / a.t
+    kv = float(a.tokens) * model.n_heads * (model.d_head + model.v_head_dim) / a.t
+    return (2.0 * cp + 2.0 + 3 * 4.0 + 2 * 2.0) * kv + (4.0 + 2 * 2.0 + 4.0) * q
+
+
+def mlp_intermediate_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:
+    """Bytes of one layer's MLP intermediates on this rank (/t), which its backward frees before the
+    attention backward starts: a dense MLP's projection outputs (2 bytes x tokens x f per output; SwiGLU:
+    gate, up and product), an MoE block's routed-expert activations (``moe_mlp_activation_bytes``)."""
+    if layer is not None and model.is_moe_layer(layer):
+        return moe_mlp_activation_bytes(model, a) / a.t
+    n_mlp = 3 if model.activation == "swiglu" else 2
+    return n_mlp * 2.0 * a.tokens * model.ffn_hidden / a.t
+
+
 def head_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
     """Last stage, per micro-batch: final-norm input, LM-head input and fp32 logits (4*s*b*V/t)."""
     x = 2.0 * a.tokens * model.hidden

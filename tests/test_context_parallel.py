@@ -134,3 +134,42 @@ def test_torch_ring_attention_gathers_expanded_kv_once_and_rings_fp32_grads() ->
     est, sim = times["torchtitan-compile"]
     assert est == pytest.approx(sim, rel=0.15)
     assert est > times["megatron-te"][0] and sim > times["megatron-te"][1]
+
+
+def test_torch_ring_backward_buffers_closed_form() -> None:
+    """torch's ring backward holds the all-gathered expanded K, V (2 bytes x cp x K and V), a bf16
+    concatenation, three fp32 dK, dV buffers and two steps' bf16 grads per K/V element; per query
+    element fp32 dQ, two steps' bf16 dQ and the flash fp32 accumulator; nothing at cp = 1."""
+    from simtrain.memory import ActivationShape, torch_cp_backward_transient_bytes
+
+    m = load_config(BASE).model
+    a = ActivationShape(b=1, s=8192, t=8, sp=True, flash=True, dropout=False)
+    q = 8192 * m.n_heads * m.d_head / 8
+    kv = 2 * q  # K and V expanded to the query heads, d_v = d_qk
+    assert torch_cp_backward_transient_bytes(m, a, 1) == 0.0
+    assert torch_cp_backward_transient_bytes(m, a, 4) == pytest.approx((2 * 4 + 18) * kv + 12 * q)
+    # each doubling of cp adds one more gathered copy of every rank's K and V
+    step = torch_cp_backward_transient_bytes(m, a, 8) - torch_cp_backward_transient_bytes(m, a, 4)
+    assert step == pytest.approx(2 * 4 * kv)
+
+
+def test_torch_ring_buffers_raise_the_peak_only_with_torch_cp() -> None:
+    """Long context on torchtitan: the ring backward's buffers outgrow the MLP gradients, so the peak
+    grows with cp at a fixed per-rank token count by the gathered K and V; the engine's peak and the
+    closed form agree; Megatron/TE's ring (not modelled by these buffers) does not move."""
+    # pp = 2: the first stage holds no LM head, so its peak is a layer's backward, not the loss's
+    base = dict(model="llama3-70b", hardware=dict(node="dgx-h100", n_nodes=16),
+                layout=dict(tp=8, cp=8, pp=2, sequence_parallel=True, zero_stage=3, recompute="full"),
+                train=dict(seq_len=262144, global_batch_seqs=2, stack="torchtitan-compile"))
+    peaks = {}
+    for cp in (4, 8):
+        r = simulate(base, [f"layout.cp={cp}", f"train.seq_len={cp * 32768}", f"hardware.n_nodes={2 * cp}"])
+        mem = r.memory[0]
+        assert mem.peak_bytes == pytest.approx(mem.closed_form_peak_bytes, rel=0.01)
+        peaks[cp] = mem.components["activations"]
+    m = load_config(base).model
+    kv_per_cp = 2 * 2 * 32768 * (m.n_heads // 8) * m.d_head  # bf16 K and V of one rank's shard
+    assert peaks[8] - peaks[4] == pytest.approx(4 * kv_per_cp, rel=0.01)
+    te = [simulate(base, [f"layout.cp={cp}", f"train.seq_len={cp * 32768}", f"hardware.n_nodes={2 * cp}",
+                          "train.stack=megatron-te"]).memory[0].components["activations"] for cp in (4, 8)]
+    assert te[1] == pytest.approx(te[0], rel=1e-6)
