@@ -22,6 +22,7 @@ from simtrain.config import LayoutConfig, TrainConfig
 from simtrain.model import ModelSpec
 from simtrain.routing import worst_rank_load
 from simtrain.schedules import Action
+from simtrain.stacks import get_stack
 
 MiB = 1024.0**2
 CUBLAS_WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG default 4 MiB x 8)
@@ -40,6 +41,12 @@ class ActivationShape:
     expert_load: float = 1.0
     """Routed token copies of the busiest EP rank as a multiple of balanced routing
     (``simtrain.routing.worst_rank_load``): its routed experts keep that many more activations."""
+    gathered_inputs: bool = False
+    """Sequence parallelism through DTensor (``SoftwareStack.dtensor_tp``): the column-parallel linears
+    save the all-gathered, full-sequence input they multiply (autograd saves the matmul's operand; a
+    compiled graph may not recompute the collective: torch/_functorch/partitioners.py bans recomputing
+    ops outside its allowlist), so the QKV and MLP inputs are kept whole, not /t. Megatron-core saves
+    the sequence shard and all-gathers it again for the weight gradient (Korthikanti et al. 2022, 4.2.2)."""
 
     @property
     def tokens(self) -> int:
@@ -50,9 +57,19 @@ class ActivationShape:
 def activation_shape(train: TrainConfig, layout: LayoutConfig, model: ModelSpec) -> ActivationShape:
     """The activation shape of this run (dropout defaults on for GELU/GPT-style models)."""
     dropout = train.dropout if train.dropout is not None else model.activation == "gelu"
+    sp = layout.sequence_parallel
+    gathered = sp and layout.tp > 1 and get_stack(train.stack).dtensor_tp
     return ActivationShape(b=train.micro_batch_size, s=train.seq_len // layout.cp, t=layout.tp,
-                           sp=layout.sequence_parallel, flash=train.attention_kernel == "flash",
-                           dropout=dropout, expert_load=worst_rank_load(model, train, layout))
+                           sp=sp, flash=train.attention_kernel == "flash", dropout=dropout,
+                           expert_load=worst_rank_load(model, train, layout), gathered_inputs=gathered)
+
+
+def _replicated_bytes(a: ActivationShape, norm_inputs: float, linear_inputs: float) -> float:
+    """Bytes of the TP-replicated activations on this rank: the norms' inputs (/t with SP) and the
+    column-parallel linears' inputs (/t with SP, unless ``a.gathered_inputs`` keeps them whole)."""
+    if not a.sp:
+        return norm_inputs + linear_inputs
+    return norm_inputs / a.t + (linear_inputs if a.gathered_inputs else linear_inputs / a.t)
 
 
 def moe_mlp_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
@@ -95,7 +112,8 @@ def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_atten
     """
     sbh = float(a.tokens * model.hidden)
     h, f = model.hidden, model.ffn_hidden
-    replicated = (2 + 2 + 2 + 2) * sbh + (2 * sbh if a.dropout else 0.0)
+    replicated = (2 + 2) * sbh + (2 * sbh if a.dropout else 0.0)  # norm inputs, dropout masks
+    linear_inputs = (2 + 2) * sbh  # QKV and MLP inputs
     kv_ratio = model.kv_dim / model.hidden
     q_ratio = model.q_dim / model.hidden
     attn = (2 * q_ratio + 2 * 2 * kv_ratio + 2 * q_ratio) * sbh
@@ -106,7 +124,7 @@ def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_atten
         attn += 4.0 * model.n_heads * a.tokens  # fp32 log-sum-exp per query and head
     elif not recompute_attention:
         attn += 5.0 * model.n_heads * a.s * a.tokens  # softmax out 2 + dropout mask 1 + dropout out 2
-    replicated, attn, mlp = _selective_recompute(model, a, layer, recompute, replicated, attn, mlp)
+    linear_inputs, attn, mlp = _selective_recompute(model, a, layer, recompute, linear_inputs, attn, mlp)
     if stack == "eager_hf":
         # two RMSNorms: fp32 input copy 4 + normalised bf16 2 - the fused stack's bf16 input 2, plus the
         # fp32 rsqrt per token (HF LlamaRMSNorm); SwiGLU: silu(gate) kept for the product's backward
@@ -115,18 +133,18 @@ def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_atten
     elif stack != "fused":
         raise ValueError(f"unknown activation stack {stack!r}; known: {', '.join(ACTIVATION_STACKS)}")
     sharded = (attn + mlp) / a.t
-    return (replicated / a.t if a.sp else replicated) + sharded
+    return _replicated_bytes(a, replicated, linear_inputs) + sharded
 
 
 def _selective_recompute(model: ModelSpec, a: ActivationShape, layer: int | None, modules: tuple[str, ...],
-                         replicated: float, attn: float, mlp: float) -> tuple[float, float, float]:
+                         linear_inputs: float, attn: float, mlp: float) -> tuple[float, float, float]:
     """What ``recompute_modules`` stop saving (Megatron-core selective recompute; DeepSeek-V3 3.3.2):
     ``layernorm``: the two norm outputs (QKV and MLP inputs, 2+2 sbh); ``mla_up_proj``: Q, K, V are
     rebuilt from the saved latents (q: d_c', kv: d_c + d_rope per token); ``act``: the activation
     output (SwiGLU's product, GELU's output), one of the MLP intermediates."""
     tokens = float(a.tokens)
     if "layernorm" in modules:
-        replicated -= 4.0 * tokens * model.hidden
+        linear_inputs -= 4.0 * tokens * model.hidden
     if "mla_up_proj" in modules and model.mla is not None:
         mla = model.mla
         latents = 2.0 * tokens * ((mla.q_lora_rank or model.hidden) + mla.kv_lora_rank + mla.qk_rope_head_dim)
@@ -138,7 +156,7 @@ def _selective_recompute(model: ModelSpec, a: ActivationShape, layer: int | None
             mlp -= 2.0 * tokens * (moe.top_k * moe.ffn_hidden + moe.n_shared_experts * moe.shared_ffn)
         else:
             mlp -= 2.0 * tokens * model.ffn_hidden
-    return replicated, attn, mlp
+    return linear_inputs, attn, mlp
 
 
 #: torchtitan's op-level selective activation checkpointing (``activation_checkpoint.mode: selective``,
@@ -213,7 +231,6 @@ def weight_grad_input_bytes(model: ModelSpec, a: ActivationShape, layer: int | N
     linear layers (QKV and MLP inputs 2sbh each, replicated unless SP; out-proj input and MLP-down
     input, sharded by TP; Korthikanti Table 2 terms), which the weight-gradient GEMMs read."""
     sbh = float(a.tokens * model.hidden)
-    replicated = 2 * 2.0 * sbh
     if layer is not None and model.is_moe_layer(layer):
         moe = model.moe
         assert moe is not None
@@ -222,7 +239,7 @@ def weight_grad_input_bytes(model: ModelSpec, a: ActivationShape, layer: int | N
     else:
         mlp = 2.0 * a.tokens * model.ffn_hidden
     sharded = 2.0 * a.tokens * model.n_heads * model.v_head_dim + mlp
-    return (replicated / a.t if a.sp else replicated) + sharded / a.t
+    return _replicated_bytes(a, 0.0, 2 * 2.0 * sbh) + sharded / a.t
 
 
 def backward_transient_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:

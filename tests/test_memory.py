@@ -284,3 +284,28 @@ def test_fsdp_prefetch_hides_parameter_gathers() -> None:
         return simulate(cfg).breakdown_s["exposed_comm"]["dp"]
 
     assert exposed_dp(1) < 0.5 * exposed_dp(0)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_dtensor_sp_keeps_the_gathered_linear_inputs(t: int) -> None:
+    """DTensor SP (torchtitan): the QKV and MLP inputs are saved all-gathered (2 + 2 sbh, not /t),
+    in activations and in what a split backward's W reads; the norm inputs stay sharded."""
+    import dataclasses
+
+    from simtrain.memory import activation_shape, weight_grad_input_bytes
+
+    sharded = _shape(t=t, sp=True)
+    gathered = dataclasses.replace(sharded, gathered_inputs=True)
+    extra = 4 * _sbh() * (1 - 1 / t)
+    assert layer_activation_bytes(GPT3, gathered) - layer_activation_bytes(GPT3, sharded) == pytest.approx(extra)
+    assert weight_grad_input_bytes(GPT3, gathered) - weight_grad_input_bytes(GPT3, sharded) == pytest.approx(extra)
+    # selective recompute of the norms drops the gathered inputs too (their outputs are the inputs)
+    no_norm = layer_activation_bytes(GPT3, gathered, recompute=("layernorm",))
+    assert layer_activation_bytes(GPT3, gathered) - no_norm == pytest.approx(4 * _sbh())
+    # which stacks gather: torchtitan's DTensor TP with SP, not Megatron-core's, not without TP
+    lay = LayoutConfig(tp=t, dp=1, sequence_parallel=True)
+    for stack, expected in (("torchtitan-compile", True), ("megatron-te", False)):
+        train = TrainConfig(seq_len=S, global_batch_seqs=1, micro_batch_size=1, stack=stack)
+        assert activation_shape(train, lay, GPT3).gathered_inputs is expected
+    train = TrainConfig(seq_len=S, global_batch_seqs=1, micro_batch_size=1, stack="torchtitan-compile")
+    assert activation_shape(train, LayoutConfig(tp=1, dp=1), GPT3).gathered_inputs is False
