@@ -27,7 +27,7 @@ from simtrain.uncertainty import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "llama3_70b_h100.yaml"
+EXAMPLE = ROOT / "examples" / "llama3_8b_h100_fsdp.yaml"  # the smallest dense example: ~1 s to simulate
 
 
 def _rows(errors: list[float], family: str = "megatron", moe: bool = False, gpu: str = "h100-sxm") -> list[ErrorRow]:
