@@ -752,7 +752,8 @@ class Engine:
             yield from self._transfer(rank, latency, phases, cls, private, stretch)
             return
         group = self.grid.group(op.axis, rank)
-        key = (group, op.idx)
+        # the embedding all-reduce pairs two stages' programs, whose op indices differ; it runs once a step
+        key = (group, op.name if op.axis == "pp_emb" else op.idx)
         count, ev = self.rendezvous.get(key, (0, None))  # type: ignore[assignment]
         if ev is None:
             ev = self.env.event()

@@ -66,6 +66,7 @@ from simtrain.lowering import (
     build_block,
     chunk_memory,
     dp_overlaps,
+    embedding_sync_bytes,
     first_layers,
     fp32_grad_accumulation_kernel,
     fsdp_keeps_unsharded,
@@ -559,6 +560,7 @@ class Estimator:
         else:
             dp_s = max(self._dp_s(layout, train, groups, d, e, m, fwd_mb, bwd_mb, costs) for d, e in params)
         opt_s = max(self._optimizer_s(layout, train, d, e) for d, e in params)
+        pp_s += self._embedding_sync_s(layout, train, grid)
         step = compute + bubble + pp_s + dp_s + opt_s
         tokens = seqs * train.seq_len
         flops = model_flops_per_step(self.model, train.seq_len, tokens)
@@ -607,6 +609,14 @@ class Estimator:
         size = 2.0 * train.micro_batch_size * (train.seq_len // layout.cp) * self.model.hidden / layout.tp
         peer = grid.group("pp", 0)[1]
         return (m * layout.vpp + layout.pp - 1) * self._send_s(0, peer, size)
+
+    def _embedding_sync_s(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> float:
+        """The blocking embedding-gradient all-reduce between the first and last stage
+        (``lowering.embedding_sync_bytes``), on rank 0's stage."""
+        st = self.structure(layout)
+        held = {st.position(0, c) for c in range(len(st.layers[0]))}
+        size = embedding_sync_bytes(self.model, layout, train, held, st.route.length, get_stack(train.stack))
+        return self.collective_s("all_reduce", grid.group("pp_emb", 0), size) if size > 0 else 0.0
 
     def _dp_groups(self, layout: LayoutConfig, grid: RankGrid) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Rank 0's data-parallel group (dp, or dp x cp: grads and ZeRO span both) and its

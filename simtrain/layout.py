@@ -60,7 +60,8 @@ class RankGrid:
         return (rank // self.stride("pp")) % self.layout.pp
 
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
-        """Ranks of ``rank``'s process group on ``axis`` (tp, cp, dp, pp, ep, dp_shard, dp_replicate, dp_cp)."""
+        """Ranks of ``rank``'s process group on ``axis`` (tp, cp, dp, pp, ep, dp_shard, dp_replicate, dp_cp,
+        pp_emb)."""
         if axis in GRID_AXES:
             base = rank - self.coords(rank)[axis] * self.stride(axis)
             return tuple(base + i * self.stride(axis) for i in range(self.degree(axis)))
@@ -68,7 +69,17 @@ class RankGrid:
             return self._folded_group(axis, rank)
         if axis in ("etp", "ep", "edp"):
             return self._expert_group(axis, rank)
+        if axis == "pp_emb":
+            return self._embedding_group(rank)
         raise KeyError(axis)
+
+    def _embedding_group(self, rank: int) -> tuple[int, ...]:
+        """Megatron's embedding group: the first and the last pipeline stage's ranks at ``rank``'s
+        other coordinates, which hold the input embedding and the weight shared with it (tied LM head,
+        MTP); any other rank is alone."""
+        c = self.coords(rank)
+        ends = (self.rank_of(**{**c, "pp": 0}), self.rank_of(**{**c, "pp": self.layout.pp - 1}))
+        return ends if rank in ends and ends[0] != ends[1] else (rank,)
 
     @property
     def etp(self) -> int:

@@ -733,6 +733,10 @@ def _finish_stage(sl: _StageLowering) -> None:
     last = sl.em.last_compute
     for coll, size, axis in sl.deferred:
         sl.dp_collective(coll, axis, size, f"dp.{coll}", () if last is None else (last,))
+    emb = embedding_sync_bytes(sl.run.model, lay, train, {sl.vstage(c) for c in range(len(sl.layers))}, sl.n_virtual,
+                               sl.stack)
+    if emb > 0:
+        sl.dp_collective("all_reduce", "pp_emb", emb, "pp.embedding_grad_all_reduce", () if last is None else (last,))
     chunks = range(len(sl.layers))
     params = sum(sl.chunk_params(c) for c in chunks)
     experts = sum(sl.chunk_expert_params(c) for c in chunks)
@@ -754,6 +758,27 @@ def _finish_stage(sl: _StageLowering) -> None:
         for size, axis, degree in ((params, lay.data_axis, lay.data_degree), (experts, "edp", sl.edp)):
             if degree > 1 and size > 0:
                 sl.dp_collective("all_gather", axis, 2.0 * size, "dp.param_all_gather", (opt.idx,))
+
+
+def embedding_sync_bytes(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, held: set[int], n_virtual: int,
+                         stack: SoftwareStack) -> float:
+    """Bytes of the embedding-gradient all-reduce a rank holding virtual stages ``held`` runs after its
+    gradient reductions and before the optimizer step (0 where it runs none).
+
+    Megatron-core's ``finalize_model_grads._allreduce_word_embedding_grads`` all-reduces the main
+    gradient of the input embedding (V x h / tp, in the gradient dtype) between the first and the last
+    pipeline stage when the LM head is tied to it or MTP shares it (``mtp_num_layers``), blocking;
+    DeepSpeed's pipeline engine does the same for its tied modules (``_exec_reduce_tied_grads``, the
+    fp32 high-precision gradient). Nothing crosses stages when one rank holds both ends (V-shaped
+    schedules) or the model shares no embedding; ``torch.distributed.pipelining`` keeps no embedding
+    group (each stage owns its parameters).
+    """
+    if layout.pp == 1 or stack.torch_pipelining or not (model.tied_embeddings or model.mtp_depth > 0):
+        return 0.0
+    if (0 in held) == (n_virtual - 1 in held):
+        return 0.0
+    grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+    return grad_b * model.embedding_params() / layout.tp
 
 
 def _param_gathers_at_start(sl: _StageLowering) -> None:

@@ -217,3 +217,31 @@ def test_search_estimate_prices_the_fp32_accumulation_pass_like_the_engine() -> 
     run = load_config(cfg)
     est = Estimator(run.model, cluster_of(run)).estimate(run.layout, run.train).step_time_s
     assert est == pytest.approx(simulate(cfg).step_time_s, rel=0.03)
+
+
+def test_tied_embedding_gradients_are_all_reduced_between_the_end_stages() -> None:
+    """Megatron's finalize_model_grads all-reduces the tied embedding's fp32 main grad (V x h / tp x 4
+    bytes) between the first and last stage, blocking, before the optimizer: over one 200 Gb/s NIC per
+    GPU a 2-rank all-reduce moves the whole buffer once (half out, half back). Symmetric = full mode,
+    the search estimate adds the same; nothing when one rank holds both ends (DualPipeV) or the
+    pipeline is torch's (no embedding group)."""
+    from simtrain.estimate import Estimator
+    from simtrain.simulate import cluster_of
+
+    cfg = dict(model=dict(preset="gpt3-175b", vocab=51200), hardware=dict(node="dgx-a100", n_nodes=2),
+               layout=dict(tp=8, pp=2, vpp=2, recompute="full"),
+               train=dict(seq_len=2048, micro_batch_size=1, global_batch_seqs=8))
+    untie = ["model.tied_embeddings=false"]
+    tied, untied = simulate(cfg), simulate(cfg, untie)
+    expected = 51200 * 12288 / 8 * 4 / 25e9  # bytes / NIC bytes per second
+    assert tied.step_time_s - untied.step_time_s == pytest.approx(expected, rel=0.1)
+    extra_pp = tied.breakdown_s["exposed_comm"]["pp"] - untied.breakdown_s["exposed_comm"]["pp"]
+    assert extra_pp == pytest.approx(expected, rel=0.1)
+    assert simulate(cfg, mode="full").step_time_s == pytest.approx(tied.step_time_s, rel=1e-4)
+
+    def estimate(overrides: list[str]) -> float:
+        run = load_config(cfg, overrides)
+        return Estimator(run.model, cluster_of(run)).estimate(run.layout, run.train).step_time_s
+    assert estimate([]) - estimate(untie) == pytest.approx(expected, rel=0.1)
+    for other in (["layout.schedule=dualpipev", "layout.vpp=1"], ["train.stack=torchtitan-compile"]):
+        assert simulate(cfg, other).step_time_s == pytest.approx(simulate(cfg, other + untie).step_time_s, rel=1e-9)
