@@ -62,18 +62,23 @@ Segment = tuple[Kernel, ...] | Comm | Ring
 
 
 def merge(segs: list[Segment | tuple[Kernel | None, ...]]) -> list[Segment]:
-    """Concatenate adjacent kernel tuples (dropping None kernels and empty tuples) into one segment."""
+    """Concatenate adjacent kernel tuples (dropping None kernels and empty tuples) into one segment,
+    except the segment right after an overlapped collective: it is what runs beside that collective,
+    and the segment after it waits for the collective, so the two stay apart."""
     out: list[Segment] = []
+    beside = False  # out[-1] is the segment an overlapped collective runs beside
     for seg in segs:
         if isinstance(seg, Comm | Ring):
             out.append(seg)
+            beside = False
             continue
         kernels = tuple(k for k in seg if k is not None)
         if not kernels:
             continue
-        if out and isinstance(out[-1], tuple):
+        if out and isinstance(out[-1], tuple) and not beside:
             out[-1] = out[-1] + kernels
         else:
+            beside = bool(out) and isinstance(out[-1], Comm) and out[-1].overlap
             out.append(kernels)
     return out
 
@@ -418,11 +423,41 @@ class BlockBuilder:
         if not self.sp:
             return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
                           (ln1,)])
-        summed = Comm("reduce_scatter", size, fusable=not self.dtensor_tp)  # dX of separate projections
+        if not self.dtensor_tp:
+            attn = [*attn[:-1], *self._regathered_wgrad((*rope, *self._attn_in_bwd()), len(rope))]
+            if not moe:
+                dense = mlp[0]
+                assert isinstance(dense, tuple)
+                mlp = self._regathered_wgrad(dense, next(i for i, k in enumerate(dense) if k.name.startswith("mlp_up")))
+            if moe:
+                return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn, (ln1,)])
+            return merge([(res2,), Comm("all_gather", size), *mlp, (ln2, res1), Comm("all_gather", size), *attn,
+                          (ln1,)])
+        summed = Comm("reduce_scatter", size, fusable=False)  # dX of separate projections
         if moe:
             return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn, summed, (ln1,)])
         return merge([(res2,), Comm("all_gather", size), *mlp, summed, (ln2, res1),
                       Comm("all_gather", size), *attn, summed, (ln1,)])
+
+    def _regathered_wgrad(self, kernels: tuple[Kernel, ...], first_column: int) -> list[Segment]:
+        """The backward of column-parallel GEMMs whose sequence-parallel input Megatron saved as its shard:
+        ``kernels[first_column:]`` (their dgrad and wgrad GEMMs, after ``kernels[:first_column]``) become
+        the dgrads beside a re-all-gather of the input, then the wgrads beside the reduce-scatter of the
+        input gradient the dgrads produced.
+
+        Megatron-core's ``LinearWithGradAccumulationAndAsyncCommunication.backward`` (sequence
+        parallel) all-gathers the saved input shard asynchronously while the dgrad GEMM runs, then
+        reduce-scatters the input gradient asynchronously while the wgrad GEMM runs (Korthikanti et al.
+        2022, sec. 4.2.2); Transformer Engine's userbuffers do the same as "bulk" overlaps
+        (``qkv_dgrad`` / ``fc1_dgrad``: all-gather beside dgrad; ``qkv_wgrad`` / ``fc1_wgrad``:
+        reduce-scatter beside wgrad). Neither collective is split into GEMM chunks.
+        """
+        size = 2.0 * self.T * self.model.hidden
+        column = kernels[first_column:]
+        wgrads = tuple(k for k in column if k.name.endswith(".wgrad"))
+        dgrads = tuple(k for k in column if not k.name.endswith(".wgrad"))
+        return [kernels[:first_column], Comm("all_gather", size, fusable=False).overlapped(), dgrads,
+                Comm("reduce_scatter", size, fusable=False).overlapped(), wgrads]
 
     # -- mixture of experts ----------------------------------------------------------------------
     @property

@@ -150,6 +150,8 @@ class _Emitter:
         self.extra_deps: list[int] = []
         self.overlap_comm: Op | None = None
         self.overlap_skip = 0
+        self.overlap_older: list[int] = []
+        """Earlier overlapped collectives the compute segment after the next must also wait for."""
         self.trailing: list[Op] = []
         self._summaries: dict[tuple[int, str], tuple[tuple[Kernel, ...], tuple[str, float, float]]] = {}
 
@@ -168,6 +170,8 @@ class _Emitter:
                            deps=tuple(deps), coll=c.coll, axis=c.axis, comm_bytes=c.size_bytes, microbatch=mb,
                            chunk=chunk)
         if c.overlap:  # the next compute segment runs beside it; the one after waits for it
+            if self.overlap_comm is not None:  # an earlier one still unwaited: that compute waits for it too
+                (self.extra_deps if self.overlap_skip == 0 else self.overlap_older).append(self.overlap_comm.idx)
             self.pending_comm, self.overlap_comm, self.overlap_skip = None, op, 1
         else:
             self.pending_comm = op
@@ -203,8 +207,8 @@ class _Emitter:
             if self.overlap_skip:
                 self.overlap_skip -= 1
             else:
-                deps.append(self.overlap_comm.idx)
-                self.overlap_comm = None
+                deps += [*self.overlap_older, self.overlap_comm.idx]
+                self.overlap_comm, self.overlap_older = None, []
         self.extra_deps = []
         name, duration, expert = self._summary(kernels, category)
         op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, name, category=category, deps=tuple(deps),

@@ -178,16 +178,60 @@ def test_float8_tensor_parallel_gathers_in_fp8_after_casting_the_shard() -> None
 def test_async_tp_cannot_fuse_the_reduce_scatter_of_summed_input_gradients() -> None:
     """torchtitan's separate wq/wk/wv and w1/w3 linears sum their input gradients before the backward
     reduce-scatter, which async TP's matmul + reduce-scatter fusion does not match: those two run through
-    the functional collectives (with their layout copy); Megatron's fused QKV and FC1 GEMMs fuse."""
+    the functional collectives (with their layout copy), blocking; Megatron's reduce-scatter of the QKV
+    and FC1 input gradients runs beside their weight-gradient GEMMs (Transformer Engine's default "bulk"
+    overlap for ``qkv_wgrad`` / ``fc1_wgrad``)."""
     from simtrain.blocks import Comm
 
-    def backward_scatters(block) -> list[tuple[bool, str]]:  # type: ignore[no-untyped-def]
+    def backward_scatters(block) -> list[tuple[bool, bool, str]]:  # type: ignore[no-untyped-def]
         segs = block.layer_backward()
-        return [(s.fusable, segs[i - 1][-1].name) for i, s in enumerate(segs)
+        return [(s.fusable, s.overlap, segs[i - 1][-1].name) for i, s in enumerate(segs)
                 if isinstance(s, Comm) and s.coll == "reduce_scatter"]
 
     titan = backward_scatters(_tp_block("torchtitan-compile", overlap=True))
-    assert titan == [(False, "tp.scatter_copy")] * 2
-    assert all(fusable for fusable, _ in backward_scatters(_tp_block("megatron-te", overlap=True)))
+    assert titan == [(False, False, "tp.scatter_copy")] * 2
+    megatron = backward_scatters(_tp_block("megatron-te", overlap=True))
+    assert megatron == [(False, True, "mlp_up.dgrad"), (False, True, "qkv.dgrad")]
     forward = [s for s in _tp_block("torchtitan-compile", overlap=True).layer_forward() if isinstance(s, Comm)]
     assert forward and all(s.fusable for s in forward)
+
+
+def test_megatron_sequence_parallel_regathers_the_input_for_the_weight_gradient() -> None:
+    """Megatron saves a column-parallel layer's sequence-parallel input as its shard and all-gathers it
+    again in backward, beside the dgrad GEMM, for the wgrad GEMM (Korthikanti et al. 2022, 4.2.2; TE
+    userbuffers' "bulk" qkv_dgrad / fc1_dgrad); torchtitan's DTensor layers saved the gathered input."""
+    from simtrain.blocks import Comm
+
+    for overlap in (False, True):
+        segs = _tp_block("megatron-te", overlap=overlap).layer_backward()
+        regathers = [i for i, s in enumerate(segs) if isinstance(s, Comm) and s.coll == "all_gather" and s.overlap]
+        assert len(regathers) == 2
+        for i, column in zip(regathers, ("mlp_up", "qkv"), strict=True):
+            dgrads, scatter, wgrads = segs[i + 1], segs[i + 2], segs[i + 3]
+            assert isinstance(dgrads, tuple) and dgrads[-1].name == f"{column}.dgrad"
+            assert not any(k.name.endswith(".wgrad") for k in dgrads)
+            assert isinstance(scatter, Comm) and scatter.coll == "reduce_scatter" and scatter.overlap
+            assert isinstance(wgrads, tuple) and [k.name for k in wgrads] == [f"{column}.wgrad"]
+            assert segs[i].size_bytes == pytest.approx(2.0 * 8192 * 4096)  # the whole sequence, BF16
+    titan = _tp_block("torchtitan-compile").layer_backward()
+    assert sum(isinstance(s, Comm) and s.coll == "all_gather" for s in titan) == 2  # output gradients only
+
+
+def test_weight_gradient_waits_for_the_regathered_input() -> None:
+    """In the lowered program each column-parallel wgrad GEMM depends on the re-all-gather that ran
+    beside its dgrad GEMM (two overlapped collectives in a row keep both dependencies)."""
+    from simtrain.lowering import lower
+    from simtrain.ops import OpKind
+
+    run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1),
+                           layout=dict(tp=8, sequence_parallel=True, tp_comm_overlap=True),
+                           train=dict(seq_len=4096, global_batch_seqs=1, stack="megatron-te")))
+    cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16", stack=get_stack("megatron-te"))
+    ops = lower(run, cost).programs[0].ops
+    wgrads = [op for op in ops if op.kind == OpKind.COMPUTE and op.name in ("mlp_up.wgrad", "qkv.wgrad")]
+    assert len(wgrads) == 2 * run.model.n_layers
+    for op in wgrads:
+        waited = [ops[d] for d in op.deps]
+        assert [(d.coll, d.axis) for d in waited if d.kind == OpKind.COLLECTIVE] == [("all_gather", "tp")]
+        before = [o for o in ops[:op.idx] if o.kind == OpKind.COMPUTE][-1]
+        assert before.name == op.name.replace(".wgrad", ".dgrad")  # the dgrad ran beside the gather

@@ -189,3 +189,24 @@ def test_zero3_reduces_and_gathers_expert_weights_over_expert_data_parallel() ->
     sym, full = simulate(BASE, ["layout.ep=4", "layout.zero_stage=3"], mode="symmetric"), \
         simulate(BASE, ["layout.ep=4", "layout.zero_stage=3"], mode="full")
     assert sym.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
+
+
+def test_routed_experts_wait_for_the_overlapped_dispatch() -> None:
+    """With the dispatch overlapped (``ep_comm_overlap``, DualPipe), only the shared experts run beside
+    the all-to-all; the routed experts need the tokens it delivers, so they are a separate segment the
+    engine starts after it (a merged segment would let them run before their tokens arrive)."""
+    from simtrain.blocks import Comm
+    from simtrain.lowering import build_block
+    from simtrain.stacks import get_stack
+
+    run = load_config(dict(model="deepseek-v3", hardware=dict(n_nodes=8),
+                           layout=dict(ep=64, dp=64, ep_comm_overlap=True),
+                           train=dict(seq_len=4096, global_batch_seqs=64)))
+    cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16", stack=get_stack("megatron-te"))
+    block = build_block(run.model, run.layout, run.train, cost)
+    layer = next(i for i in range(run.model.n_layers) if run.model.is_moe_layer(i))
+    for segs in (block.layer_forward(layer), block.layer_backward(layer)):
+        i = next(i for i, s in enumerate(segs) if isinstance(s, Comm) and s.axis == "ep" and s.overlap)
+        beside, after = segs[i + 1], segs[i + 2]
+        assert isinstance(beside, tuple) and all(k.name.startswith("shared.") for k in beside)
+        assert isinstance(after, tuple) and after[0].name.startswith("expert.")

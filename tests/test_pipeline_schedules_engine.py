@@ -95,9 +95,11 @@ def test_tp_comm_overlap_hides_tensor_parallel_communication() -> None:
                train=dict(seq_len=8192, global_batch_seqs=2))
     plain = simulate(cfg, ["layout.tp_comm_overlap=false"])
     over = simulate(cfg, ["layout.tp_comm_overlap=true"])
-    # 0.72 today: at one 8k sequence per micro-batch the 8B's QKV and output-projection GEMMs per TP rank
-    # (~70 us) are shorter than their all-gather / reduce-scatter (~160 us), so those stay partly exposed
-    assert over.breakdown_s["exposed_comm"]["tp"] < 0.8 * plain.breakdown_s["exposed_comm"]["tp"]
+    # 0.89 today: at one 8k sequence per micro-batch the 8B's QKV and output-projection GEMMs per TP rank
+    # (~70 us) are shorter than their all-gather / reduce-scatter (~160 us), so those stay partly exposed,
+    # and the backward's re-gathers and input-gradient reduce-scatters run beside the dgrad / wgrad GEMMs
+    # either way (Megatron's asynchronous collectives; userbuffers' "bulk" overlap)
+    assert over.breakdown_s["exposed_comm"]["tp"] < 0.95 * plain.breakdown_s["exposed_comm"]["tp"]
     assert over.step_time_s < plain.step_time_s
 
 
