@@ -134,6 +134,11 @@ class BlockBuilder:
       produces it (torch/_inductor/fx_passes/micro_pipeline_tp.py), so these two run unfused."""
     tp_overlap: bool = False
     """TP comm overlap (async TP) is on: fusable collectives run in the fused ops, without layout copies."""
+    tp_async_grad_allreduce: bool = False
+    """Without sequence parallelism the column-parallel layers all-reduce their input gradient beside
+    their wgrad GEMM (Megatron, ``_column_backward``); False: after their backward, blocking (autograd
+    runs the all-reduce of ``copy_to_tensor_model_parallel_region`` or DTensor's redistribute after the
+    linear's backward has produced both gradients)."""
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's symbol for tokens
@@ -420,15 +425,19 @@ class BlockBuilder:
         size = 2.0 * self.T * h
         if self.t == 1:
             return merge([(res2,), *mlp, (ln2, res1), *attn, (ln1,)])
-        if not self.sp:
-            return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
-                          (ln1,)])
-        if not self.dtensor_tp:
-            attn = [*attn[:-1], *self._regathered_wgrad((*rope, *self._attn_in_bwd()), len(rope))]
+        if (self.sp and not self.dtensor_tp) or (not self.sp and self.tp_async_grad_allreduce):
+            attn = [*attn[:-1], *self._column_backward((*rope, *self._attn_in_bwd()), len(rope))]
             if not moe:
                 dense = mlp[0]
                 assert isinstance(dense, tuple)
-                mlp = self._regathered_wgrad(dense, next(i for i, k in enumerate(dense) if k.name.startswith("mlp_up")))
+                mlp = self._column_backward(dense, next(i for i, k in enumerate(dense) if k.name.startswith("mlp_up")))
+        if not self.sp:
+            if self.tp_async_grad_allreduce:
+                moe_reduce: list[Segment] = [Comm("all_reduce", size)] if moe else []
+                return merge([(res2,), *mlp, *moe_reduce, (ln2, res1), *attn, (ln1,)])
+            return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
+                          (ln1,)])
+        if not self.dtensor_tp:
             if moe:
                 return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn, (ln1,)])
             return merge([(res2,), Comm("all_gather", size), *mlp, (ln2, res1), Comm("all_gather", size), *attn,
@@ -439,23 +448,28 @@ class BlockBuilder:
         return merge([(res2,), Comm("all_gather", size), *mlp, summed, (ln2, res1),
                       Comm("all_gather", size), *attn, summed, (ln1,)])
 
-    def _regathered_wgrad(self, kernels: tuple[Kernel, ...], first_column: int) -> list[Segment]:
-        """The backward of column-parallel GEMMs whose sequence-parallel input Megatron saved as its shard:
-        ``kernels[first_column:]`` (their dgrad and wgrad GEMMs, after ``kernels[:first_column]``) become
-        the dgrads beside a re-all-gather of the input, then the wgrads beside the reduce-scatter of the
-        input gradient the dgrads produced.
+    def _column_backward(self, kernels: tuple[Kernel, ...], first_column: int) -> list[Segment]:
+        """Megatron's backward of column-parallel GEMMs (``kernels[first_column:]``, their dgrad and wgrad
+        GEMMs, after ``kernels[:first_column]``): the dgrads, then the wgrads beside the asynchronous
+        reduction of the input gradient the dgrads produced; with sequence parallelism the input, saved
+        as its shard, is all-gathered again beside the dgrads and the wgrads wait for it.
 
-        Megatron-core's ``LinearWithGradAccumulationAndAsyncCommunication.backward`` (sequence
-        parallel) all-gathers the saved input shard asynchronously while the dgrad GEMM runs, then
+        Megatron's ``LinearWithGradAccumulationAndAsyncCommunication.backward``: with sequence
+        parallelism it all-gathers the saved input shard asynchronously while the dgrad GEMM runs, then
         reduce-scatters the input gradient asynchronously while the wgrad GEMM runs (Korthikanti et al.
-        2022, sec. 4.2.2); Transformer Engine's userbuffers do the same as "bulk" overlaps
-        (``qkv_dgrad`` / ``fc1_dgrad``: all-gather beside dgrad; ``qkv_wgrad`` / ``fc1_wgrad``:
-        reduce-scatter beside wgrad). Neither collective is split into GEMM chunks.
+        2022, sec. 4.2.2); without, it all-reduces the input gradient asynchronously beside the wgrad GEMM
+        (``async_grad_allreduce``, on by default since Megatron-LM v2.6). Transformer Engine's userbuffers
+        run the first two as "bulk" overlaps (``initialize_ub`` defaults: ``qkv_dgrad`` / ``fc1_dgrad``
+        all-gather beside dgrad, ``qkv_wgrad`` / ``fc1_wgrad`` reduce-scatter beside wgrad); its linears
+        all-reduce asynchronously without SP. None of them is split into GEMM chunks.
         """
         size = 2.0 * self.T * self.model.hidden
         column = kernels[first_column:]
         wgrads = tuple(k for k in column if k.name.endswith(".wgrad"))
         dgrads = tuple(k for k in column if not k.name.endswith(".wgrad"))
+        if not self.sp:
+            return [(*kernels[:first_column], *dgrads), Comm("all_reduce", size, fusable=False).overlapped(),
+                    wgrads]
         return [kernels[:first_column], Comm("all_gather", size, fusable=False).overlapped(), dgrads,
                 Comm("reduce_scatter", size, fusable=False).overlapped(), wgrads]
 

@@ -999,7 +999,7 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
                         fp8_tp_gather=(stack.fp8_tp_gather and sp and train.precision == "fp8"
                                        and train.fp8_recipe == "current"),
                         dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp,
-                        expert_load=shape.expert_load)
+                        expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce)
 
 
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:

@@ -168,6 +168,12 @@ class SoftwareStack:
     flat input, cast to the reduce dtype (``foreach_reduce``'s ``_chunk_cat``: read 2, write the
     gradient bytes) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP1 and ZeRO
     gather into and reduce from flat buffers the parameters are views of, without these copies."""
+    tp_async_grad_allreduce: bool = False
+    """Without sequence parallelism, TP's column-parallel layers all-reduce their input gradient beside
+    their weight-gradient GEMM (Megatron-LM >= v2.6 ``async_grad_allreduce``, on unless
+    ``--no-async-tensor-model-parallel-allreduce``; Transformer Engine's linears): ``BlockBuilder.
+    tp_async_grad_allreduce``. False: after the layer's backward, blocking (BigScience's Megatron-DeepSpeed
+    ``copy_to_tensor_model_parallel_region``; DTensor)."""
     ddp_grad_passes: int = 1
     """Passes over a DDP bucket's gradients besides the all-reduce (each reads and writes them):
     Megatron-core DDP accumulates into the contiguous bucket and only scales it (1); PyTorch DDP's
@@ -216,16 +222,16 @@ STACKS: dict[str, SoftwareStack] = {
             "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
             "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap); "
             "NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
-            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0),
+            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0, tp_async_grad_allreduce=True),
         SoftwareStack(
             "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer Engine, as "
             "megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless asked)",
             loss=MEGATRON_UNFUSED_LOSS, attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
-            cpu_launch_s=0.0),
+            cpu_launch_s=0.0, tp_async_grad_allreduce=True),
         SoftwareStack(
             "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
             "scale-mask-softmax, no FlashAttention, no distributed optimizer)", attention="unfused",
-            zero_stage=0, cpu_launch_s=0.0),
+            zero_stage=0, cpu_launch_s=0.0, tp_async_grad_allreduce=True),
         SoftwareStack(
             "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
             "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,

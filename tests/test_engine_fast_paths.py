@@ -53,9 +53,12 @@ def test_fast_paths_give_the_same_step(name: str, monkeypatch: pytest.MonkeyPatc
 
 
 def test_private_tp_collectives_are_inlined_and_exposed_as_tp() -> None:
-    """TP8 in one node, one stage per node: every TP collective is private and blocking, so the critical
-    rank's exposed TP time is exactly the time its TP collectives took (the trace still shows them)."""
+    """TP8 in one node, one stage per node: every TP collective is private and blocking (a stack that
+    all-reduces the input gradients after the layer's backward, not beside the wgrad GEMM as Megatron
+    does), so the critical rank's exposed TP time is exactly the time its TP collectives took (the trace
+    still shows them)."""
     cfg = _cfg(EXTRA["2n-tp8-pp2-full-recompute"])
+    cfg["train"]["stack"] = "deepspeed"
     r = simulate(cfg, trace=True)
     critical = max(r.stage_of, key=lambda rank: (max(e.end_s for e in r.trace if e.rank == rank), -rank))
     tp_s = sum(e.end_s - e.start_s for e in r.trace if e.rank == critical and e.stream == "tp")

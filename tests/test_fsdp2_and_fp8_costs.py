@@ -235,3 +235,27 @@ def test_weight_gradient_waits_for_the_regathered_input() -> None:
         assert [(d.coll, d.axis) for d in waited if d.kind == OpKind.COLLECTIVE] == [("all_gather", "tp")]
         before = [o for o in ops[:op.idx] if o.kind == OpKind.COMPUTE][-1]
         assert before.name == op.name.replace(".wgrad", ".dgrad")  # the dgrad ran beside the gather
+
+
+def test_tensor_parallel_without_sp_all_reduces_the_input_gradient_beside_the_wgrad() -> None:
+    """Without sequence parallelism Megatron all-reduces a column-parallel layer's input gradient
+    asynchronously beside its wgrad GEMM (``async_grad_allreduce``); BigScience's Megatron-DeepSpeed
+    (``copy_to_tensor_model_parallel_region``) all-reduces it after the layer's backward, blocking."""
+    from simtrain.blocks import Comm
+    from simtrain.lowering import build_block
+
+    def backward(stack: str) -> list:  # type: ignore[type-arg]
+        run = load_config(dict(model="llama2-70b", hardware=dict(gpu="a100-80gb", node="dgx-a100", n_nodes=1),
+                               layout=dict(tp=8, sequence_parallel=False),
+                               train=dict(seq_len=2048, global_batch_seqs=1, stack=stack)))
+        cost = ComputeCostModel(load_gpu("a100-80gb"), "bf16", stack=get_stack(stack))
+        return build_block(run.model, run.layout, run.train, cost).layer_backward()
+
+    segs = backward("megatron-legacy")
+    reduces = [i for i, s in enumerate(segs) if isinstance(s, Comm)]
+    assert len(reduces) == 2 and all(segs[i].coll == "all_reduce" and segs[i].overlap for i in reduces)
+    for i, column in zip(reduces, ("mlp_up", "qkv"), strict=True):
+        assert segs[i - 1][-1].name == f"{column}.dgrad" and [k.name for k in segs[i + 1]] == [f"{column}.wgrad"]
+    ds = backward("deepspeed")
+    blocking = [(s.overlap, before[-1].name) for before, s in zip(ds, ds[1:], strict=False) if isinstance(s, Comm)]
+    assert blocking == [(False, "mlp_up.wgrad"), (False, "qkv.wgrad")]
