@@ -425,22 +425,21 @@ class BlockBuilder:
         size = 2.0 * self.T * h
         if self.t == 1:
             return merge([(res2,), *mlp, (ln2, res1), *attn, (ln1,)])
-        if (self.sp and not self.dtensor_tp) or (not self.sp and self.tp_async_grad_allreduce):
+        megatron_linears = not self.dtensor_tp if self.sp else self.tp_async_grad_allreduce
+        if megatron_linears:  # asynchronous input-gradient reductions (``_column_backward``)
             attn = [*attn[:-1], *self._column_backward((*rope, *self._attn_in_bwd()), len(rope))]
             if not moe:
                 dense = mlp[0]
                 assert isinstance(dense, tuple)
                 mlp = self._column_backward(dense, next(i for i, k in enumerate(dense) if k.name.startswith("mlp_up")))
+            # SP: the output gradient of each row-parallel layer is all-gathered (an MoE block gathers its own);
+            # no SP: an MoE block's input gradient is all-reduced after it
+            out_grad: list[Segment] = [Comm("all_gather", size)] if self.sp else []
+            before_mlp = [] if moe else out_grad
+            after_mlp: list[Segment] = [Comm("all_reduce", size)] if moe and not self.sp else []
+            return merge([(res2,), *before_mlp, *mlp, *after_mlp, (ln2, res1), *out_grad, *attn, (ln1,)])
         if not self.sp:
-            if self.tp_async_grad_allreduce:
-                moe_reduce: list[Segment] = [Comm("all_reduce", size)] if moe else []
-                return merge([(res2,), *mlp, *moe_reduce, (ln2, res1), *attn, (ln1,)])
             return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
-                          (ln1,)])
-        if not self.dtensor_tp:
-            if moe:
-                return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn, (ln1,)])
-            return merge([(res2,), Comm("all_gather", size), *mlp, (ln2, res1), Comm("all_gather", size), *attn,
                           (ln1,)])
         summed = Comm("reduce_scatter", size, fusable=False)  # dX of separate projections
         if moe:

@@ -101,15 +101,23 @@ def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, sl
     assert time_s("blockwise", "mlp_up.wgrad") == pytest.approx(time_s("blockwise", "mlp_up"), rel=1e-3)
 
 
-def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False):  # type: ignore[no-untyped-def]
-    """The BlockBuilder lowering builds for Llama 3 8B at TP 8 with SP under ``stack``."""
-    from simtrain.lowering import build_block
-
+def _tp_run(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool = True,
+            seq_len: int = 8192, seqs: int = 2):  # type: ignore[no-untyped-def]
+    """Llama 3 8B at TP 8 (with SP unless ``sp`` is False) under ``stack`` on one H100 node: the run
+    and its compute cost model."""
     run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1),
-                           layout=dict(tp=8, sequence_parallel=True, tp_comm_overlap=overlap),
-                           train=dict(seq_len=8192, global_batch_seqs=2, stack=stack, precision=precision,
+                           layout=dict(tp=8, sequence_parallel=sp, tp_comm_overlap=overlap),
+                           train=dict(seq_len=seq_len, global_batch_seqs=seqs, stack=stack, precision=precision,
                                       fp8_recipe=get_stack(stack).fp8_recipe)))
     cost = ComputeCostModel(load_gpu("h100-sxm"), precision, stack=get_stack(stack), fp8_recipe=run.train.fp8_recipe)
+    return run, cost
+
+
+def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool = True):  # type: ignore[no-untyped-def]
+    """The BlockBuilder lowering builds for ``_tp_run``."""
+    from simtrain.lowering import build_block
+
+    run, cost = _tp_run(stack, precision, overlap, sp)
     return build_block(run.model, run.layout, run.train, cost)
 
 
@@ -220,13 +228,7 @@ def test_megatron_sequence_parallel_regathers_the_input_for_the_weight_gradient(
 def test_weight_gradient_waits_for_the_regathered_input() -> None:
     """In the lowered program each column-parallel wgrad GEMM depends on the re-all-gather that ran
     beside its dgrad GEMM (two overlapped collectives in a row keep both dependencies)."""
-    from simtrain.lowering import lower
-    from simtrain.ops import OpKind
-
-    run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1),
-                           layout=dict(tp=8, sequence_parallel=True, tp_comm_overlap=True),
-                           train=dict(seq_len=4096, global_batch_seqs=1, stack="megatron-te")))
-    cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16", stack=get_stack("megatron-te"))
+    run, cost = _tp_run("megatron-te", overlap=True, seq_len=4096, seqs=1)
     ops = lower(run, cost).programs[0].ops
     wgrads = [op for op in ops if op.kind == OpKind.COMPUTE and op.name in ("mlp_up.wgrad", "qkv.wgrad")]
     assert len(wgrads) == 2 * run.model.n_layers
@@ -242,14 +244,9 @@ def test_tensor_parallel_without_sp_all_reduces_the_input_gradient_beside_the_wg
     asynchronously beside its wgrad GEMM (``async_grad_allreduce``); BigScience's Megatron-DeepSpeed
     (``copy_to_tensor_model_parallel_region``) all-reduces it after the layer's backward, blocking."""
     from simtrain.blocks import Comm
-    from simtrain.lowering import build_block
 
     def backward(stack: str) -> list:  # type: ignore[type-arg]
-        run = load_config(dict(model="llama2-70b", hardware=dict(gpu="a100-80gb", node="dgx-a100", n_nodes=1),
-                               layout=dict(tp=8, sequence_parallel=False),
-                               train=dict(seq_len=2048, global_batch_seqs=1, stack=stack)))
-        cost = ComputeCostModel(load_gpu("a100-80gb"), "bf16", stack=get_stack(stack))
-        return build_block(run.model, run.layout, run.train, cost).layer_backward()
+        return _tp_block(stack, sp=False).layer_backward()
 
     segs = backward("megatron-legacy")
     reduces = [i for i, s in enumerate(segs) if isinstance(s, Comm)]
