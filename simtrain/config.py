@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from simtrain.batch import RunSpec, parse_count
-from simtrain.errors import ConfigError, Problem
+from simtrain.errors import ConfigError, Problem, pydantic_problems
 from simtrain.model import ModelSpec, from_hf_config, preset
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
@@ -33,6 +33,9 @@ class HardwareConfig(BaseModel):
     gpu: str | None = None
     """GPU preset overriding the node's own GPU."""
     n_nodes: int = Field(1, gt=0)
+    gpus_per_node: int | None = Field(None, gt=0)
+    """GPUs used in each node, when fewer than the node preset has: a job on part of a node, or on whole
+    trays of a rack-scale NVLink domain (64 GPUs of a GB200 NVL72 rack); NICs scale with it."""
     nics_per_node: int | None = Field(None, gt=0)
     nic_Gbps: float | None = Field(None, gt=0)
     """Bandwidth of one NIC in Gbit/s (as sold)."""
@@ -249,20 +252,6 @@ def _unwrap(build: Any) -> Any:
         raise ValueError("; ".join(p.message if p.path else str(p) for p in exc.problems)) from None
 
 
-def _pydantic_problems(exc: ValidationError) -> list[Problem]:
-    """Convert pydantic errors to dotted-path Problems, quoting the value given."""
-    problems = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (not in the schema; check the spelling)"
-        elif err["type"] != "missing" and "input" in err:
-            msg = f"{err['input']!r}: {msg}"
-        problems.append(Problem(path, msg))
-    return problems
-
-
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON config file into a dict; missing or malformed files raise ConfigError."""
     p = Path(path)
@@ -335,7 +324,7 @@ def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list
         try:
             run = RunConfig.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(_pydantic_problems(exc)) from None
+            raise ConfigError(pydantic_problems(exc)) from None
     from simtrain.validate import check_run
 
     problems = check_run(run)

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from simtrain.config import RunConfig
-from simtrain.errors import ConfigError, Problem
+from simtrain.errors import ConfigError, Problem, pydantic_problems
 from simtrain.model import ModelSpec, list_presets, preset
 from simtrain.stacks import SoftwareStack, stack_from_text
 
@@ -123,6 +125,15 @@ def integer(row: dict[str, str], col: str, notes: list[str]) -> int | None:
     return round(value)
 
 
+def count(row: dict[str, str], col: str, notes: list[str]) -> int | None:
+    """A cell that counts something (GPUs, ranks, layers, tokens): a positive integer, None when blank;
+    zero or a negative number is an error naming the column, never a silent default."""
+    value = integer(row, col, notes)
+    if value is not None and value < 1:
+        raise ConfigError(Problem(col, f"{row.get(col)!r}: must be a positive integer (or blank if unknown)"))
+    return value
+
+
 def text(row: dict[str, str], col: str) -> str:
     """The cell as lower-case text ('' when blank)."""
     value = row.get(col)
@@ -167,6 +178,18 @@ _GPUS: tuple[tuple[str, str, str], ...] = (
     (r"mi300x", "mi300x", "mi300x-8"),
 )
 DEFAULT_GPU = ("h100-sxm", "dgx-h100")
+# GPUs without a profile, mapped to the profile of the nearest part (same family or generation) and named
+# in the row's assumptions: (pattern, GPU profile, node profile, why that one).
+_NEAREST: tuple[tuple[str, str, str, str], ...] = (
+    (r"gb300", "gb200", "gb200-nvl72", "Blackwell Ultra on the same NVL72 tray and NVLink 5"),
+    (r"b300", "b200", "dgx-b200", "Blackwell Ultra on the same HGX board and NVLink 5"),
+    (r"a800", "a100-80gb", "dgx-a100", "an export A100 80GB whose NVLink is capped at 400 GB/s"),
+    (r"h20\b", "h800", "hgx-h800", "an export Hopper on the same board, but with far less compute: "
+     "expect the prediction to be too fast"),
+    (r"v100|p100|volta|pascal|t4\b|turing", "a100-40gb", "hgx-a100-40gb",
+     "older than every profile; the oldest one: expect the prediction to be too fast"),
+    (r"mi2\d0|mi3[0-5]\d", "mi300x", "mi300x-8", "AMD Instinct"),
+)
 
 
 def parse_gpu(cell: str) -> tuple[str, str, str | None]:
@@ -180,6 +203,9 @@ def parse_gpu(cell: str) -> tuple[str, str, str | None]:
             elif gpu == "h100-sxm" and ("pcie" in low or "nvl" in low):
                 note = f"gpu {cell!r}: no profile for this H100 variant; H100 SXM assumed"
             return gpu, node, note
+    for pattern, gpu, node, why in _NEAREST:
+        if re.search(pattern, low):
+            return gpu, node, f"gpu {cell!r} has no profile: nearest profile {gpu} ({why})"
     what = f"gpu {cell!r} has no profile" if low else "gpu not given"
     return DEFAULT_GPU[0], DEFAULT_GPU[1], f"{what}: nearest default {DEFAULT_GPU[0]} ({DEFAULT_GPU[1]} node)"
 
@@ -298,7 +324,7 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
         return _moe_model(row, name, notes)
     dims = {}
     for col in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"):
-        value = integer(row, col, notes)
+        value = count(row, col, notes)
         if value is None:
             raise NotSimulatable(col, "architecture column missing")
         dims[col] = value
@@ -324,8 +350,8 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
     fields["max_position"] = max(int(fields.get("max_position") or 0), seq_len)
     try:
         return ModelSpec(**fields)
-    except ValueError as exc:
-        raise ConfigError(Problem("model", str(exc).splitlines()[-1])) from None
+    except ValidationError as exc:
+        raise ConfigError(pydantic_problems(exc, "model.")) from None
 
 
 def _matching_preset(name: str, dims: dict[str, int], kv: int | None) -> ModelSpec | None:
@@ -383,7 +409,7 @@ def parse_row(row: dict[str, str]) -> ParsedRow:
     out.peak_tflops_used = number(row, "peak_tflops_used", notes)
     out.flop_convention = " ".join(filter(None, (row.get("flop_convention"), row.get("tflops_kind")))) or None
     try:
-        out.n_gpus = integer(row, "n_gpus", notes)
+        out.n_gpus = count(row, "n_gpus", notes)
         out.run = _run_config(row, out, gpu, node, notes)
     except NotSimulatable as exc:
         out.status = f"not simulatable: {exc.field}"
@@ -403,7 +429,7 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
         notes.append(stack_note)
     if out.n_gpus is None:
         raise NotSimulatable("n_gpus")
-    seq = integer(row, "seq_len", notes)
+    seq = count(row, "seq_len", notes)
     if seq is None:
         raise NotSimulatable("seq_len")
     model = build_model(row, seq, notes)
@@ -418,16 +444,16 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
 
 
 def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[str]) -> dict[str, Any]:
-    tp = integer(row, "tp", notes)
+    tp = count(row, "tp", notes)
     if tp is None:
         raise NotSimulatable("tp")
-    pp = integer(row, "pp", notes)
+    pp = count(row, "pp", notes)
     if pp is None:
         pp = 1
         notes.append("pp not given: 1 assumed")
-    cp = integer(row, "cp", notes) or 1
-    ep = integer(row, "ep", notes) or 1
-    dp = integer(row, "dp", notes)
+    cp = count(row, "cp", notes) or 1
+    ep = count(row, "ep", notes) or 1
+    dp = count(row, "dp", notes)
     derived = n_gpus // (tp * pp * cp) if n_gpus % (tp * pp * cp) == 0 else None
     if dp is None or (derived is not None and dp != derived):
         if derived is None:
@@ -495,13 +521,13 @@ def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> 
 
 def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: int, has_fp8: bool,
            notes: list[str]) -> dict[str, Any]:
-    gbs = integer(row, "global_batch_seqs", notes)
+    gbs = count(row, "global_batch_seqs", notes)
     if gbs is None:
-        tokens = integer(row, "global_batch_tokens", notes)
+        tokens = count(row, "global_batch_tokens", notes)
         if tokens is None:
             raise NotSimulatable("global_batch_seqs")
         gbs = max(tokens // seq, 1)
-    mbs = integer(row, "micro_batch", notes)
+    mbs = count(row, "micro_batch", notes)
     if mbs is None:
         mbs = 1
         notes.append("micro_batch not given: 1 assumed")
@@ -521,6 +547,23 @@ def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: 
     return train
 
 
+def _gpus_per_node(n_gpus: int, node_gpus: int) -> int | None:
+    """GPUs used per node: all of them when ``n_gpus`` fills whole nodes; all ``n_gpus`` on one node when
+    they fit in one; on a rack-scale NVLink domain (GB200 NVL72: 18 trays of 4 GPUs), the fewest domains
+    that hold them, filled equally in whole trays (64 GPUs of a rack; 128 as 2 x 64). None otherwise."""
+    if n_gpus % node_gpus == 0:
+        return node_gpus
+    if n_gpus < node_gpus:
+        return n_gpus
+    if node_gpus > 8:
+        domains = -(-n_gpus // node_gpus)
+        while domains <= n_gpus:
+            if n_gpus % domains == 0 and (n_gpus // domains) % 4 == 0:
+                return n_gpus // domains
+            domains += 1
+    return None
+
+
 def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: int,
               notes: list[str]) -> dict[str, Any]:
     from simtrain.hardware import load_node
@@ -528,12 +571,17 @@ def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: 
     hw: dict[str, Any] = {"node": node}
     if load_node(node).gpu.name != gpu:
         hw["gpu"] = gpu
-    gpn = integer(row, "gpus_per_node", notes)
+    gpn = count(row, "gpus_per_node", notes)
     if gpn is not None and gpn != node_gpus:
         notes.append(f"gpus_per_node {gpn}: node profile {node} has {node_gpus}")
-    if n_gpus % node_gpus:
+    used = _gpus_per_node(n_gpus, node_gpus)
+    if used is None:
         raise NotSimulatable("n_gpus", f"{n_gpus} is not a whole number of {node_gpus}-GPU nodes")
-    hw["n_nodes"] = n_gpus // node_gpus
+    if used != node_gpus:
+        hw["gpus_per_node"] = used
+        notes.append(f"n_gpus {n_gpus} on {node} nodes of {node_gpus}: {n_gpus // used} node(s) of {used} GPUs "
+                     "each assumed" + (" (whole 4-GPU trays per NVLink domain)" if node_gpus > 8 else ""))
+    hw["n_nodes"] = n_gpus // used
     inter = text(row, "inter_node")
     match = re.search(r"(\d+(?:\.\d+)?)\s*gb(?:it)?(?:p|/)s", inter)
     if match and "per node" in inter:

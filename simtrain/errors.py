@@ -9,7 +9,10 @@ invariants stay ``assert``s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +62,22 @@ class InfeasibleLayout(SimtrainError):
 def problem(path: str, value: Any, valid: str) -> Problem:
     """Build a Problem saying the value at ``path`` is not valid and what would be."""
     return Problem(path, f"{value!r} is not valid; {valid}")
+
+
+def pydantic_problems(exc: ValidationError, prefix: str = "", rename: dict[str, str] | None = None) -> list[Problem]:
+    """pydantic's errors as Problems: the dotted path after ``prefix`` (its first part renamed by
+    ``rename``, e.g. a field to its file key), the value given, and pydantic's rule."""
+    out = []
+    for err in exc.errors():
+        loc = [str(x) for x in err["loc"]]
+        if rename and loc and loc[0] in rename:
+            loc[0] = rename[loc[0]]
+        where = ".".join(loc)
+        where = f"{prefix}{where}" if where else prefix.rstrip(".: ")
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not in the schema; check the spelling)"
+        elif err["type"] != "missing" and "input" in err and loc:  # a whole-object check names its fields
+            msg = f"{err['input']!r}: {msg}"
+        out.append(Problem(where, msg))
+    return out

@@ -33,7 +33,7 @@ import networkx as nx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simtrain.errors import ConfigError, Problem, problem
+from simtrain.errors import ConfigError, Problem, problem, pydantic_problems
 from simtrain.units import GB, TB, TFLOPS, US, GiB, MiB, gbps_to_Bps
 
 __all__ = [
@@ -374,23 +374,6 @@ def _field_to_key(keys: dict[str, tuple[str, float, str]]) -> dict[str, str]:
     return {field: key for key, (field, _, _) in keys.items()}
 
 
-def _pydantic_problems(
-    exc: ValidationError, prefix: str, rename: dict[str, str] | None = None
-) -> list[Problem]:
-    out = []
-    for err in exc.errors():
-        loc = [str(x) for x in err["loc"]]
-        if rename and loc and loc[0] in rename:
-            loc[0] = rename[loc[0]]
-        where = ".".join(loc)
-        where = f"{prefix}{where}" if where else prefix.rstrip(".: ")
-        msg = err["msg"]
-        if err.get("type") != "missing":
-            msg = f"{err.get('input')!r}: {msg}"
-        out.append(Problem(where, msg))
-    return out
-
-
 @functools.lru_cache(maxsize=64)
 def _load_gpu_cached(root: str, name: str) -> GpuSpec:
     file = str(Path(root) / "gpus" / f"{name}.yaml")
@@ -405,7 +388,7 @@ def _load_gpu_cached(root: str, name: str) -> GpuSpec:
     try:
         return GpuSpec(name=name, **fields)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_problems(exc, f"{file}: ", _field_to_key(_GPU_KEYS))) from exc
+        raise ConfigError(pydantic_problems(exc, f"{file}: ", _field_to_key(_GPU_KEYS))) from exc
 
 
 def load_gpu(name: str, *, path: str = "hardware.gpu") -> GpuSpec:
@@ -442,7 +425,7 @@ def _load_node_cached(root: str, name: str, gpu: str | None) -> NodeSpec:
     try:
         return NodeSpec(name=name, gpu=gpu_spec, scaleup=scaleup, **fields)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_problems(exc, f"{file}: ", _field_to_key(_NODE_KEYS))) from exc
+        raise ConfigError(pydantic_problems(exc, f"{file}: ", _field_to_key(_NODE_KEYS))) from exc
 
 
 def load_node(name: str, gpu: str | None = None, *, path: str = "hardware.node") -> NodeSpec:
@@ -465,10 +448,12 @@ def build_cluster(
     oversubscription: float = 1.0,
     nodes_per_leaf: int | None = None,
     net_hop_latency_us: float | None = None,
+    gpus_per_node: int | None = None,
 ) -> ClusterSpec:
     """Build a ClusterSpec of ``n_nodes`` nodes of profile ``node``.
 
-    Optional overrides: ``gpu`` (profile name), ``nics_per_node``, ``nic_Gbps`` (Gbit/s per NIC),
+    Optional overrides: ``gpu`` (profile name), ``gpus_per_node`` (at most the profile's: part of each node
+    is used, its NICs in proportion), ``nics_per_node``, ``nic_Gbps`` (Gbit/s per NIC),
     ``oversubscription`` (>= 1), ``nodes_per_leaf`` (default 32), ``net_hop_latency_us`` (µs).
     All problems are collected into one ConfigError with ``hardware.*`` paths.
     """
@@ -490,8 +475,15 @@ def build_cluster(
         isinstance(net_hop_latency_us, int | float) and net_hop_latency_us >= 0
     ):
         problems.append(problem("hardware.net_hop_latency_us", net_hop_latency_us, "must be >= 0"))
+    if gpus_per_node is not None and not (isinstance(gpus_per_node, int) and 1 <= gpus_per_node <= node_spec.gpus_per_node):
+        problems.append(problem("hardware.gpus_per_node", gpus_per_node,
+                                f"an integer from 1 to {node_spec.gpus_per_node} (node {node_spec.name})"))
     if problems:
         raise ConfigError(problems)
+    if gpus_per_node is not None and gpus_per_node != node_spec.gpus_per_node:
+        # one NIC per GPU on every built-in node: the used GPUs keep theirs (at least one per node)
+        used_nics = max(1, node_spec.nics_per_node * gpus_per_node // node_spec.gpus_per_node)
+        node_spec = node_spec.model_copy(update={"gpus_per_node": gpus_per_node, "nics_per_node": used_nics})
     try:
         return ClusterSpec(
             node=node_spec,
@@ -506,7 +498,7 @@ def build_cluster(
             nvlink_latency_s=node_spec.nvlink_latency_s,
         )
     except ValidationError as exc:
-        raise ConfigError(_pydantic_problems(exc, "hardware.")) from exc
+        raise ConfigError(pydantic_problems(exc, "hardware.")) from exc
 
 
 def gpu_table() -> list[dict[str, Any]]:

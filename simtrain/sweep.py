@@ -96,7 +96,7 @@ def fill_auto_dp(data: dict[str, Any]) -> dict[str, Any]:
 
     hw = data.get("hardware") or {}
     node = load_node(str(hw.get("node", "dgx-h100")), hw.get("gpu"))
-    gpus = node.gpus_per_node * int(hw.get("n_nodes", 1))
+    gpus = int(hw.get("gpus_per_node") or node.gpus_per_node) * int(hw.get("n_nodes", 1))
     other = int(layout.get("tp", 1)) * int(layout.get("pp", 1)) * int(layout.get("cp", 1))
     if gpus % other:
         raise ConfigError(Problem("layout.dp", f"'auto' needs tp x pp x cp = {other} to divide the cluster's "

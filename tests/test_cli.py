@@ -163,3 +163,12 @@ def test_unknown_calibrated_profile_is_a_config_error(capsys) -> None:
     assert main(["simulate", EXAMPLE, "--set", "hardware.profile=no-such-profile"]) == 2
     err = capsys.readouterr().err
     assert "hardware.profile" in err and "simtrain calibrate" in err and "Traceback" not in err
+
+
+def test_tiny_model_on_half_a_node_and_a_gpus_per_node_beyond_the_node(capsys, tmp_path: Path) -> None:
+    cfg = _tiny_cfg(dp=4)
+    cfg["hardware"] = dict(node="dgx-h100", gpus_per_node=4)
+    assert main(["simulate", _write(tmp_path, cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_gpus"] == 4
+    assert main(["simulate", _write(tmp_path, cfg), "--set", "hardware.gpus_per_node=16"]) == 2
+    assert "hardware.gpus_per_node: 16" in capsys.readouterr().err

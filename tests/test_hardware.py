@@ -158,6 +158,18 @@ def test_build_cluster_collects_problems():
     assert {"hardware.n_nodes", "hardware.oversubscription", "hardware.nodes_per_leaf"} <= paths
 
 
+def test_part_of_each_node_keeps_one_nic_per_used_gpu():
+    # 64 of a GB200 NVL72 rack's 72 GPUs (16 of 18 trays), two racks: GPU 64 is the second rack's first
+    c = hw.build_cluster("gb200-nvl72", 2, gpus_per_node=64)
+    assert (c.n_gpus, c.gpus_per_node, c.nics_per_node) == (128, 64, 64)
+    t = hw.Topology(c)
+    assert t.link_class_of(t.route(0, 63)) == "nvlink" and t.link_class_of(t.route(0, 64)) == "net"
+    half = hw.build_cluster("dgx-h100", 1, gpus_per_node=4)
+    assert (half.n_gpus, half.nics_per_node) == (4, 4)
+    with pytest.raises(ConfigError, match=r"hardware.gpus_per_node: 9 .*from 1 to 8"):
+        hw.build_cluster("dgx-h100", 1, gpus_per_node=9)
+
+
 def _write(root: Path, kind: str, name: str, text: str) -> None:
     (root / kind).mkdir(parents=True, exist_ok=True)
     (root / kind / f"{name}.yaml").write_text(text)

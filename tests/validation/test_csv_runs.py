@@ -47,6 +47,12 @@ def test_number_blank_and_text() -> None:
     ("B200", "b200", "dgx-b200", False),
     ("TPU v4", "h100-sxm", "dgx-h100", True),
     ("", "h100-sxm", "dgx-h100", True),
+    # no profile: the nearest part of the same family or generation, named in the assumptions
+    ("GB300 NVL72", "gb200", "gb200-nvl72", True),
+    ("B300", "b200", "dgx-b200", True),
+    ("A800 80GB", "a100-80gb", "dgx-a100", True),
+    ("V100 32GB", "a100-40gb", "hgx-a100-40gb", True),
+    ("MI250X", "mi300x", "mi300x-8", True),
 ])
 def test_parse_gpu(cell: str, gpu: str, node: str, assumed: bool) -> None:
     g, n, note = parse_gpu(cell)
@@ -186,3 +192,39 @@ def test_megatron_core_scripts_run_the_unfused_cross_entropy() -> None:
     assert core.fusion_of("cross_entropy").bytes_factor == pytest.approx(52 / 16)
     assert te.fusion_of("cross_entropy").bytes_factor == 1.0
     assert core.fusion_of("ln1").bytes_factor == te.fusion_of("ln1").bytes_factor
+
+
+def _tiny(**cells: str) -> dict[str, str]:
+    row = {k: str(v) for k, v in SMALL_ROWS[2].items()}
+    row.update(cells)
+    return row
+
+
+@pytest.mark.parametrize("col", ["tp", "pp", "dp", "cp", "n_gpus", "seq_len", "micro_batch", "hidden", "n_layers"])
+def test_a_zero_or_negative_count_is_an_error_naming_the_column(col: str) -> None:
+    for cell in ("0", "-2"):
+        status = parse_row(_tiny(**{col: cell})).status
+        assert status.startswith(f"error: {col}: '{cell}': must be a positive integer"), status
+
+
+def test_a_model_the_spec_rejects_is_an_error_with_the_field_path() -> None:
+    status = parse_row(_tiny(ffn_hidden="4096", n_heads="3")).status  # 2048 hidden / 3 heads
+    assert status == "error: model: n_heads=3 does not divide hidden=2048; set head_dim", status
+
+
+@pytest.mark.parametrize(("gpu", "n_gpus", "per_node", "nodes"), [
+    ("GB200 NVL72", "64", 64, 1),    # 16 of a rack's 18 trays
+    ("GB200 NVL72", "256", 64, 4),   # the fewest racks that hold them, filled equally in whole trays
+    ("GB200 NVL72", "144", None, 2),
+    ("H100 (DGX-H100)", "4", 4, 1),  # part of one node
+])
+def test_jobs_on_part_of_a_node_or_rack_are_simulated_with_the_assumption_named(
+        gpu: str, n_gpus: str, per_node: int | None, nodes: int) -> None:
+    p = parse_row(_tiny(gpu=gpu, n_gpus=n_gpus, dp=n_gpus, global_batch_seqs=n_gpus))
+    assert p.status == "ok" and p.run is not None, p.status
+    assert (p.run.hardware.gpus_per_node, p.run.hardware.n_nodes) == (per_node, nodes)
+    assert (per_node is None) != any("node(s) of" in a for a in p.assumptions)
+
+
+def test_gpus_that_fill_no_whole_node_are_not_simulatable() -> None:
+    assert parse_row(_tiny(n_gpus="12", dp="12", global_batch_seqs="12")).status.startswith("not simulatable: n_gpus")
