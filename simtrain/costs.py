@@ -29,6 +29,29 @@ from simtrain.hardware import GpuSpec
 from simtrain.ops import Kernel
 from simtrain.stacks import FA2_ON_HOPPER, SoftwareStack
 
+#: FlashAttention throughput by head dim relative to head dim 128 (GPU profiles hold the head-dim-128
+#: rate), H100 SXM5 BF16 forward at 4k-16k tokens (Shah et al. 2024, FA3 paper arXiv 2407.08608, Fig. 5):
+#: FA3 head dim 64 476-497 TFLOP/s vs 128 638-648 (0.76), 256 up to ~740-756 (reference Table D "up to
+#: 740 TF (75 %) at head dim 256": 1.15); FA2 head dim 64 321-324 vs 128 368-370 (0.87), no FA2 figure at
+#: 256 there (1.0 kept). Narrow heads do fewer FLOPs per byte of K/V and per softmax element. The
+#: backward's figure (Fig. 6) orders head dims the same way; the forward ratios serve both. Linear in
+#: log2(head dim) between the points, clamped outside them.
+HEAD_DIM_FACTOR: dict[str, tuple[tuple[int, float], ...]] = {
+    "fa3": ((64, 0.76), (128, 1.0), (256, 1.15)),
+    "fa2": ((64, 0.87), (128, 1.0), (256, 1.0)),
+}
+
+
+def head_dim_factor(kernel: str, d: int) -> float:
+    """FlashAttention's rate at head dim ``d`` relative to head dim 128 (``HEAD_DIM_FACTOR``)."""
+    points = HEAD_DIM_FACTOR[kernel]
+    x = math.log2(min(max(d, points[0][0]), points[-1][0]))
+    for (d0, f0), (d1, f1) in zip(points, points[1:], strict=False):
+        if x <= math.log2(d1):
+            return f0 + (f1 - f0) * (x - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+    return points[-1][1]
+
+
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
 #: Reduction depth (BF16 elements) whose main-loop time equals an output tile's fixed cost (filling the
@@ -164,8 +187,10 @@ class ComputeCostModel:
             measured = self.calibration.attention_s((b, s_q, s_kv, heads, kv_heads, d, causal, backward), flops)
             if measured is not None:
                 return Kernel(name, flops, nbytes, measured)
-        # FA2 on an FA3-class GPU (FP8 tensor cores: Hopper and later) runs at FA2_ON_HOPPER of FA3's rate
-        scale = FA2_ON_HOPPER if self.stack is not None and self.stack.attention == "fa2" and self.gpu.has_fp8 else 1.0
+        # FA2 on an FA3-class GPU (FP8 tensor cores: Hopper and later) runs at FA2_ON_HOPPER of FA3's rate;
+        # before Hopper the best kernel is FA2 whatever the stack asks for
+        fa2 = (self.stack is not None and self.stack.attention == "fa2") or not self.gpu.has_fp8
+        scale = (FA2_ON_HOPPER if fa2 and self.gpu.has_fp8 else 1.0) * head_dim_factor("fa2" if fa2 else "fa3", d)
         bf16 = self.gpu.bf16_flops_per_s  # attention stays BF16 in FP8 training
         if backward:
             return self._roofline(name, 2.5 * fwd, 2.0 * (2 * qo + kv), self.gpu.attention_bwd_efficiency * scale,

@@ -573,7 +573,8 @@ def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: 
         hw["gpu"] = gpu
     gpn = count(row, "gpus_per_node", notes)
     if gpn is not None and gpn != node_gpus:
-        notes.append(f"gpus_per_node {gpn}: node profile {node} has {node_gpus}")
+        notes.append(f"gpus_per_node {gpn}: the NVLink domain of node profile {node} is {node_gpus} GPUs"
+                     + (f" ({gpn} is a compute tray's)" if node_gpus > 8 and node_gpus % gpn == 0 else ""))
     used = _gpus_per_node(n_gpus, node_gpus)
     if used is None:
         raise NotSimulatable("n_gpus", f"{n_gpus} is not a whole number of {node_gpus}-GPU nodes")

@@ -66,3 +66,23 @@ def test_short_k_fp8_pays_more_than_bf16():
     bf16 = cost.gemm_efficiency(4096, 4096, 512) / cost.gemm_efficiency(4096, 4096, 8192)
     fp8 = cost.gemm_efficiency(4096, 4096, 512, fp8=True) / cost.gemm_efficiency(4096, 4096, 8192, fp8=True)
     assert fp8 < bf16
+
+
+def _attention_rate(cost: ComputeCostModel, d: int) -> float:
+    k = cost.flash_attention("fa", 1, 8192, 8192, 16, 16, d, causal=False, backward=False)
+    return k.flops / k.time_s
+
+
+@pytest.mark.parametrize(("gpu", "stack", "ratio_64", "ratio_256"), [
+    ("h100-sxm", "megatron-te", 0.76, 1.15),         # FA3 paper Fig. 5: 476-497 / 638-648 TFLOP/s
+    ("h100-sxm", "torchtitan-compile", 0.87, 1.0),   # FA2 on the same figure: 321-324 / 368-370
+    ("a100-80gb", "megatron-te", 0.87, 1.0),         # before Hopper the best kernel is FA2
+])
+def test_flash_attention_rate_follows_the_head_dim(gpu: str, stack: str, ratio_64: float, ratio_256: float) -> None:
+    from simtrain.stacks import get_stack
+
+    cost = ComputeCostModel(load_gpu(gpu), "bf16", stack=get_stack(stack))
+    base = _attention_rate(cost, 128)
+    assert _attention_rate(cost, 64) / base == pytest.approx(ratio_64, rel=0.02)
+    assert _attention_rate(cost, 256) / base == pytest.approx(ratio_256, rel=0.02)
+    assert _attention_rate(cost, 64) < _attention_rate(cost, 96) < base  # monotone between the points
