@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simtrain.costs import ComputeCostModel
+from simtrain.costs import FLASH_BLOCK, ComputeCostModel
 from simtrain.memory import op_sac_recomputed
 from simtrain.model import ModelSpec
 from simtrain.ops import Kernel
@@ -248,7 +248,11 @@ class BlockBuilder:
         heads, kv_heads = self.model.n_heads // self.t, max(self.model.kv_heads // self.t, 1)
         name = "flash_attn.bwd" if backward else "flash_attn.fwd"
         d = (self.model.d_head + self.model.v_head_dim) // 2
-        return (self.cost.flash_attention(name, self.b, self.s, window, heads, kv_heads, d, causal=False,
+        # the kernel visits every key block that meets a query block's window: w / B + 1 blocks of B keys
+        # (flash-attn's local mainloop, n_block_min = (m_block * B - window) / B), masked or not, so a
+        # 128-key window on 128-key blocks does twice the work it keeps
+        keys = min(window + FLASH_BLOCK, self.s)
+        return (self.cost.flash_attention(name, self.b, self.s, keys, heads, kv_heads, d, causal=False,
                                           backward=backward),)
 
     def _attention_segments(self, backward: bool, layer: int | None = None) -> list[Segment]:

@@ -52,6 +52,10 @@ def head_dim_factor(kernel: str, d: int) -> float:
     return points[-1][1]
 
 
+#: Keys per block of a FlashAttention kernel's inner loop: FA2's kBlockN is 64-128 by head dim, FA3's
+#: Hopper forward tiles are 128 x 80-176 (flash-attn hopper/tile_size.h); 128 is their middle.
+FLASH_BLOCK = 128
+
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
 #: Reduction depth (BF16 elements) whose main-loop time equals an output tile's fixed cost (filling the
