@@ -102,6 +102,9 @@ class BlockBuilder:
     ep_overlap: bool = False
     dispatch_bytes_per_elem: float = 2.0
     """Bytes per element of the dispatched tokens (DeepSeek-V3 dispatches in FP8: 1; BF16: 2)."""
+    ep_dedup: bool = False
+    """Dispatch crosses the network once per remote node a token is routed to (DeepEP/HybridEP,
+    ``layout.ep_dispatcher``), not once per expert copy."""
     expert_load: float = 1.0
     """Routed token copies the busiest EP rank receives, as a multiple of balanced routing
     (``simtrain.routing.worst_rank_load``): every all-to-all lasts until its link has moved them."""
@@ -529,9 +532,11 @@ class BlockBuilder:
         copies = float(tokens * k * self.model.hidden) * self.expert_load
         moe = self.model.moe
         assert moe is not None
-        # group-limited routing (DeepSeek-V3): tokens reach at most topk_group nodes, crossing the
-        # network once per node and fanning out over NVLink (collectives.py "node_limited" a2a)
-        coll = f"all_to_all_nodes_{moe.topk_group}_{k}" if moe.group_limited else "all_to_all"
+        # DeepEP-style dispatch: a token crosses the network once per node it is routed to (at most
+        # topk_group nodes under group-limited routing) and fans out over NVLink (collectives.py
+        # "node_limited" a2a)
+        limit = moe.topk_group if moe.group_limited else 0
+        coll = f"all_to_all_nodes_{limit}_{k}_{moe.n_experts}" if self.ep_dedup else "all_to_all"
         return (Comm(coll, copies * self.dispatch_bytes_per_elem, "ep"),
                 Comm(coll, copies * 2.0, "ep"), copies * 2.0 * self.etp)
 

@@ -182,14 +182,29 @@ def _candidates(kind: str, topo: Topology, gpu: GpuSpec, gpus: tuple[int, ...], 
         yield "nvls", "Simple", (BASE_LAT_US["nvls"]["Simple"] + INTRA_LAT_US["nvls"]["Simple"]) * US, (up + down,), 1.0
 
 
+def node_hit_probability(n_nodes: int, k: int, n_experts: int, m_nodes: int = 0) -> float:
+    """Probability that a token's top-``k`` experts include one on a given node, with ``n_experts`` spread
+    evenly over ``n_nodes`` and routing balanced: ``m_nodes/n_nodes`` when routing is limited to
+    ``m_nodes`` nodes (DeepSeek-V3 sec. 3.2.2), else 1 - C(E - E/N, k) / C(E, k) (none of the k experts,
+    drawn without replacement, is among that node's E/N)."""
+    if m_nodes:
+        return min(m_nodes, n_nodes, k) / n_nodes
+    others = n_experts - n_experts // n_nodes
+    return 1.0 - math.comb(others, k) / math.comb(n_experts, k) if k <= n_experts else 1.0
+
+
 def _node_limited_a2a(kind: str, topo: Topology, gpus: tuple[int, ...], size: float,
                       by_node: dict[int, list[int]], net_lat: float):  # type: ignore[no-untyped-def]
-    """All-to-all of ``size`` bytes per GPU (k copies of each token) with node-limited routing,
-    ``all_to_all_nodes_{M}_{k}``: each token goes to at most M of the N nodes (DeepSeek-V3 sec. 3.2.2,
-    expert groups = nodes), crossing the network once per node to the rail peer, which forwards its k/M
-    copies over NVLink (DeepEP's internode kernels). Per GPU: size/k x M/N to each remote rail peer, and
-    size/L to each of the other L-1 GPUs of its node, concurrently (IB and NVLink are disjoint links)."""
-    m_nodes, k = (int(x) for x in kind.rsplit("_", 2)[-2:])
+    """All-to-all of ``size`` bytes per GPU (k copies of each token) that crosses the network once per
+    remote node a token is routed to, to the rail peer, which forwards its copies over NVLink (DeepEP's
+    internode kernels; HybridEP likewise). ``all_to_all_nodes_{M}_{k}``: node-limited routing, at most M
+    of the N nodes per token (DeepSeek-V3 sec. 3.2.2, expert groups = nodes); ``all_to_all_nodes_0_{k}_{E}``:
+    unrestricted top-k over E experts (``node_hit_probability``). Per GPU: size/k x P(node hit) to each
+    remote rail peer, and size/L to each of the other L-1 GPUs of its node, concurrently (IB and NVLink
+    are disjoint links)."""
+    fields = [int(x) for x in kind.removeprefix("all_to_all_nodes_").split("_")]
+    m_nodes, k = fields[0], fields[1]
+    n_experts = fields[2] if len(fields) > 2 else 0
     nodes = list(by_node.values())
     n, local = len(nodes), len(nodes[0])
     p = len(gpus)
@@ -197,8 +212,7 @@ def _node_limited_a2a(kind: str, topo: Topology, gpus: tuple[int, ...], size: fl
     if n == 1 or any(len(v) != local for v in nodes):  # one node or irregular: plain pairwise
         yield "pairwise", "Simple", lat, (tuple(_flow(topo, g, h, size / p) for g in gpus for h in gpus if g != h),), 1.0
         return
-    m_nodes = min(m_nodes, n, k)
-    ib = size / k * m_nodes / n
+    ib = size / k * node_hit_probability(n, k, n_experts, m_nodes)
     flows = []
     for ni, node in enumerate(nodes):
         for j, g in enumerate(node):

@@ -96,6 +96,12 @@ class LayoutConfig(BaseModel):
     ep_comm_overlap: bool = False
     """Overlap MoE token dispatch/combine all-to-alls with computation (shared experts, attention of
     another micro-batch); DualPipe always overlaps them."""
+    ep_dispatcher: Literal["auto", "alltoall", "deepep"] = "auto"
+    """MoE token dispatcher: ``alltoall`` sends each of a token's top-k copies to its expert's GPU (NCCL
+    all-to-all; Megatron ``--moe-token-dispatcher-type alltoall``); ``deepep`` sends a token once to each
+    remote node holding one of its experts, whose rail peer forwards the copies over NVLink (DeepEP /
+    HybridEP: Megatron ``flex`` dispatcher); ``auto``: deepep when routing is node-limited (DeepSeek-V3,
+    which trains with DeepEP), else alltoall."""
 
     @property
     def world_size(self) -> int:

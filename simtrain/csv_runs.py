@@ -463,6 +463,10 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
         dp = derived
     lay: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep}
     lay.update(_expert_tp(tp, cp * dp, ep, notes))
+    said = f"{text(row, 'framework')} {text(row, 'notes')}"
+    if ep > 1 and re.search(r"deep-?ep|hybrid-?ep", said):
+        lay["ep_dispatcher"] = "deepep"
+        notes.append("DeepEP/HybridEP named: tokens cross the network once per remote node (ep_dispatcher deepep)")
     vp = integer(row, "vp", notes)
     framework = text(row, "framework")
     if vp and vp > 1:

@@ -999,7 +999,16 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
                         fp8_tp_gather=(stack.fp8_tp_gather and sp and train.precision == "fp8"
                                        and train.fp8_recipe == "current"),
                         dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp,
-                        expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce)
+                        expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce,
+                        ep_dedup=ep_dedup(model, lay))
+
+
+def ep_dedup(model: ModelSpec, lay: LayoutConfig) -> bool:
+    """Whether MoE dispatch sends a token once per remote node (``layout.ep_dispatcher``: deepep, or auto
+    with node-limited routing)."""
+    if lay.ep_dispatcher == "auto":
+        return model.moe is not None and model.moe.group_limited
+    return lay.ep_dispatcher == "deepep"
 
 
 def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:

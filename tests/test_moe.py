@@ -210,3 +210,43 @@ def test_routed_experts_wait_for_the_overlapped_dispatch() -> None:
         beside, after = segs[i + 1], segs[i + 2]
         assert isinstance(beside, tuple) and all(k.name.startswith("shared.") for k in beside)
         assert isinstance(after, tuple) and after[0].name.startswith("expert.")
+
+
+def test_node_hit_probability_closed_forms() -> None:
+    from math import comb
+
+    from simtrain.collectives import node_hit_probability
+    # Qwen3-30B-A3B's 128 experts over 2 nodes, top-8: a token misses a node only if all 8 are elsewhere
+    assert node_hit_probability(2, 8, 128) == pytest.approx(1 - comb(64, 8) / comb(128, 8))
+    assert node_hit_probability(8, 8, 256, m_nodes=4) == 0.5  # DeepSeek-V3: at most 4 of 8 nodes
+    assert node_hit_probability(64, 1, 64) == pytest.approx(1 / 64)  # top-1: the expert's own node
+    assert 0 < node_hit_probability(4, 2, 16) < 2 / 4  # two experts may share a node
+
+
+def test_deepep_dispatch_crosses_the_network_once_per_remote_node() -> None:
+    """EP16 over two H100 nodes, top-8 of 128 experts: a plain all-to-all sends half of each GPU's k
+    copies (size/2) through its NIC, DeepEP one copy per token (size/8) to the rail peer, which forwards
+    over NVLink: the network part is 4x shorter, divided by the chance a token hits the other node."""
+    from simtrain.collectives import node_hit_probability
+    cluster = build_cluster("dgx-h100", 2)
+    topo, gpu = Topology(cluster), cluster.gpu
+    S, gpus = 64 * 2**20, tuple(range(16))
+    plain = plan_collective("all_to_all", gpus, S, topo, gpu)
+    dedup = plan_collective("all_to_all_nodes_0_8_128", gpus, S, topo, gpu)
+    nic = effective_bandwidth(topo, gpu, ("nic0.0", "leaf0.0"))
+    assert dedup.estimate_s - dedup.latency_s == pytest.approx(S / 8 * node_hit_probability(2, 8, 128) / nic, rel=1e-6)
+    assert (plain.estimate_s - plain.latency_s) / (dedup.estimate_s - dedup.latency_s) == pytest.approx(4, rel=0.02)
+
+
+@pytest.mark.parametrize(("model", "dispatcher", "coll"), [
+    ("deepseek-v3", "auto", "all_to_all_nodes_4_8_256"),   # node-limited routing trains with DeepEP
+    ("deepseek-v3", "alltoall", "all_to_all"),
+    ("qwen3-30b-a3b", "auto", "all_to_all"),
+    ("qwen3-30b-a3b", "deepep", "all_to_all_nodes_0_8_128"),
+])
+def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str, coll: str) -> None:
+    from simtrain.lowering import build_block
+    run = load_config(BASE, [f"model={model}", "layout.ep=8", f"layout.ep_dispatcher={dispatcher}"])
+    cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16")
+    dispatch, combine, _ = build_block(run.model, run.layout, run.train, cost)._moe_comms()
+    assert dispatch.coll == combine.coll == coll

@@ -228,3 +228,13 @@ def test_jobs_on_part_of_a_node_or_rack_are_simulated_with_the_assumption_named(
 
 def test_gpus_that_fill_no_whole_node_are_not_simulatable() -> None:
     assert parse_row(_tiny(n_gpus="12", dp="12", global_batch_seqs="12")).status.startswith("not simulatable: n_gpus")
+
+
+def test_a_row_naming_deepep_dispatches_once_per_remote_node() -> None:
+    moe = dict(model="Qwen3_30B_a3B", moe_experts="128", moe_topk="8", moe_ffn_hidden="768", n_layers="48",
+               hidden="2048", n_heads="32", n_kv_heads="4", vocab="151936", ep="8", notes="HybridEP dispatcher")
+    p = parse_row(_tiny(**moe))
+    assert p.status == "ok" and p.run is not None and p.run.layout.ep_dispatcher == "deepep", p.status
+    assert any("DeepEP/HybridEP named" in a for a in p.assumptions)
+    plain = parse_row(_tiny(**{**moe, "notes": ""}))
+    assert plain.run is not None and plain.run.layout.ep_dispatcher == "auto"
