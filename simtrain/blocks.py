@@ -512,6 +512,26 @@ class BlockBuilder:
                 c.gemm("expert.up.dgrad", m_e, h, n_up * f_e, local, grouped=True),
                 c.gemm("expert.up.wgrad", h, n_up * f_e, m_e, local, grouped=True))
 
+    def _sorted_experts(self, backward: bool) -> tuple[Kernel, ...]:
+        """The local experts between Megatron's second permutation and its inverse: with several local
+        experts, the all-to-all dispatcher sorts the received tokens by local expert and unsorts the
+        experts' output before the combine (``sort_chunks_by_idxs``, fused by TE under
+        ``moe_permute_fusion``: one read and one write of the k x tokens copies; megatron/core/transformer/
+        moe/token_dispatcher.py ``dispatch_postprocess`` / ``combine_preprocess``). DeepEP dispatches
+        straight to its permuted layout, which the permute before dispatch already stands for."""
+        experts = self._experts(backward)
+        _, _, local, m_e, _, _ = self._moe_dims()
+        if self.ep == 1 or local == 1 or self.ep_dedup:
+            return experts
+        copies = float(m_e * local * self.model.hidden)
+        # forward: sort the dispatched tokens (the dispatch's precision), unsort the BF16 outputs;
+        # backward: the gradients of both, BF16
+        first = 2.0 if backward else self.dispatch_bytes_per_elem
+        c = self.cost
+        sort = c.memory_op("expert.sort_chunks" + (".bwd" if backward else ""), 2 * first * copies)
+        unsort = c.memory_op("expert.unsort_chunks" + (".bwd" if backward else ""), 2 * 2.0 * copies)
+        return (unsort, *experts, sort) if backward else (sort, *experts, unsort)
+
     def _shared(self, backward: bool) -> tuple[Kernel, ...]:
         h, n_up = self.model.hidden, 2 if self.model.activation == "swiglu" else 1
         tokens, _, _, _, _, f_s = self._moe_dims()
@@ -557,7 +577,7 @@ class BlockBuilder:
                   c.memory_op("router.topk", 3 * 4.0 * tokens * moe.n_experts),
                   c.memory_op("moe.permute", 2 * 2.0 * tokens * k * h))
         dispatch, combine, gathered = self._moe_comms()
-        experts: list[Segment] = [self._experts(False)]
+        experts: list[Segment] = [self._sorted_experts(False)]
         if self.etp > 1:
             experts = [Comm("all_gather", gathered, "etp"), *experts, Comm("reduce_scatter", gathered, "etp")]
         unpermute = (c.memory_op("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
@@ -575,7 +595,7 @@ class BlockBuilder:
         c = self.cost
         dispatch, combine, gathered = self._moe_comms()
         unpermute = (c.memory_op("moe.unpermute.bwd", (k + 1) * 2.0 * tokens * h),)
-        experts: list[Segment] = [self._experts(True)]
+        experts: list[Segment] = [self._sorted_experts(True)]
         if self.etp > 1:
             experts = [Comm("all_gather", gathered, "etp"), *experts, Comm("reduce_scatter", gathered, "etp")]
         router = (c.memory_op("moe.permute.bwd", 2 * 2.0 * tokens * k * h),

@@ -250,3 +250,27 @@ def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str
     cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16")
     dispatch, combine, _ = build_block(run.model, run.layout, run.train, cost)._moe_comms()
     assert dispatch.coll == combine.coll == coll
+
+
+def test_alltoall_dispatcher_sorts_received_tokens_by_local_expert() -> None:
+    """Megatron's second permutation (sort_chunks_by_idxs): with several local experts the all-to-all
+    dispatcher reads and writes the k x tokens received copies once after the dispatch and once before
+    the combine, and their gradients in backward; DeepEP lands them in expert order, one expert needs no sort."""
+    from simtrain.lowering import build_block
+    cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16")
+
+    def sorts(*overrides: str) -> dict[str, float]:
+        run = load_config(BASE, ["model=qwen3-30b-a3b", *overrides])
+        b = build_block(run.model, run.layout, run.train, cost)
+        ks = [k for seg in (*b._moe_forward(), *b._moe_backward()) if isinstance(seg, tuple) for k in seg]
+        return {k.name: k.bytes for k in ks if "sort_chunks" in k.name}
+
+    run = load_config(BASE, ["model=qwen3-30b-a3b", "layout.ep=8"])
+    b = build_block(run.model, run.layout, run.train, cost)
+    copies = b.T * 8 * run.model.hidden  # balanced routing: this rank receives k copies of T tokens
+    got = sorts("layout.ep=8")
+    assert set(got) == {"expert.sort_chunks", "expert.unsort_chunks", "expert.sort_chunks.bwd",
+                        "expert.unsort_chunks.bwd"}
+    assert all(v == pytest.approx(2 * 2.0 * copies) for v in got.values())
+    assert sorts("layout.ep=8", "layout.ep_dispatcher=deepep") == {}
+    assert sorts("layout.ep=1") == {}
