@@ -254,10 +254,26 @@ def parse_recompute(cell: str, stack_name: str = "") -> tuple[str, list[str]]:
         # torchtitan selective_ac_option "op": layout.recompute op_sac (simtrain.memory.op_sac_linears)
         return "op_sac", []
     if "selective" in low:
-        if "attention" in low or "core" in low or low == "selective":
-            return "selective", []
+        if "attention" in low or "core" in low or low == "selective" or recompute_modules_of(cell)[0]:
+            return "selective", recompute_modules_of(cell)[1]
         return "selective", [f"recompute {cell!r}: simulated as attention-core selective recompute"]
     return "none", [f"recompute {cell!r} not recognised: none assumed"]
+
+
+# Megatron-core --recompute-modules names (and their spellings in write-ups) -> layout.recompute_modules
+_RECOMPUTE_MODULES = (("core_attn", r"core_attn|attention"), ("layernorm", r"layernorm|\bnorm"),
+                      ("mla_up_proj", r"mla_up_proj|up_proj"), ("act", r"moe_act|\bact\b|swiglu|activation"))
+
+
+def recompute_modules_of(cell: str) -> tuple[tuple[str, ...], list[str]]:
+    """(layout.recompute_modules, assumptions) named in a selective ``recompute`` cell: () when it names
+    none; modules simtrain does not model (Megatron's ``mlp``, ``moe``, ``shared_experts``) are named
+    in the assumptions."""
+    low = cell.lower()
+    found = tuple(m for m, pattern in _RECOMPUTE_MODULES if re.search(pattern, low))
+    missing = [m for m in ("mlp", "moe", "shared_experts") if re.search(rf"(?<![\w_]){m}(?![\w_])", low)]
+    notes = [f"recompute {cell!r}: {', '.join(missing)} not simulated (kept)"] if missing and found else []
+    return found, notes
 
 
 def parse_sharding(cell: str, stack: SoftwareStack) -> tuple[dict[str, Any], list[str]]:
@@ -428,7 +444,7 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
     if stack_note:
         notes.append(stack_note)
     if out.n_gpus is None:
-        raise NotSimulatable("n_gpus")
+        out.n_gpus = _smallest_world(row, notes)
     seq = count(row, "seq_len", notes)
     if seq is None:
         raise NotSimulatable("seq_len")
@@ -441,6 +457,21 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
     hardware = _hardware(row, gpu, node, load_node(node).gpus_per_node, out.n_gpus, notes)
     return load_config({"name": out.run_id, "model": model, "hardware": hardware, "layout": layout,
                         "train": train})
+
+
+def _smallest_world(row: dict[str, str], notes: list[str]) -> int:
+    """The GPU count of a row that gives its layout but not ``n_gpus``: tp x pp x cp x dp, with dp the
+    row's or the fewest that hold its expert parallelism (ep / cp: experts fold over dp x cp with
+    expert TP 1), named in the assumptions; NotSimulatable without tp and pp."""
+    tp, pp = count(row, "tp", notes), count(row, "pp", notes)
+    if tp is None or pp is None:
+        raise NotSimulatable("n_gpus", "neither the GPU count nor the layout (tp, pp) is given")
+    cp, ep = count(row, "cp", notes) or 1, count(row, "ep", notes) or 1
+    dp = count(row, "dp", notes) or max(1, -(-ep // cp))
+    n = tp * pp * cp * dp
+    notes.append(f"n_gpus not given: {n} assumed, the smallest world that holds the layout "
+                 f"(tp {tp} x pp {pp} x cp {cp} x dp {dp})")
+    return n
 
 
 def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[str]) -> dict[str, Any]:
@@ -480,7 +511,10 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
         lay["schedule"] = "1f1b"
     sp = text(row, "seq_parallel")
     if sp in ("on", "yes", "true", "1"):
-        lay["sequence_parallel"] = True
+        # Megatron-LM turns sequence parallelism off at TP 1, where it has nothing to split (arguments.py)
+        lay["sequence_parallel"] = tp > 1
+        if tp == 1:
+            notes.append("seq_parallel on at tp 1: a no-op (Megatron turns it off)")
     elif sp in ("off", "no", "false", "0"):
         lay["sequence_parallel"] = False
     else:
@@ -489,6 +523,9 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
             notes.append(f"seq_parallel not given: {'on' if lay['sequence_parallel'] else 'off'} (stack {stack.name})")
     recompute, rec_notes = parse_recompute(row.get("recompute", "") or "", stack.name)
     lay["recompute"] = recompute
+    modules = recompute_modules_of(row.get("recompute", "") or "")[0]
+    if recompute == "selective" and modules:
+        lay["recompute_modules"] = modules
     notes.extend(rec_notes)
     shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack)
     lay.update(shard)

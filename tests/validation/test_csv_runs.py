@@ -78,6 +78,17 @@ def test_fp8_on_a_gpu_without_fp8_falls_back_to_bf16_with_an_assumption() -> Non
     assert p == "bf16" and "without FP8" in notes[0]
 
 
+@pytest.mark.parametrize(("cell", "modules"), [
+    ("selective (moe_act, mlp)", ("act",)),
+    ("selective (core_attn, layernorm, mla_up_proj, moe_act)", ("core_attn", "layernorm", "mla_up_proj", "act")),
+    ("selective (attention)", ("core_attn",)),
+    ("selective", ()),
+])
+def test_recompute_modules_named_in_the_cell(cell: str, modules: tuple[str, ...]) -> None:
+    from simtrain.csv_runs import recompute_modules_of
+    assert recompute_modules_of(cell)[0] == modules
+
+
 @pytest.mark.parametrize(("cell", "recompute", "assumed"), [
     ("full", "full", False), ("full (activation checkpointing)", "full", False),
     ("full (DeepSpeed activation checkpointing)", "full", False),
@@ -164,7 +175,12 @@ def test_published_rows_all_parse_and_visible_ones_simulatable(published_csv) ->
     status = {p.run_id: p.status for p in parsed}
     assert status["nemo2407-GPT3-5B-64"] == "not simulatable: n_layers"
     assert status["sc21-a100-1.7B"] == "not simulatable: n_heads"
-    assert status["mcore-dsv3-gb200-guide"] == "not simulatable: n_gpus"
+    assert status["mcore-mixtral-8x7b-h100"] == "not simulatable: n_gpus"  # no layout either
+    # a layout without its GPU count: the smallest world that holds it, named (PP8 x EP32 -> 256)
+    guide = next(p for p in parsed if p.run_id == "mcore-dsv3-gb200-guide")
+    assert guide.status == "ok" and guide.n_gpus == 256 and guide.run is not None
+    assert any(a.startswith("n_gpus not given: 256 assumed") for a in guide.assumptions)
+    assert guide.run.layout.recompute_modules == ("act",) and not guide.run.layout.sequence_parallel
 
 
 def test_moe_row_whose_ep_folds_only_with_expert_tp_1_gets_etp_1_named() -> None:
