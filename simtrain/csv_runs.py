@@ -605,6 +605,28 @@ def _gpus_per_node(n_gpus: int, node_gpus: int) -> int | None:
     return None
 
 
+def _used_per_node(row: dict[str, str], node: str, node_gpus: int, n_gpus: int, notes: list[str]) -> int:
+    """GPUs per node the row runs on: its ``gpus_per_node`` when smaller nodes of the same GPU (4-GPU
+    A100/H100 nodes of many HPC centres), else ``_gpus_per_node``; every departure from the node profile
+    named in ``notes``."""
+    gpn = count(row, "gpus_per_node", notes)
+    if gpn is not None and gpn < node_gpus <= 8 and n_gpus % gpn == 0:
+        used: int | None = gpn
+        notes.append(f"gpus_per_node {gpn}: nodes of {gpn} GPUs, as node profile {node} with {gpn} of its "
+                     f"{node_gpus} GPUs and their NICs")
+    else:
+        if gpn is not None and gpn != node_gpus:
+            notes.append(f"gpus_per_node {gpn}: the NVLink domain of node profile {node} is {node_gpus} GPUs"
+                         + (f" ({gpn} is a compute tray's)" if node_gpus > 8 and node_gpus % gpn == 0 else ""))
+        used = _gpus_per_node(n_gpus, node_gpus)
+    if used is None:
+        raise NotSimulatable("n_gpus", f"{n_gpus} is not a whole number of {node_gpus}-GPU nodes")
+    if used != node_gpus and used != gpn:
+        notes.append(f"n_gpus {n_gpus} on {node} nodes of {node_gpus}: {n_gpus // used} node(s) of {used} GPUs "
+                     "each assumed" + (" (whole 4-GPU trays per NVLink domain)" if node_gpus > 8 else ""))
+    return used
+
+
 def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: int,
               notes: list[str]) -> dict[str, Any]:
     from simtrain.hardware import load_node
@@ -612,24 +634,16 @@ def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: 
     hw: dict[str, Any] = {"node": node}
     if load_node(node).gpu.name != gpu:
         hw["gpu"] = gpu
-    gpn = count(row, "gpus_per_node", notes)
-    if gpn is not None and gpn != node_gpus:
-        notes.append(f"gpus_per_node {gpn}: the NVLink domain of node profile {node} is {node_gpus} GPUs"
-                     + (f" ({gpn} is a compute tray's)" if node_gpus > 8 and node_gpus % gpn == 0 else ""))
-    used = _gpus_per_node(n_gpus, node_gpus)
-    if used is None:
-        raise NotSimulatable("n_gpus", f"{n_gpus} is not a whole number of {node_gpus}-GPU nodes")
+    used = _used_per_node(row, node, node_gpus, n_gpus, notes)
     if used != node_gpus:
         hw["gpus_per_node"] = used
-        notes.append(f"n_gpus {n_gpus} on {node} nodes of {node_gpus}: {n_gpus // used} node(s) of {used} GPUs "
-                     "each assumed" + (" (whole 4-GPU trays per NVLink domain)" if node_gpus > 8 else ""))
     hw["n_nodes"] = n_gpus // used
     inter = text(row, "inter_node")
     match = re.search(r"(\d+(?:\.\d+)?)\s*gb(?:it)?(?:p|/)s", inter)
     if match and "per node" in inter:
-        hw["nic_Gbps"] = float(match.group(1)) / node_gpus
-        hw["nics_per_node"] = node_gpus
-        notes.append(f"inter_node {inter!r}: {node_gpus} NICs of {hw['nic_Gbps']:g} Gb/s per node assumed")
+        hw["nic_Gbps"] = float(match.group(1)) / used
+        hw["nics_per_node"] = used
+        notes.append(f"inter_node {inter!r}: {used} NICs of {hw['nic_Gbps']:g} Gb/s per node assumed")
     elif match:
         hw["nic_Gbps"] = float(match.group(1))
     elif "omni-path" in inter or "opa" in inter:

@@ -242,6 +242,13 @@ def test_jobs_on_part_of_a_node_or_rack_are_simulated_with_the_assumption_named(
     assert (per_node is None) != any("node(s) of" in a for a in p.assumptions)
 
 
+def test_a_row_on_four_gpu_nodes_runs_on_four_gpu_nodes() -> None:
+    p = parse_row(_tiny(gpu="A100 40GB", gpus_per_node="4", n_gpus="16", dp="16", global_batch_seqs="16"))
+    assert p.status == "ok" and p.run is not None, p.status
+    assert (p.run.hardware.gpus_per_node, p.run.hardware.n_nodes) == (4, 4)
+    assert any(a.startswith("gpus_per_node 4: nodes of 4 GPUs") for a in p.assumptions)
+
+
 def test_gpus_that_fill_no_whole_node_are_not_simulatable() -> None:
     assert parse_row(_tiny(n_gpus="12", dp="12", global_batch_seqs="12")).status.startswith("not simulatable: n_gpus")
 
