@@ -22,6 +22,26 @@ from simtrain.memory import op_sac_recomputed
 from simtrain.model import ModelSpec
 from simtrain.ops import Kernel
 
+TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
+
+
+def leading_gemms(kernels: tuple[Kernel, ...], gathered: bool = False) -> int:
+    """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op).
+
+    ``gathered``: count only the GEMMs an all-gather before them can feed chunk by chunk, those that read
+    the gathered tensor as their row-split left operand: a weight-gradient GEMM (dW = X^T dY) contracts
+    over the gathered token dim and waits for the whole gather. torch's micro-pipeline pass fuses an
+    all-gather only with matmuls whose A is the gathered tensor (``torch/_inductor/fx_passes/
+    micro_pipeline_tp.py``, ``fused_all_gather_matmul``); Transformer Engine's ``ub_overlap_ag`` splits
+    the fprop / dgrad GEMM, and the wgrad GEMM runs after it on the gathered tensor.
+    """
+    n = 0
+    for k in kernels:
+        if not k.flops or k.name.startswith(("flash_attn", "attn.")) or (gathered and k.name.endswith(".wgrad")):
+            break
+        n += 1
+    return n
+
 
 @dataclass(frozen=True, slots=True)
 class Comm:
@@ -660,31 +680,62 @@ class BlockBuilder:
 
     def layer_forward(self, layer: int | None = None) -> list[Segment]:
         """Forward segments of transformer layer ``layer`` (None: the model's common dense layer)."""
-        return self._with_layout_copies(self._layer_forward(layer))
+        return self._finished(self._layer_forward(layer))
 
     def layer_backward(self, layer: int | None = None) -> list[Segment]:
         """Backward segments of transformer layer ``layer``."""
-        return self._with_layout_copies(self._layer_backward(layer))
+        return self._finished(self._layer_backward(layer))
 
     def op_sac_recompute(self, layer: int | None) -> list[Segment]:
         """Segments op-level SAC re-runs before a layer's backward (see ``_op_sac_recompute``)."""
-        return self._with_layout_copies(self._op_sac_recompute(layer))
+        return self._finished(self._op_sac_recompute(layer))
 
     def embedding_forward(self) -> list[Segment]:
         """Token (+ learned position) embedding."""
-        return self._with_layout_copies(self._embedding_forward())
+        return self._finished(self._embedding_forward())
 
     def embedding_backward(self) -> list[Segment]:
         """Embedding gradient."""
-        return self._with_layout_copies(self._embedding_backward())
+        return self._finished(self._embedding_backward())
 
     def head_forward(self) -> list[Segment]:
         """Final norm, LM head GEMM and cross-entropy."""
-        return self._with_layout_copies(self._head_forward())
+        return self._finished(self._head_forward())
 
     def head_backward(self) -> list[Segment]:
         """Cross-entropy, LM-head and final-norm backward."""
-        return self._with_layout_copies(self._head_backward())
+        return self._finished(self._head_backward())
+
+    def _finished(self, segs: list[Segment]) -> list[Segment]:
+        """``segs`` as the engine runs them: DTensor's layout copies (``_with_layout_copies``), then the
+        GEMMs TP comm overlap splits by rows costed as their chunks (``_row_chunked``)."""
+        return self._row_chunked(self._with_layout_copies(segs))
+
+    def _row_chunked(self, segs: list[Segment]) -> list[Segment]:
+        """With TP comm overlap, the GEMMs a fused collective splits by rows into ``TP_OVERLAP_CHUNKS``
+        (the leading GEMMs fed by an all-gather, the trailing GEMMs that feed a reduce-scatter or
+        all-reduce, weight-gradient GEMMs excepted: they contract over the split dim and run whole, as
+        Transformer Engine's bulk overlaps run them), each costed as that many GEMMs of m / chunks rows
+        (``ComputeCostModel.row_chunked``): TE userbuffers and torch's fused_all_gather_matmul /
+        fused_matmul_reduce_scatter launch one GEMM per chunk. Mirrors ``lowering._Emitter._overlapped``."""
+        if not (self.tp_overlap and self.t > 1):
+            return segs
+        out = list(segs)
+        for i, seg in enumerate(out):
+            if not (isinstance(seg, tuple) and seg):
+                continue
+            prev, nxt = out[i - 1] if i else None, out[i + 1] if i + 1 < len(out) else None
+            kernels = [k for k in seg if k is not None]
+            lead = trail = 0
+            if isinstance(prev, Comm) and prev.fused_with_gemm(self.tp_overlap) and prev.coll == "all_gather":
+                lead = leading_gemms(tuple(kernels), gathered=True)
+            if (isinstance(nxt, Comm) and nxt.fused_with_gemm(self.tp_overlap)
+                    and nxt.coll in ("reduce_scatter", "all_reduce")):
+                trail = leading_gemms(tuple(kernels[::-1]), gathered=True)
+            split = set(range(lead)) | set(range(len(kernels) - trail, len(kernels)))
+            out[i] = tuple(self.cost.row_chunked(k, TP_OVERLAP_CHUNKS) if j in split else k
+                           for j, k in enumerate(kernels))
+        return out
 
     def _with_layout_copies(self, segs: list[Segment]) -> list[Segment]:
         """``segs`` with the memory passes around each sequence-parallel TP collective that DTensor TP

@@ -22,7 +22,7 @@ transformer blocks' linear layers).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simtrain.calibrated import CalibratedCompute
 from simtrain.hardware import GpuSpec
@@ -147,6 +147,9 @@ class ComputeCostModel:
         ``grouped``: the copies run as one grouped GEMM (CUTLASS grouped GEMM / TE GroupedLinear);
         ``a_cast_share``: the share of A this rank quantises when the GEMM runs in FP8 (1/t when A was
         cast before a TP all-gather)."""
+        return replace(self._gemm(name, m, n, k, batch, grouped, a_cast_share), shape=(m, n, k, batch))
+
+    def _gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool, a_cast_share: float) -> Kernel:
         flops = 2.0 * m * n * k * batch
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
         # calibrated GEMMs were measured in the profile's dtype (BF16 on GPUs): FP8 GEMMs keep the model
@@ -158,6 +161,17 @@ class ComputeCostModel:
             return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share)
         return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1),
                               self.gpu.hbm_efficiency, peak_flops_per_s=self.gpu.bf16_flops_per_s)
+
+    def row_chunked(self, kernel: Kernel, parts: int) -> Kernel:
+        """GEMM ``kernel`` run as ``parts`` GEMMs of m / parts rows each, as TP comm overlap runs it (one
+        per chunk of the collective it is fused with): its time scaled by parts x t(m / parts) / t(m),
+        which adds each chunk's tile and wave quantisation and launch. Other kernels come back unchanged."""
+        if kernel.shape is None or parts <= 1:
+            return kernel
+        m, n, k, batch = kernel.shape
+        whole = self.gemm(kernel.name, m, n, k, batch).time_s
+        chunk = self.gemm(kernel.name, -(-m // parts), n, k, batch).time_s
+        return replace(kernel, time_s=kernel.time_s * parts * chunk / whole)
 
     def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
                   a_cast_share: float = 1.0) -> Kernel:

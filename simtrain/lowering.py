@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from simtrain.blocks import BlockBuilder, Comm, Ring, Segment
+from simtrain.blocks import TP_OVERLAP_CHUNKS, BlockBuilder, Comm, Ring, Segment, leading_gemms
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
@@ -44,7 +44,6 @@ STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stre
 # DeepSpeed BF16_Optimizer.update_hp_grads: hp_grad.add_(lp.grad.to(float32)) reads the BF16 gradient (2 B)
 # and writes its FP32 copy (4 B), then add_ reads both FP32 tensors and writes one (12 B)
 FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM = 18.0
-TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
 
 
 def layers_by_position(n_layers: int, positions: int) -> list[int]:
@@ -115,24 +114,6 @@ class Lowered:
     """Largest per-rank layer (dense part), for ZeRO-3/FSDP gather buffers."""
     stage_pp_buffers: list[float] = field(default_factory=list)
     """Bytes each stage's pipeline runtime keeps for the whole step (``memory.pipeline_stage_buffer_bytes``)."""
-
-
-def leading_gemms(kernels: tuple[Kernel, ...], gathered: bool = False) -> int:
-    """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op).
-
-    ``gathered``: count only the GEMMs an all-gather before them can feed chunk by chunk, those that read
-    the gathered tensor as their row-split left operand: a weight-gradient GEMM (dW = X^T dY) contracts
-    over the gathered token dim and waits for the whole gather. torch's micro-pipeline pass fuses an
-    all-gather only with matmuls whose A is the gathered tensor (``torch/_inductor/fx_passes/
-    micro_pipeline_tp.py``, ``fused_all_gather_matmul``); Transformer Engine's ``ub_overlap_ag`` splits
-    the fprop / dgrad GEMM, and the wgrad GEMM runs after it on the gathered tensor.
-    """
-    n = 0
-    for k in kernels:
-        if not k.flops or k.name.startswith(("flash_attn", "attn.")) or (gathered and k.name.endswith(".wgrad")):
-            break
-        n += 1
-    return n
 
 
 class _Emitter:

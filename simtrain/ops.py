@@ -45,6 +45,8 @@ class Kernel:
     flops: float
     bytes: float
     time_s: float
+    shape: tuple[int, int, int, int] | None = None
+    """(m, n, k, batch) of a GEMM, for costing it again in row chunks (TP comm overlap); None otherwise."""
 
 
 @dataclass(slots=True)
