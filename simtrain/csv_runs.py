@@ -498,6 +498,10 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
     if ep > 1 and re.search(r"deep-?ep|hybrid-?ep", said):
         lay["ep_dispatcher"] = "deepep"
         notes.append("DeepEP/HybridEP named: tokens cross the network once per remote node (ep_dispatcher deepep)")
+    if ep > 1 and re.search(r"a2a[ _-]?overlap|\b(?:ep|all-?to-?all)[ _-]?(?:comm[ _-]?)?overlap", said):
+        lay["ep_comm_overlap"] = True
+        notes.append("all-to-all overlap named (Megatron moe_a2a_overlap): dispatch and combine overlapped with "
+                     "computation (ep_comm_overlap)")
     vp = integer(row, "vp", notes)
     framework = text(row, "framework")
     if vp and vp > 1:

@@ -261,3 +261,6 @@ def test_a_row_naming_deepep_dispatches_once_per_remote_node() -> None:
     assert any("DeepEP/HybridEP named" in a for a in p.assumptions)
     plain = parse_row(_tiny(**{**moe, "notes": ""}))
     assert plain.run is not None and plain.run.layout.ep_dispatcher == "auto"
+    assert not plain.run.layout.ep_comm_overlap
+    overlapped = parse_row(_tiny(**{**moe, "notes": "moe_a2a_overlap on"}))
+    assert overlapped.run is not None and overlapped.run.layout.ep_comm_overlap
