@@ -70,7 +70,7 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     if not p.is_file():
         raise ConfigError(Problem("file", f"not found: {str(p)!r}"))
     try:
-        with p.open(newline="", encoding="utf-8") as fh:
+        with p.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's byte-order mark
             reader = csv.DictReader(fh)
             columns = [c.strip() for c in reader.fieldnames or []]
             missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -342,7 +342,7 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
     for col in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"):
         value = count(row, col, notes)
         if value is None:
-            raise NotSimulatable(col, "architecture column missing")
+            return _preset_by_name(name, col, _given_dims(row), seq_len, notes)
         dims[col] = value
     kv_text = text(row, "n_kv_heads")
     kv = integer(row, "n_kv_heads", notes) if kv_text and kv_text[0].isdigit() else None
@@ -368,6 +368,27 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
         return ModelSpec(**fields)
     except ValidationError as exc:
         raise ConfigError(pydantic_problems(exc, "model.")) from None
+
+
+def _given_dims(row: dict[str, str]) -> dict[str, int]:
+    """The architecture columns a row gives (blank or unreadable ones left out)."""
+    scratch: list[str] = []
+    cols = ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab")
+    return {c: v for c in cols if (v := integer(row, c, scratch)) is not None}
+
+
+def _preset_by_name(name: str, missing: str, given: dict[str, int], seq_len: int, notes: list[str]) -> ModelSpec:
+    """The preset the model cell names, for a row without all its architecture columns, when the columns
+    it gives agree with it (``missing`` is the first absent one: NotSimulatable when no preset has that
+    name, punctuation and case aside, or a given column disagrees)."""
+    want = _loose(name)
+    for key in list_presets():
+        m = preset(key)
+        if _loose(key) == want and all(getattr(m, c) == v for c, v in given.items()):
+            notes.append(f"model: preset {key} by its name ({missing} and other architecture columns not given)"
+                         if given else f"model: preset {key} by its name (architecture columns not given)")
+            return m.model_copy(update={"max_position": max(m.max_position or 0, seq_len)})
+    raise NotSimulatable(missing, f"architecture column missing and no preset named {name!r} matches the others")
 
 
 def _matching_preset(name: str, dims: dict[str, int], kv: int | None) -> ModelSpec | None:
@@ -525,12 +546,7 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
         lay["sequence_parallel"] = stack.sequence_parallel and tp > 1
         if tp > 1:
             notes.append(f"seq_parallel not given: {'on' if lay['sequence_parallel'] else 'off'} (stack {stack.name})")
-    recompute, rec_notes = parse_recompute(row.get("recompute", "") or "", stack.name)
-    lay["recompute"] = recompute
-    modules = recompute_modules_of(row.get("recompute", "") or "")[0]
-    if recompute == "selective" and modules:
-        lay["recompute_modules"] = modules
-    notes.extend(rec_notes)
+    lay.update(_recompute(row, stack, notes))
     shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack)
     lay.update(shard)
     notes.extend(shard_notes)
@@ -550,6 +566,25 @@ def _expert_tp(tp: int, data: int, ep: int, notes: list[str]) -> dict[str, Any]:
     notes.append(f"expert TP not given: ep x tp = {ep} x {tp} does not fold over tp x cp x dp = {plane}; "
                  "etp 1 assumed (Megatron MoE parallel folding)")
     return {"etp": 1}
+
+
+#: A FLOP convention that counts the activation-recompute forward (Narayanan et al. SC'21:
+#: 96BslH^2(1 + s/6h + V/16lh) "incl. activation-recompute forward"): the run recomputed.
+_COUNTS_RECOMPUTE = r"(?<!no )(?:incl\.?|includes|counts?|counted)\s+(?:the\s+)?(?:activation[- ])?recompute"
+
+
+def _recompute(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> dict[str, Any]:
+    """Layout fields for the ``recompute`` cell; a blank cell in a row whose FLOP convention counts the
+    recompute forward is full recompute (named), else none."""
+    cell = row.get("recompute", "") or ""
+    said = f"{text(row, 'flop_convention')} {text(row, 'tflops_kind')}"
+    if _blank(cell) and re.search(_COUNTS_RECOMPUTE, said):
+        notes.append("recompute not given: full assumed (the row's FLOP convention counts the recompute forward)")
+        return {"recompute": "full"}
+    recompute, rec_notes = parse_recompute(cell, stack.name)
+    notes.extend(rec_notes)
+    modules = recompute_modules_of(cell)[0]
+    return {"recompute": recompute, **({"recompute_modules": modules} if recompute == "selective" and modules else {})}
 
 
 def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> bool:

@@ -14,6 +14,7 @@ from simtrain.csv_runs import (
     read_rows,
 )
 from simtrain.errors import ConfigError
+from simtrain.model import preset
 from simtrain.stacks import STACKS, get_stack, stack_from_text
 
 from .conftest import SMALL_ROWS
@@ -174,7 +175,8 @@ def test_published_rows_all_parse_and_visible_ones_simulatable(published_csv) ->
     # the rows with no architecture or layout say which field is missing
     status = {p.run_id: p.status for p in parsed}
     assert status["nemo2407-GPT3-5B-64"] == "not simulatable: n_layers"
-    assert status["sc21-a100-1.7B"] == "not simulatable: n_heads"
+    # heads not given, but the layers and width it gives are those of the SC'21 GPT-1.7B preset it names
+    assert status["sc21-a100-1.7B"] == "ok"
     assert status["mcore-mixtral-8x7b-h100"] == "not simulatable: n_gpus"  # no layout either
     # a layout without its GPU count: the smallest world that holds it, named (PP8 x EP32 -> 256)
     guide = next(p for p in parsed if p.run_id == "mcore-dsv3-gb200-guide")
@@ -264,3 +266,33 @@ def test_a_row_naming_deepep_dispatches_once_per_remote_node() -> None:
     assert not plain.run.layout.ep_comm_overlap
     overlapped = parse_row(_tiny(**{**moe, "notes": "moe_a2a_overlap on"}))
     assert overlapped.run is not None and overlapped.run.layout.ep_comm_overlap
+
+
+@pytest.mark.parametrize(("model", "key"), [("Llama-3.1-70B", "llama3.1-70b"), ("llama3-8b", "llama3-8b"),
+                                            ("DeepSeek-V3", "deepseek-v3")])
+def test_a_row_without_architecture_columns_takes_the_preset_it_names(model: str, key: str) -> None:
+    cells = {c: "" for c in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab")}
+    p = parse_row(_tiny(model=model, **cells))
+    assert p.run is not None and any(a == f"model: preset {key} by its name (architecture columns not given)"
+                                     for a in p.assumptions), p.status
+    assert p.run.model.n_layers == preset(key).n_layers
+    assert parse_row(_tiny(model="Some 9B", **cells)).status == "not simulatable: n_layers"
+    # a given column that disagrees with the named preset: the row is not guessed
+    assert parse_row(_tiny(model=model, **{**cells, "hidden": "1234"})).status == "not simulatable: n_layers"
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "bom.csv"
+    path.write_text("run_id,model\r\nx,llama3-8b\r\n", encoding="utf-8-sig")
+    assert read_rows(path) == [{"run_id": "x", "model": "llama3-8b"}]
+
+
+def test_a_flop_convention_that_counts_the_recompute_forward_means_the_run_recomputed() -> None:
+    sc21 = "96*B*s*l*h^2*(1+s/(6h)+V/(16*l*h)) incl. activation-recompute forward"
+    p = parse_row(_tiny(flop_convention=sc21))
+    assert p.run is not None and p.run.layout.recompute == "full"
+    assert any(a.startswith("recompute not given: full assumed") for a in p.assumptions)
+    nemo = parse_row(_tiny(flop_convention="Model TFLOP/s/GPU, no recompute"))
+    assert nemo.run is not None and nemo.run.layout.recompute == "none"
+    stated = parse_row(_tiny(flop_convention=sc21, recompute="selective"))
+    assert stated.run is not None and stated.run.layout.recompute == "selective"  # the cell wins
