@@ -254,8 +254,9 @@ def parse_recompute(cell: str, stack_name: str = "") -> tuple[str, list[str]]:
         # torchtitan selective_ac_option "op": layout.recompute op_sac (simtrain.memory.op_sac_linears)
         return "op_sac", []
     if "selective" in low:
-        if "attention" in low or "core" in low or low == "selective" or recompute_modules_of(cell)[0]:
-            return "selective", recompute_modules_of(cell)[1]
+        modules, module_notes = recompute_modules_of(cell)
+        if "attention" in low or "core" in low or low == "selective" or modules:
+            return "selective", module_notes
         return "selective", [f"recompute {cell!r}: simulated as attention-core selective recompute"]
     return "none", [f"recompute {cell!r} not recognised: none assumed"]
 
@@ -332,6 +333,10 @@ def _norm_name(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", name.lower().replace("llama-", "llama"))
 
 
+#: The architecture columns a dense model needs (n_kv_heads is optional).
+ARCH_COLUMNS = ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab")
+
+
 def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpec:
     """The ModelSpec of a row: a preset whose shape matches the architecture columns (their values win
     where they differ), else the columns with the family defaults of the model name."""
@@ -339,7 +344,7 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
     if text(row, "moe_experts") or text(row, "moe_topk"):
         return _moe_model(row, name, notes)
     dims = {}
-    for col in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab"):
+    for col in ARCH_COLUMNS:
         value = count(row, col, notes)
         if value is None:
             return _preset_by_name(name, col, _given_dims(row), seq_len, notes)
@@ -373,8 +378,7 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
 def _given_dims(row: dict[str, str]) -> dict[str, int]:
     """The architecture columns a row gives (blank or unreadable ones left out)."""
     scratch: list[str] = []
-    cols = ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab")
-    return {c: v for c in cols if (v := integer(row, c, scratch)) is not None}
+    return {c: v for c in ARCH_COLUMNS if (v := integer(row, c, scratch)) is not None}
 
 
 def _preset_by_name(name: str, missing: str, given: dict[str, int], seq_len: int, notes: list[str]) -> ModelSpec:
