@@ -615,10 +615,11 @@ def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: 
     if mbs is None:
         mbs = 1
         notes.append("micro_batch not given: 1 assumed")
-    if stack.pp_microbatches_equal_pp and lay["pp"] > 1 and mbs % lay["pp"] == 0:
-        notes.append(f"micro_batch {mbs} is the local batch; split into pp={lay['pp']} micro-batches of "
-                     f"{mbs // lay['pp']} (torchtitan pipeline_parallel_microbatches default)")
-        mbs //= lay["pp"]
+    stages = lay["pp"] * (lay.get("vpp") or 1)
+    if stack.pp_microbatches_equal_pp and lay["pp"] > 1 and mbs % stages == 0:
+        notes.append(f"micro_batch {mbs} is the local batch; split into {stages} micro-batches of "
+                     f"{mbs // stages}, one per pipeline stage (torchtitan pipeline_parallel_microbatches default)")
+        mbs //= stages
     precision, recipe, prec_notes = parse_precision(row.get("precision", "") or "", stack, has_fp8)
     notes.extend(prec_notes)
     train: dict[str, Any] = {"seq_len": seq, "micro_batch_size": mbs, "global_batch_seqs": gbs,

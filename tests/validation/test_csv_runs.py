@@ -296,3 +296,19 @@ def test_a_flop_convention_that_counts_the_recompute_forward_means_the_run_recom
     assert nemo.run is not None and nemo.run.layout.recompute == "none"
     stated = parse_row(_tiny(flop_convention=sc21, recompute="selective"))
     assert stated.run is not None and stated.run.layout.recompute == "selective"  # the cell wins
+
+
+@pytest.mark.parametrize(("framework", "vpp", "micro"), [
+    ("torchtitan (torch.compile, PP schedule 1F1B)", 1, 4),
+    ("torchtitan (torch.compile, PP schedule interleaved 1F1B)", 2, 2),
+])
+def test_torchtitan_splits_the_local_batch_into_one_micro_batch_per_pipeline_stage(
+        framework: str, vpp: int, micro: int) -> None:
+    """torchtitan's build_pipeline_schedule (late 2024): pipeline_parallel_microbatches defaults to
+    pp x stages per rank, and a looped schedule's split gives each rank 2 stages."""
+    row = {k: str(v) for k, v in SMALL_ROWS[0].items()}
+    row.update(framework=framework, pp="2", dp="4", micro_batch="8", global_batch_seqs="32")
+    p = parse_row(row)
+    assert p.status == "ok" and p.run is not None, p.status
+    assert (p.run.layout.vpp, p.run.train.micro_batch_size) == (vpp, micro)
+    assert any(f"split into {2 * vpp} micro-batches of {micro}" in a for a in p.assumptions)
