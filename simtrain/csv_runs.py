@@ -277,8 +277,19 @@ def recompute_modules_of(cell: str) -> tuple[tuple[str, ...], list[str]]:
     return found, notes
 
 
-def parse_sharding(cell: str, stack: SoftwareStack) -> tuple[dict[str, Any], list[str]]:
-    """Layout fields (fsdp / zero_stage) for a ``zero_fsdp`` cell, and the assumptions made."""
+#: A ZeRO stage written out: "ZeRO-3", "zero3", "ZeRO stage 3", "DeepSpeed stage 2".
+_ZERO_STAGE = re.compile(r"\b(?:zero|stage)[\s_-]*(?:stage[\s_-]*)?([0-3])\b")
+#: A hybrid-shard group written out: "shard 8", "dp_shard=8", "shard_size 8", "8-way shard".
+_SHARD_GROUP = re.compile(r"(?:shard(?:[\s_-]*(?:size|group|degree))?[\s=:]*(\d+))|(?:(\d+)[\s-]*way[\s-]*shard)")
+#: Two degrees multiplied, as torchtitan names HSDP's mesh: (dp_replicate, dp_shard), "2x64".
+_TWO_DEGREES = re.compile(r"(\d+)\s*[x\u00d7*]\s*(\d+)")
+
+
+def parse_sharding(cell: str, stack: SoftwareStack, dp: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Layout fields (fsdp / zero_stage / fsdp_shard_size) for a ``zero_fsdp`` cell, and the assumptions made.
+
+    ``dp``: the row's data-parallel degree, which a hybrid-shard group must divide.
+    """
     low = cell.strip().lower()
     if not low:
         if stack.zero_stage:
@@ -288,19 +299,39 @@ def parse_sharding(cell: str, stack: SoftwareStack) -> tuple[dict[str, Any], lis
     notes = []
     if "float8 all-gather" in low:
         notes.append("FSDP float8 all-gather not modelled (parameters gathered in bf16)")
-    if "shard_grad_op" in low or "zero-2" in low or "zero2" in low:
+    if "hybrid" in low or "hsdp" in low:
+        return _hybrid_shard(cell, low, dp, notes)
+    if "shard_grad_op" in low:
         return {"zero_stage": 2}, notes
-    if "hybrid" in low:
-        notes.append(f"zero_fsdp {cell!r}: hybrid shard group size not given; full shard simulated")
+    if "fsdp" in low or "full_shard" in low or "zero-infinity" in low or "zero++" in low:
         return {"fsdp": "full"}, notes
-    if "fsdp" in low or "full_shard" in low or "zero-3" in low or "zero3" in low:
-        return {"fsdp": "full"}, notes
-    if "zero-1" in low or "zero1" in low or "distributed optimizer" in low:
+    if stage := _ZERO_STAGE.search(low):
+        n = int(stage.group(1))
+        return ({"fsdp": "full"} if n == 3 else {"zero_stage": n}), notes
+    if "distributed optimizer" in low:
         return {"zero_stage": 1}, notes
-    if "ddp" in low or "none" in low:
+    if "ddp" in low or "none" in low or low in ("no", "off", "0"):
         return {}, notes
     return {"zero_stage": stack.zero_stage}, [f"zero_fsdp {cell!r} not recognised: stack default "
                                               f"ZeRO-{stack.zero_stage}"]
+
+
+def _hybrid_shard(cell: str, low: str, dp: int | None, notes: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """HSDP / hybrid shard: parameters sharded within groups of the size the cell names, replicated across."""
+    size: int | None = None
+    if named := _SHARD_GROUP.search(low):
+        size = int(named.group(1) or named.group(2))
+    elif pair := _TWO_DEGREES.search(low):
+        size = int(pair.group(2))
+        notes.append(f"zero_fsdp {cell!r}: read as replicate {pair.group(1)} x shard {size} (torchtitan's "
+                     "(dp_replicate, dp_shard) mesh order)")
+    if size is None or (dp is not None and (size > dp or dp % size)):
+        why = "group size not given" if size is None else f"shard group {size} does not divide dp={dp}"
+        notes.append(f"zero_fsdp {cell!r}: hybrid shard {why}; full shard simulated")
+        return {"fsdp": "full"}, notes
+    if size == dp:
+        return {"fsdp": "full"}, notes
+    return {"fsdp": "hybrid", "fsdp_shard_size": size}, notes
 
 
 def is_visible(row: dict[str, str]) -> bool:
@@ -551,7 +582,7 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
         if tp > 1:
             notes.append(f"seq_parallel not given: {'on' if lay['sequence_parallel'] else 'off'} (stack {stack.name})")
     lay.update(_recompute(row, stack, notes))
-    shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack)
+    shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack, lay.get("dp"))
     lay.update(shard)
     notes.extend(shard_notes)
     if tp > 1:

@@ -107,9 +107,29 @@ def test_parse_recompute(cell: str, recompute: str, assumed: bool) -> None:
                                                         {"fsdp": "full"}),
     ("SHARD_GRAD_OP", {"zero_stage": 2}), ("ZeRO-1 (DeepSpeed BF16_Optimizer)", {"zero_stage": 1}),
     ("distributed optimizer (DDP)", {"zero_stage": 1}), ("", {"zero_stage": 1}),
+    ("ZeRO stage 3", {"fsdp": "full"}), ("DeepSpeed ZeRO stage 2", {"zero_stage": 2}), ("zero1", {"zero_stage": 1}),
+    ("ZeRO-Infinity", {"fsdp": "full"}), ("DDP", {}), ("none", {}),
+    ("HYBRID_SHARD (shard 8)", {"fsdp": "hybrid", "fsdp_shard_size": 8}),
+    ("HSDP dp_shard=16", {"fsdp": "hybrid", "fsdp_shard_size": 16}),
+    ("HSDP (2x64)", {"fsdp": "hybrid", "fsdp_shard_size": 64}),  # torchtitan's (dp_replicate, dp_shard)
+    ("HSDP (1x128)", {"fsdp": "full"}),  # one shard group spanning dp is full sharding
+    ("hybrid shard", {"fsdp": "full"}), ("HSDP shard 48", {"fsdp": "full"}),  # no group / 48 does not divide 128
 ])
 def test_parse_sharding(cell: str, fields: dict) -> None:
-    assert parse_sharding(cell, STACKS["megatron-te"])[0] == fields
+    assert parse_sharding(cell, STACKS["megatron-te"], dp=128)[0] == fields
+
+
+@pytest.mark.parametrize("cell", ["hybrid shard", "HSDP shard 48", "HSDP (2x64)", "sharded somehow"])
+def test_a_sharding_guess_is_named(cell: str) -> None:
+    assert parse_sharding(cell, STACKS["megatron-te"], dp=128)[1]
+
+
+def test_an_hsdp_row_simulates_hybrid_sharding() -> None:
+    row = {k: str(v) for k, v in SMALL_ROWS[0].items()}
+    row.update(zero_fsdp="HSDP (2x4)")
+    p = parse_row(row)
+    assert p.status == "ok" and p.run is not None, p.status
+    assert (p.run.layout.fsdp, p.run.layout.fsdp_shard_size) == ("hybrid", 4)
 
 
 @pytest.mark.parametrize(("cell", "stack", "assumed"), [
