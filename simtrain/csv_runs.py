@@ -246,10 +246,12 @@ def parse_recompute(cell: str, stack_name: str = "") -> tuple[str, list[str]]:
     low = cell.strip().lower()
     if not low:
         return "none", ["recompute not given: none assumed"]
-    if low.startswith(("none", "no ", "off", "false")) or low == "no":
+    if low.startswith(("none", "no ", "off", "false", "disabled")) or low in ("no", "0"):
         return "none", []
-    if "full" in low or "activation checkpointing" in low:
+    if "full" in low or re.search(r"checkpoint|\bac\b", low):
         return "full", []
+    if low.startswith(("yes", "true", "on", "enabled")) or low == "1":
+        return "full", [f"recompute {cell!r}: full recompute assumed (every layer re-runs its forward)"]
     if "sac" in low or "op-level" in low or "per-op" in low or "op " in low or "(op)" in low:
         # torchtitan selective_ac_option "op": layout.recompute op_sac (simtrain.memory.op_sac_linears)
         return "op_sac", []
@@ -581,7 +583,7 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
         lay["sequence_parallel"] = stack.sequence_parallel and tp > 1
         if tp > 1:
             notes.append(f"seq_parallel not given: {'on' if lay['sequence_parallel'] else 'off'} (stack {stack.name})")
-    lay.update(_recompute(row, stack, notes))
+    lay.update(_recompute(row, stack, lay, notes))
     shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack, lay.get("dp"))
     lay.update(shard)
     notes.extend(shard_notes)
@@ -608,7 +610,8 @@ def _expert_tp(tp: int, data: int, ep: int, notes: list[str]) -> dict[str, Any]:
 _COUNTS_RECOMPUTE = r"(?<!no )(?:incl\.?|includes|counts?|counted)\s+(?:the\s+)?(?:activation[- ])?recompute"
 
 
-def _recompute(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> dict[str, Any]:
+def _recompute(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any],
+                notes: list[str]) -> dict[str, Any]:
     """Layout fields for the ``recompute`` cell; a blank cell in a row whose FLOP convention counts the
     recompute forward is full recompute (named), else none."""
     cell = row.get("recompute", "") or ""
@@ -618,8 +621,37 @@ def _recompute(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> d
         return {"recompute": "full"}
     recompute, rec_notes = parse_recompute(cell, stack.name)
     notes.extend(rec_notes)
+    if recompute == "full":
+        return {"recompute": "full", **_recomputed_share(row, cell, lay, notes)}
     modules = recompute_modules_of(cell)[0]
     return {"recompute": recompute, **({"recompute_modules": modules} if recompute == "selective" and modules else {})}
+
+
+def _recomputed_share(row: dict[str, str], cell: str, lay: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """``recompute_layers`` for a full-recompute cell that names part of the layers: "every 2nd layer"
+    (torchtitan's ``selective_ac_option`` = 2), "12 of 48 layers", "4 layers per stage" (Megatron's
+    ``--recompute-num-layers`` with the block method: per pipeline-stage chunk)."""
+    low = cell.lower()
+    if "uniform" in low:  # Megatron's uniform method: every layer, checkpointed in groups of N
+        return {}
+    chunks = lay["pp"] * (lay.get("vpp") or 1)
+    per_chunk = -(-(count(row, "n_layers", []) or 0) // chunks)
+    if every := re.search(r"every\s*(?:(\d+)(?:st|nd|rd|th)?|other)\s*layers?", low):
+        share = 1 / int(every.group(1) or 2)
+    elif part := re.search(r"(\d+)\s*(?:/|of)\s*(\d+)\s*layers?", low):
+        share = int(part.group(1)) / max(int(part.group(2)), 1)
+    elif fixed := re.search(r"(\d+)\s*layers?", low):
+        notes.append(f"recompute {cell!r}: {fixed.group(1)} layers of each pipeline-stage chunk (Megatron's "
+                     "--recompute-num-layers, block method)")
+        return {"recompute_layers": int(fixed.group(1))}
+    else:
+        return {}
+    if not per_chunk:
+        notes.append(f"recompute {cell!r}: n_layers not given; every layer recomputed")
+        return {}
+    layers = min(per_chunk, max(0, round(share * per_chunk)))
+    notes.append(f"recompute {cell!r}: {layers} of each chunk's {per_chunk} layers recomputed")
+    return {"recompute_layers": layers}
 
 
 def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> bool:

@@ -95,7 +95,8 @@ def test_recompute_modules_named_in_the_cell(cell: str, modules: tuple[str, ...]
     ("full (DeepSpeed activation checkpointing)", "full", False),
     ("selective (attention core)", "selective", False), ("selective (op-level SAC)", "op_sac", False),
     ("selective (per-op SAC)", "op_sac", False), ("selective (op SAC, config default)", "op_sac", False),
-    ("", "none", True), ("none", "none", False),
+    ("", "none", True), ("none", "none", False), ("disabled", "none", False), ("gradient checkpointing", "full", False),
+    ("AC", "full", False), ("yes", "full", True), ("true", "full", True), ("maybe", "none", True),
 ])
 def test_parse_recompute(cell: str, recompute: str, assumed: bool) -> None:
     r, notes = parse_recompute(cell, "megatron-te")
@@ -332,3 +333,17 @@ def test_torchtitan_splits_the_local_batch_into_one_micro_batch_per_pipeline_sta
     assert p.status == "ok" and p.run is not None, p.status
     assert (p.run.layout.vpp, p.run.train.micro_batch_size) == (vpp, micro)
     assert any(f"split into {2 * vpp} micro-batches of {micro}" in a for a in p.assumptions)
+
+
+@pytest.mark.parametrize(("cell", "layers"), [
+    ("full", None), ("full (uniform, 1 layer)", None),  # Megatron's uniform method checkpoints every layer
+    ("full (every other layer)", 2), ("full AC every 4th layer", 1), ("full, 3 of 4 layers", 3),
+    ("full (block, 1 layer per stage)", 1),  # --recompute-num-layers with the block method: per chunk
+])
+def test_full_recompute_of_part_of_the_layers(cell: str, layers: int | None) -> None:
+    row = {k: str(v) for k, v in SMALL_ROWS[0].items()}  # 4 layers, no pipeline
+    row.update(recompute=cell)
+    p = parse_row(row)
+    assert p.status == "ok" and p.run is not None, p.status
+    assert (p.run.layout.recompute, p.run.layout.recompute_layers) == ("full", layers)
+    assert (layers is None) != any(a.startswith(f"recompute {cell!r}") for a in p.assumptions)
