@@ -189,6 +189,9 @@ _NEAREST: tuple[tuple[str, str, str, str], ...] = (
     (r"v100|p100|volta|pascal|t4\b|turing", "a100-40gb", "hgx-a100-40gb",
      "older than every profile; the oldest one: expect the prediction to be too fast"),
     (r"mi2\d0|mi3[0-5]\d", "mi300x", "mi300x-8", "AMD Instinct"),
+    (r"\ba(?:10g?|30|40)\b|a[456]000|rtx|geforce|\bl40s?\b|\bl4\b|ada\b|ampere", "a100-40gb", "hgx-a100-40gb",
+     "a PCIe Ampere / Ada card with less memory bandwidth and no NVSwitch; the nearest data-centre part: "
+     "expect the prediction to be too fast"),
 )
 
 
@@ -202,6 +205,9 @@ def parse_gpu(cell: str) -> tuple[str, str, str | None]:
                 note = f"gpu {cell!r}: memory size not stated; A100 80GB assumed"
             elif gpu == "h100-sxm" and ("pcie" in low or "nvl" in low):
                 note = f"gpu {cell!r}: no profile for this H100 variant; H100 SXM assumed"
+            elif "pcie" in low or re.search(r"\bnvl\b(?!\s*72)", low):
+                note = (f"gpu {cell!r}: no profile for the PCIe part (lower power cap, no NVSwitch); the SXM "
+                        f"profile {gpu} assumed: expect the prediction to be too fast")
             return gpu, node, note
     for pattern, gpu, node, why in _NEAREST:
         if re.search(pattern, low):

@@ -54,6 +54,11 @@ def test_number_blank_and_text() -> None:
     ("A800 80GB", "a100-80gb", "dgx-a100", True),
     ("V100 32GB", "a100-40gb", "hgx-a100-40gb", True),
     ("MI250X", "mi300x", "mi300x-8", True),
+    ("L40S", "a100-40gb", "hgx-a100-40gb", True), ("A10G", "a100-40gb", "hgx-a100-40gb", True),
+    ("RTX 4090", "a100-40gb", "hgx-a100-40gb", True),
+    # PCIe / NVL parts of a profiled GPU: the SXM profile, named
+    ("A100 40GB PCIe", "a100-40gb", "hgx-a100-40gb", True), ("H200 NVL", "h200", "hgx-h200", True),
+    ("H100 PCIe", "h100-sxm", "dgx-h100", True),
 ])
 def test_parse_gpu(cell: str, gpu: str, node: str, assumed: bool) -> None:
     g, n, note = parse_gpu(cell)
