@@ -222,6 +222,13 @@ def parse_precision(cell: str, stack: SoftwareStack, has_fp8: bool) -> tuple[str
     notes: list[str] = []
     if not low:
         return "bf16", stack.fp8_recipe, ["precision not given: bf16 assumed"]
+    if re.search(r"fp4|float4", low):
+        if not has_fp8:
+            return "bf16", stack.fp8_recipe, [f"precision {cell!r} on a GPU without FP8 or FP4: bf16 simulated"]
+        # NVFP4 recipes (Megatron-Bridge / Transformer Engine) quantise in 16-element blocks; the nearest
+        # modelled precision is block-scaled FP8, which misses FP4's doubled tensor-core rate
+        return "fp8", "blockwise", [f"precision {cell!r}: FP4 simulated as block-scaled FP8 (FP4 tensor-core "
+                                    "rate not modelled: expect the prediction to be too slow)"]
     if "fp8" in low or "float8" in low or "mxfp8" in low:
         if not has_fp8:
             return "bf16", stack.fp8_recipe, [f"precision {cell!r} on a GPU without FP8: bf16 simulated"]
