@@ -42,7 +42,7 @@ ROW_KEYS = (
     "run_id", "source", "gpu_type", "n_gpus", "stack", "moe", "visible", "status",
     "predicted_step_time_s", "measured_step_time_s", "step_time_error_pct",
     "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
-    "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct",
+    "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct", "predicted_fits",
     "predicted_compute_s", *(f"predicted_exposed_{a}_s" for a in AXES), "predicted_bubble_s", "predicted_stage_imbalance_s",
     "predicted_optimizer_s", "predicted_other_s", "predicted_mfu_pct",
     "mfu_convention", "source_mfu_pct", "predicted_mfu_pct_source_convention", "assumptions",
@@ -168,8 +168,18 @@ def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | N
     if p.measured_peak_mem_bytes:
         out["measured_peak_mem_gib"] = p.measured_peak_mem_bytes / GiB
     out["peak_mem_error_pct"] = _pct(out["predicted_peak_mem_gib"], out["measured_peak_mem_gib"])
-    out["assumptions"] = list(p.assumptions)
+    out["assumptions"] = list(p.assumptions) + _overflow_note(out)
     return out
+
+
+def _overflow_note(out: dict[str, Any]) -> list[str]:
+    """A note when the predicted peak does not fit the GPU: the measured run did, so the row leaves out
+    something that saves memory, and its step time is predicted for a run that could not have happened."""
+    if out["predicted_fits"] is not False:
+        return []
+    return [f"predicted peak {out['predicted_peak_mem_gib']:.1f} GiB does not fit the GPU: the measured run did, "
+            "so the row leaves out something that saves memory (recompute, sequence parallelism, sharding, "
+            "offload); the step time is for the layout as given"]
 
 
 def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str | None) -> None:
@@ -180,6 +190,7 @@ def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str
     if out["measured_tokens_per_s_per_gpu"] is None and out["measured_step_time_s"]:
         out["measured_tokens_per_s_per_gpu"] = r.global_batch_tokens / out["measured_step_time_s"] / r.n_gpus
     out["predicted_peak_mem_gib"] = max(m.peak_bytes for m in r.memory) / GiB
+    out["predicted_fits"] = r.fits
     bd = r.breakdown_s
     out["predicted_compute_s"] = bd["compute"]
     for axis in AXES:

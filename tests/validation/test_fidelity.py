@@ -122,3 +122,19 @@ def test_worker_processes_give_the_same_rows_in_file_order(small_csv: Path) -> N
     two, _ = validate_runs(small_csv, workers=2)
     pd.testing.assert_frame_equal(one, two)
     assert list(two["run_id"]) == [r["run_id"] for r in SMALL_ROWS]
+
+
+def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row() -> None:
+    """The measured run fit its GPUs: a predicted peak above capacity means the row leaves out what saved
+    the memory, and the row says so (predicted_fits False, a named note) instead of passing silently."""
+    from simtrain.fidelity import evaluate_row
+
+    row = {k: str(v) for k, v in SMALL_ROWS[0].items()}
+    fits = evaluate_row(row)
+    row.update(recompute="none", seq_len="32768", micro_batch="4", global_batch_seqs="32")  # 128K tokens a GPU
+    big = evaluate_row(row)
+    assert fits["predicted_fits"] is True and not any("does not fit" in a for a in fits["assumptions"])
+    assert big["status"] == "ok" and big["predicted_fits"] is False
+    assert big["predicted_peak_mem_gib"] > 96
+    assert any(a.startswith(f"predicted peak {big['predicted_peak_mem_gib']:.1f} GiB does not fit") for a in
+               big["assumptions"])
