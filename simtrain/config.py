@@ -166,8 +166,10 @@ class TrainConfig(BaseModel):
     """With skewed routing: the hottest expert's load as a multiple of the mean load."""
     moe_capacity_factor: float | None = Field(None, gt=0)
     """Expert capacity as a multiple of the mean load; tokens beyond it are dropped (None = dropless)."""
-    grad_dtype: Literal["fp32", "bf16"] = "fp32"
-    """Gradient accumulation buffer dtype (Megatron main_grad is fp32)."""
+    grad_dtype: Literal["fp32", "bf16"] | None = None
+    """Gradient accumulation buffer and data-parallel reduction dtype; None: the stack's default
+    (``SoftwareStack.grad_dtype``: bf16 for NeMo / Megatron-Bridge performance recipes, fp32 for
+    Megatron-LM's main_grad and the others)."""
     attention_kernel: Literal["flash", "unfused"] = "flash"
     dropout: bool | None = None
     """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
@@ -202,6 +204,14 @@ class TrainConfig(BaseModel):
         if value.strip().lower() not in STACKS:
             raise ValueError(f"unknown software stack; known stacks: {', '.join(STACKS)}")
         return value.strip().lower()
+
+    @property
+    def grad_bytes(self) -> float:
+        """Bytes per gradient element: ``grad_dtype``, or the stack's default when it is None."""
+        from simtrain.stacks import get_stack
+
+        dtype = self.grad_dtype or get_stack(self.stack).grad_dtype
+        return 4.0 if dtype == "fp32" else 2.0
 
     @property
     def global_batch_seqs_resolved(self) -> int:

@@ -633,7 +633,7 @@ class Estimator:
         group, egroup = groups
         if len(group) < 2 and len(egroup) < 2:
             return 0.0
-        grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+        grad_b = train.grad_bytes
         stage = layout.shard_stage
         bucket = layout.grad_bucket_MiB * MiB
         chunks = len(costs[0])
@@ -688,7 +688,7 @@ class Estimator:
         lay = layout
         if lay.data_degree == 1 and _edp(lay) == 1:
             return 0.0
-        grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+        grad_b = train.grad_bytes
         dense_axis = "dp_shard" if lay.fsdp == "hybrid" and lay.fsdp_shard_size else lay.data_axis
         group = grid.group(dense_axis, 0) if lay.data_degree > 1 else (0,)
         egroup = grid.group("edp", 0) if self.model.is_moe and _edp(lay) > 1 else (0,)
@@ -754,7 +754,7 @@ class Estimator:
     def _optimizer_s(self, layout: LayoutConfig, train: TrainConfig, params: float, experts: float) -> float:
         """Fused optimizer step as lowering charges it (bytes moved through HBM; experts sharded
         over the expert-data-parallel group)."""
-        grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+        grad_b = train.grad_bytes
         per_param = grad_b + (24.0 + 2.0 if train.optimizer != "sgd" else 16.0 + 2.0)
         shard = layout.data_degree if layout.shard_stage >= 1 else 1
         expert_shard = _edp(layout) if layout.shard_stage >= 1 else 1

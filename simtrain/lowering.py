@@ -631,7 +631,7 @@ class _StageLowering:
 
     def _fsdp_reduce_layer(self, a: Action, i: int, is_last_mb: bool) -> None:
         lay = self.run.layout
-        grad_b = 4.0 if self.run.train.grad_dtype == "fp32" else 2.0
+        grad_b = self.run.train.grad_bytes
         plan = self.plan(a.chunk, i)
         if self.stack.fsdp_param_copies and (lay.data_degree > 1 or self.edp > 1):
             # FSDP2 copy-in of the unsharded bf16 gradients into the flat reduce-scatter input, cast to the
@@ -686,7 +686,7 @@ class BucketFiller:
 
     @property
     def _grad_bytes(self) -> float:
-        return 4.0 if self.sl.run.train.grad_dtype == "fp32" else 2.0
+        return self.sl.run.train.grad_bytes
 
     def flush(self) -> None:
         if not self.active:
@@ -731,7 +731,7 @@ def _finish_stage(sl: _StageLowering) -> None:
     expert_shard = sl.edp if lay.shard_stage >= 1 else 1
     # Fused Adam reads grad, fp32 master, m, v and writes master, m, v and the bf16 weights
     # (4+4+4+4 read + 4+4+4+2 write bytes/param); SGD with momentum drops v.
-    grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+    grad_b = train.grad_bytes
     per_param = grad_b + (24.0 + 2.0 if train.optimizer != "sgd" else 16.0 + 2.0)
     kernel = sl.cost.memory_op("optimizer.step", per_param * (params / shard + experts / expert_shard))
     deps = (sl.dp_ops[-1],) if sl.dp_ops else ()
@@ -762,7 +762,7 @@ def embedding_sync_bytes(model: ModelSpec, layout: LayoutConfig, train: TrainCon
         return 0.0
     if (0 in held) == (n_virtual - 1 in held):
         return 0.0
-    grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+    grad_b = train.grad_bytes
     return grad_b * model.embedding_params() / layout.tp
 
 

@@ -370,7 +370,7 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
             replace the per-layer gather buffers.
     """
     stage = layout.shard_stage
-    grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+    grad_b = train.grad_bytes
     opt_b = 8.0 if train.optimizer == "sgd" else 12.0
     weights = 2.0 * params / (shard if stage >= 3 else 1)
     grads = grad_b * params / (shard if stage >= 2 else 1)
@@ -395,7 +395,7 @@ def expert_static_memory(params: float, layout: LayoutConfig, train: TrainConfig
     over which ZeRO shards them (Megatron-core distributed optimizer on the expert-DP group).
     """
     stage = layout.shard_stage
-    grad_b = 4.0 if train.grad_dtype == "fp32" else 2.0
+    grad_b = train.grad_bytes
     opt_b = 8.0 if train.optimizer == "sgd" else 12.0
     return {"weights": 2.0 * params / (shard if stage >= 3 else 1),
             "grads": grad_b * params / (shard if stage >= 2 else 1),

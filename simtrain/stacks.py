@@ -174,6 +174,14 @@ class SoftwareStack:
     ``--no-async-tensor-model-parallel-allreduce``; Transformer Engine's linears): ``BlockBuilder.
     tp_async_grad_allreduce``. False: after the layer's backward, blocking (BigScience's Megatron-DeepSpeed
     ``copy_to_tensor_model_parallel_region``; DTensor)."""
+    grad_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Gradient buffer and data-parallel reduction dtype when a run does not set ``train.grad_dtype``.
+    Megatron-LM accumulates into fp32 ``main_grad`` for bf16 training unless ``--grad-reduce-in-bf16``;
+    NeMo's performance configs pass ``optim.grad_sync_dtype=bf16`` (NeMo-Framework-Launcher
+    examples/training/*/h100/*.sh, conf/training/nemotron/nemotron_340b.yaml), which NeMo maps to
+    ``DistributedDataParallelConfig(grad_reduce_in_fp32=False)`` (megatron_gpt_model.py
+    ``setup_mcore_distributed_parallel``), and Megatron-Bridge's performance recipes set
+    ``cfg.ddp.grad_reduce_in_fp32 = False`` (scripts/performance/configs/*): a bf16 buffer."""
     ddp_grad_passes: int = 1
     """Passes over a DDP bucket's gradients besides the all-reduce (each reads and writes them):
     Megatron-core DDP accumulates into the contiguous bucket and only scales it (1); PyTorch DDP's
@@ -220,9 +228,9 @@ STACKS: dict[str, SoftwareStack] = {
     for s in (
         SoftwareStack(
             "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
-            "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap); "
-            "NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
-            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0, tp_async_grad_allreduce=True),
+            "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
+            "gradient reduction); NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
+            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0, tp_async_grad_allreduce=True, grad_dtype="bf16"),
         SoftwareStack(
             "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer Engine, as "
             "megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless asked)",

@@ -90,6 +90,18 @@ def _static(zero: int, n: int, grad_dtype: str = "bf16", fsdp: str = "none") -> 
     return sum(mem[k] for k in STATIC)
 
 
+@pytest.mark.parametrize(("stack", "grad_dtype", "grad_bytes"), [
+    ("megatron-te", None, 2.0),     # NeMo / Megatron-Bridge performance recipes reduce gradients in bf16
+    ("megatron-core", None, 4.0),   # Megatron-LM accumulates into fp32 main_grad
+    ("torchtitan-compile", None, 4.0), ("megatron-te", "fp32", 4.0), ("megatron-core", "bf16", 2.0),
+])
+def test_gradient_dtype_is_the_runs_or_its_stacks(stack: str, grad_dtype: str | None, grad_bytes: float) -> None:
+    train = TrainConfig(stack=stack, grad_dtype=grad_dtype)
+    assert train.grad_bytes == grad_bytes
+    mem = static_memory(PSI, PSI / 100, 100, LayoutConfig(dp=8, zero_stage=1), train, 8, 0.0)
+    assert mem["grads"] == pytest.approx(grad_bytes * PSI)
+
+
 @pytest.mark.parametrize("n", [1, 2, 8, 64])
 def test_zero_stages_bf16_grads(n: int) -> None:
     assert _static(0, n) == pytest.approx(16 * PSI)
