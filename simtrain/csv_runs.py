@@ -546,16 +546,15 @@ def _smallest_world(row: dict[str, str], notes: list[str]) -> int:
 
 
 def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[str]) -> dict[str, Any]:
-    tp = count(row, "tp", notes)
-    if tp is None:
-        raise NotSimulatable("tp")
-    pp = count(row, "pp", notes)
-    if pp is None:
-        pp = 1
-        notes.append("pp not given: 1 assumed")
     cp = count(row, "cp", notes) or 1
     ep = count(row, "ep", notes) or 1
     dp = count(row, "dp", notes)
+    tp = count(row, "tp", notes)
+    pp = count(row, "pp", notes)
+    if tp is None:
+        tp = _missing_degree("tp", n_gpus, (pp or 1) * cp, dp, notes)
+    if pp is None:
+        pp = _missing_degree("pp", n_gpus, tp * cp, dp, notes)
     derived = n_gpus // (tp * pp * cp) if n_gpus % (tp * pp * cp) == 0 else None
     if dp is None or (derived is not None and dp != derived):
         if derived is None:
@@ -603,6 +602,16 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
     if tp > 1:
         lay["tp_comm_overlap"] = _tp_overlap(row, stack, notes)
     return lay
+
+
+def _missing_degree(col: str, n_gpus: int, others: int, dp: int | None, notes: list[str]) -> int:
+    """A blank tp or pp: what the GPU count leaves for it once dp and the other degrees are given, else 1."""
+    if dp is not None and n_gpus % (others * dp) == 0:
+        degree = n_gpus // (others * dp)
+        notes.append(f"{col} not given: {degree} = n_gpus / the other degrees")
+        return degree
+    notes.append(f"{col} not given: 1 assumed")
+    return 1
 
 
 def _expert_tp(tp: int, data: int, ep: int, notes: list[str]) -> dict[str, Any]:

@@ -358,3 +358,17 @@ def test_full_recompute_of_part_of_the_layers(cell: str, layers: int | None) -> 
     assert p.status == "ok" and p.run is not None, p.status
     assert (p.run.layout.recompute, p.run.layout.recompute_layers) == ("full", layers)
     assert (layers is None) != any(a.startswith(f"recompute {cell!r}") for a in p.assumptions)
+
+
+@pytest.mark.parametrize(("cells", "tp", "pp", "note"), [
+    (dict(tp="", pp="2", dp="2"), 2, 2, "tp not given: 2 = n_gpus / the other degrees"),
+    (dict(tp="2", pp="", dp="2"), 2, 2, "pp not given: 2 = n_gpus / the other degrees"),
+    (dict(tp="", pp="", dp=""), 1, 1, "tp not given: 1 assumed"),
+])
+def test_a_blank_tp_or_pp_is_what_the_gpu_count_leaves(cells: dict[str, str], tp: int, pp: int, note: str) -> None:
+    row = {k: str(v) for k, v in SMALL_ROWS[0].items()}  # 8 GPUs
+    row.update(cells)
+    p = parse_row(row)
+    assert p.status == "ok" and p.run is not None, p.status
+    assert (p.run.layout.tp, p.run.layout.pp, p.run.layout.tp * p.run.layout.pp * p.run.layout.dp) == (tp, pp, 8)
+    assert note in p.assumptions
