@@ -238,6 +238,7 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
         "compared": len(compared),
         "not_simulatable": int(rows["status"].str.startswith("not simulatable").sum()),
         "errors": int(rows["status"].str.startswith("error").sum()),
+        "not_fitting": int((rows["predicted_fits"] == False).sum()),  # noqa: E712 - None (not simulated) excluded
         "step_time": stats(compared),
         "step_time_visible": stats(compared[compared["visible"]]),
         "by_source": {k: stats(g) for k, g in compared.groupby("source", sort=True)},
@@ -295,7 +296,8 @@ def render_table(frame: pd.DataFrame, summary: dict[str, Any]) -> str:
     for r in frame.itertuples(index=False):
         lines.append(f"{str(r.run_id)[:45]:<46}{_fmt(r.predicted_step_time_s, '.3f'):>10}"
                      f"{_fmt(r.measured_step_time_s, '.3f'):>10}{_fmt(r.step_time_error_pct, '+.1f'):>8}"
-                     f"{_fmt(r.peak_mem_error_pct, '+.1f'):>10}  {r.status}")
+                     f"{_fmt(r.peak_mem_error_pct, '+.1f'):>10}  {r.status}"
+                     f"{' (predicted peak does not fit)' if r.predicted_fits is False else ''}")
     lines.append("")
     lines += render_summary(summary)
     return "\n".join(lines)
@@ -308,7 +310,8 @@ def render_summary(summary: dict[str, Any]) -> list[str]:
                 f"  p90 {_fmt(s['p90_abs_pct'])} %")
 
     out = [f"{summary['rows']} rows: {summary['simulated']} simulated, {summary['compared']} compared with a "
-           f"measured step time, {summary['not_simulatable']} not simulatable, {summary['errors']} errors",
+           f"measured step time, {summary['not_simulatable']} not simulatable, {summary['errors']} errors; "
+           f"{summary['not_fitting']} predicted not to fit their GPUs (see assumptions)",
            "|step-time error|:", line("all compared rows", summary["step_time"]),
            line("visible (simulatable yes/mostly)", summary["step_time_visible"]), "by source:"]
     out += [line(k, v) for k, v in summary["by_source"].items()]

@@ -45,7 +45,7 @@ def test_validate_small_csv_rows_and_summary(small_csv: Path) -> None:
     assert rows["tiny-no-layers"]["status"] == "not simulatable: n_layers"
     assert rows["tiny-bad-layout"]["status"].startswith("error:")
     assert summary["rows"] == 5 and summary["simulated"] == 3 and summary["not_simulatable"] == 1
-    assert summary["errors"] == 1 and summary["compared"] == 3
+    assert summary["errors"] == 1 and summary["compared"] == 3 and summary["not_fitting"] == 0
     assert set(summary["step_time"]) == {"count", "median_abs_pct", "mean_abs_pct", "p90_abs_pct"}
     assert summary["by_gpu"]["h100-sxm-96gb-500w"]["count"] == 1
 
@@ -124,10 +124,12 @@ def test_worker_processes_give_the_same_rows_in_file_order(small_csv: Path) -> N
     assert list(two["run_id"]) == [r["run_id"] for r in SMALL_ROWS]
 
 
-def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row() -> None:
+def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row(tmp_path: Path) -> None:
     """The measured run fit its GPUs: a predicted peak above capacity means the row leaves out what saved
     the memory, and the row says so (predicted_fits False, a named note) instead of passing silently."""
-    from simtrain.fidelity import evaluate_row
+    from simtrain.fidelity import evaluate_row, render_table
+
+    from .conftest import write_csv
 
     row = {k: str(v) for k, v in SMALL_ROWS[0].items()}
     fits = evaluate_row(row)
@@ -138,3 +140,7 @@ def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row() -> None:
     assert big["predicted_peak_mem_gib"] > 96
     assert any(a.startswith(f"predicted peak {big['predicted_peak_mem_gib']:.1f} GiB does not fit") for a in
                big["assumptions"])
+    frame, summary = validate_runs(write_csv(tmp_path / "big.csv", [dict(row, run_id="big"), SMALL_ROWS[0]]))
+    assert summary["not_fitting"] == 1
+    table = render_table(frame, summary)
+    assert "ok (predicted peak does not fit)" in table and "1 predicted not to fit their GPUs" in table
