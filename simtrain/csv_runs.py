@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError
@@ -468,7 +470,38 @@ def _moe_model(row: dict[str, str], name: str, notes: list[str]) -> ModelSpec:
         if k == want or k in want or want.replace("_", "") in k or _loose(k) == _loose(want):
             notes.append(f"model: MoE preset {key} (routing, shared experts and dense layers from its HF config)")
             return m
-    raise NotSimulatable("model", f"no MoE preset matches {name!r}")
+    return _moe_from_columns(row, name, notes)
+
+
+#: The columns a MoE model without a preset is built from (ffn_hidden and n_kv_heads are optional).
+MOE_COLUMNS = ("n_layers", "hidden", "n_heads", "vocab", "moe_experts", "moe_topk", "moe_ffn_hidden")
+# Modern MoE families (Mixtral, DBRX, DeepSeek, Qwen-MoE, Kimi) are Llama-style: SwiGLU experts, RMSNorm,
+# RoPE, untied embeddings, no biases (Jiang et al. 2024 Mixtral sec. 2; DeepSeek-V3 report sec. 2.1)
+_MOE_FAMILY: Mapping[str, Any] = MappingProxyType(dict(activation="swiglu", norm="rmsnorm", position="rope",
+                                                       tied_embeddings=False, linear_bias=False))
+
+
+def _moe_from_columns(row: dict[str, str], name: str, notes: list[str]) -> ModelSpec:
+    """A MoE model no preset names, from the architecture and MoE columns: every layer MoE, no shared
+    experts, Llama-style blocks (each assumption named)."""
+    dims: dict[str, int] = {}
+    for col in MOE_COLUMNS:
+        value = count(row, col, notes)
+        if value is None:
+            raise NotSimulatable(col, f"no MoE preset matches {name!r} and the {col} column is blank")
+        dims[col] = value
+    kv = integer(row, "n_kv_heads", notes) if text(row, "n_kv_heads")[:1].isdigit() else None
+    ffn = count(row, "ffn_hidden", notes) or dims["moe_ffn_hidden"]
+    notes.append(f"model {name!r}: no MoE preset; built from the architecture and MoE columns (every layer MoE, "
+                 "no shared experts, SwiGLU experts, RMSNorm, RoPE, untied embeddings, no biases"
+                 f"{'' if kv is not None else ', multi-head attention'})")
+    fields = dict(name=name, n_layers=dims["n_layers"], hidden=dims["hidden"], n_heads=dims["n_heads"],
+                  n_kv_heads=kv, ffn_hidden=ffn, vocab=dims["vocab"], **_MOE_FAMILY,
+                  moe=dict(n_experts=dims["moe_experts"], top_k=dims["moe_topk"], ffn_hidden=dims["moe_ffn_hidden"]))
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as exc:
+        raise ConfigError(pydantic_problems(exc, "model.")) from None
 
 
 def _loose(name: str) -> str:

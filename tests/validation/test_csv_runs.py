@@ -372,3 +372,17 @@ def test_a_blank_tp_or_pp_is_what_the_gpu_count_leaves(cells: dict[str, str], tp
     assert p.status == "ok" and p.run is not None, p.status
     assert (p.run.layout.tp, p.run.layout.pp, p.run.layout.tp * p.run.layout.pp * p.run.layout.dp) == (tp, pp, 8)
     assert note in p.assumptions
+
+
+def test_a_moe_model_without_a_preset_is_built_from_its_columns() -> None:
+    moe = dict(model="DBRX-132B", n_layers="4", hidden="6144", n_heads="48", n_kv_heads="8", vocab="100352",
+               ffn_hidden="", moe_experts="16", moe_topk="4", moe_ffn_hidden="10752", ep="8")
+    p = parse_row(_tiny(**moe))
+    assert p.status == "ok" and p.run is not None, p.status
+    m = p.run.model
+    assert m.moe is not None and (m.moe.n_experts, m.moe.top_k, m.moe.ffn_hidden, m.moe.n_shared_experts) == (
+        16, 4, 10752, 0)
+    assert (m.activation, m.norm, m.position, m.n_kv_heads) == ("swiglu", "rmsnorm", "rope", 8)
+    assert any(a.startswith("model 'DBRX-132B': no MoE preset") for a in p.assumptions)
+    # a MoE column it needs, blank: not simulatable, naming the column
+    assert parse_row(_tiny(**dict(moe, moe_ffn_hidden=""))).status == "not simulatable: moe_ffn_hidden"
