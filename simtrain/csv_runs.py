@@ -358,12 +358,18 @@ def is_visible(row: dict[str, str]) -> bool:
 
 # ---- the model ------------------------------------------------------------------------------------
 
+# Touvron et al. 2023; Llama 3 herd 2024: SwiGLU, RMSNorm, RoPE, untied, no biases. Modern MoE families
+# (Mixtral, DBRX, DeepSeek, Qwen-MoE, Kimi) build their blocks the same way (Jiang et al. 2024 Mixtral
+# sec. 2; DeepSeek-V3 report sec. 2.1).
+_LLAMA_STYLE: Mapping[str, Any] = MappingProxyType(dict(activation="swiglu", norm="rmsnorm", position="rope",
+                                                        tied_embeddings=False, linear_bias=False))
+
+
 def _family(name: str) -> dict[str, Any]:
     """Architecture defaults of a model family named in the ``model`` cell (documented per family)."""
     low = name.lower()
     if "llama" in low or "mistral" in low or "qwen" in low:
-        # Touvron et al. 2023; Llama 3 herd 2024: SwiGLU, RMSNorm, RoPE, untied, no biases
-        return dict(activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, linear_bias=False)
+        return dict(_LLAMA_STYLE)
     if "mpt" in low:
         # llm-foundry MPT yamls (validation README): GELU 4h, LayerNorm without bias, ALiBi, tied, no biases
         return dict(activation="gelu", norm="layernorm", position="alibi", tied_embeddings=True, linear_bias=False)
@@ -417,6 +423,11 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
             notes.append("n_kv_heads not given: multi-head attention (= n_heads) assumed")
     fields["n_kv_heads"] = kv if kv is not None else fields.get("n_kv_heads")
     fields["max_position"] = max(int(fields.get("max_position") or 0), seq_len)
+    return _model_spec(fields)
+
+
+def _model_spec(fields: dict[str, Any]) -> ModelSpec:
+    """The ModelSpec of a row's fields; a ConfigError naming the ``model.`` field that is invalid."""
     try:
         return ModelSpec(**fields)
     except ValidationError as exc:
@@ -475,10 +486,6 @@ def _moe_model(row: dict[str, str], name: str, notes: list[str]) -> ModelSpec:
 
 #: The columns a MoE model without a preset is built from (ffn_hidden and n_kv_heads are optional).
 MOE_COLUMNS = ("n_layers", "hidden", "n_heads", "vocab", "moe_experts", "moe_topk", "moe_ffn_hidden")
-# Modern MoE families (Mixtral, DBRX, DeepSeek, Qwen-MoE, Kimi) are Llama-style: SwiGLU experts, RMSNorm,
-# RoPE, untied embeddings, no biases (Jiang et al. 2024 Mixtral sec. 2; DeepSeek-V3 report sec. 2.1)
-_MOE_FAMILY: Mapping[str, Any] = MappingProxyType(dict(activation="swiglu", norm="rmsnorm", position="rope",
-                                                       tied_embeddings=False, linear_bias=False))
 
 
 def _moe_from_columns(row: dict[str, str], name: str, notes: list[str]) -> ModelSpec:
@@ -496,12 +503,9 @@ def _moe_from_columns(row: dict[str, str], name: str, notes: list[str]) -> Model
                  "no shared experts, SwiGLU experts, RMSNorm, RoPE, untied embeddings, no biases"
                  f"{'' if kv is not None else ', multi-head attention'})")
     fields = dict(name=name, n_layers=dims["n_layers"], hidden=dims["hidden"], n_heads=dims["n_heads"],
-                  n_kv_heads=kv, ffn_hidden=ffn, vocab=dims["vocab"], **_MOE_FAMILY,
+                  n_kv_heads=kv, ffn_hidden=ffn, vocab=dims["vocab"], **_LLAMA_STYLE,
                   moe=dict(n_experts=dims["moe_experts"], top_k=dims["moe_topk"], ffn_hidden=dims["moe_ffn_hidden"]))
-    try:
-        return ModelSpec(**fields)
-    except ValidationError as exc:
-        raise ConfigError(pydantic_problems(exc, "model.")) from None
+    return _model_spec(fields)
 
 
 def _loose(name: str) -> str:
@@ -682,6 +686,11 @@ def _recompute(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any],
     return {"recompute": recompute, **({"recompute_modules": modules} if recompute == "selective" and modules else {})}
 
 
+def _pipeline_chunks(lay: dict[str, Any]) -> int:
+    """Model chunks over the pipeline: pp stages x virtual stages per rank."""
+    return int(lay["pp"] * (lay.get("vpp") or 1))
+
+
 def _recomputed_share(row: dict[str, str], cell: str, lay: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """``recompute_layers`` for a full-recompute cell that names part of the layers: "every 2nd layer"
     (torchtitan's ``selective_ac_option`` = 2), "12 of 48 layers", "4 layers per stage" (Megatron's
@@ -689,8 +698,7 @@ def _recomputed_share(row: dict[str, str], cell: str, lay: dict[str, Any], notes
     low = cell.lower()
     if "uniform" in low:  # Megatron's uniform method: every layer, checkpointed in groups of N
         return {}
-    chunks = lay["pp"] * (lay.get("vpp") or 1)
-    per_chunk = -(-(count(row, "n_layers", []) or 0) // chunks)
+    per_chunk = -(-(count(row, "n_layers", []) or 0) // _pipeline_chunks(lay))
     if every := re.search(r"every\s*(?:(\d+)(?:st|nd|rd|th)?|other)\s*layers?", low):
         share = 1 / int(every.group(1) or 2)
     elif part := re.search(r"(\d+)\s*(?:/|of)\s*(\d+)\s*layers?", low):
@@ -733,7 +741,7 @@ def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: 
     if mbs is None:
         mbs = 1
         notes.append("micro_batch not given: 1 assumed")
-    stages = lay["pp"] * (lay.get("vpp") or 1)
+    stages = _pipeline_chunks(lay)
     if stack.pp_microbatches_equal_pp and lay["pp"] > 1 and mbs % stages == 0:
         notes.append(f"micro_batch {mbs} is the local batch; split into {stages} micro-batches of "
                      f"{mbs // stages}, one per pipeline stage (torchtitan pipeline_parallel_microbatches default)")
