@@ -146,7 +146,7 @@ def text(row: dict[str, str], col: str) -> str:
 
 _SOURCES: tuple[tuple[str, str], ...] = (
     (r"torchtitan", "torchtitan"),
-    (r"megatron-bridge", "Megatron-Bridge 25.11"),
+    (r"megatron-bridge", "Megatron-Bridge"),
     (r"nemo.*performance_summary|performance_summary.*nemo", "NeMo 24.07"),
     (r"korthikanti", "Korthikanti 2022"),
     (r"cases_april2021|sc'?21|narayanan", "Megatron-LM SC'21"),
@@ -157,13 +157,19 @@ _SOURCES: tuple[tuple[str, str], ...] = (
 )
 
 
+#: A NeMo container release ("NeMo 25.11 container") in a row's source or source_ref: the releases of one
+#: source (Megatron-Bridge's performance tables) are summarised apart, since their software differs.
+_RELEASE = re.compile(r"nemo (\d\d\.\d\d) container")
+
+
 def source_label(row: dict[str, str]) -> str:
     """A short label for the row's source (for per-source summaries); the cell's start when unknown."""
     raw = row.get("source", "") or ""
     low = raw.lower()
     for pattern, label in _SOURCES:
         if re.search(pattern, low):
-            return label
+            release = _RELEASE.search(f"{low} {(row.get('source_ref', '') or '').lower()}")
+            return f"{label} {release.group(1)}" if label == "Megatron-Bridge" and release else label
     return raw.split("(")[0].strip()[:40] or "unknown"
 
 
@@ -396,7 +402,7 @@ def build_model(row: dict[str, str], seq_len: int, notes: list[str]) -> ModelSpe
     where they differ), else the columns with the family defaults of the model name."""
     name = row.get("model", "") or "model"
     if text(row, "moe_experts") or text(row, "moe_topk"):
-        return _moe_model(row, name, notes)
+        return _with_mtp(_moe_model(row, name, notes), name, notes)
     dims = {}
     for col in ARCH_COLUMNS:
         value = count(row, col, notes)
@@ -506,6 +512,24 @@ def _moe_from_columns(row: dict[str, str], name: str, notes: list[str]) -> Model
                   n_kv_heads=kv, ffn_hidden=ffn, vocab=dims["vocab"], **_LLAMA_STYLE,
                   moe=dict(n_experts=dims["moe_experts"], top_k=dims["moe_topk"], ffn_hidden=dims["moe_ffn_hidden"]))
     return _model_spec(fields)
+
+
+#: Multi-token prediction named in a model cell (Megatron-Bridge: "DeepSeekV3 (w/o MTP)", "(w/ MTP)").
+_NO_MTP = re.compile(r"\b(?:w/o|without|no)\s*mtp\b")
+_MTP = re.compile(r"\b(?:w/|with)\s*mtp\b")
+
+
+def _with_mtp(model: ModelSpec, name: str, notes: list[str]) -> ModelSpec:
+    """The model with the MTP depth its cell states: none for "w/o MTP", the preset's (at least 1) for
+    "w/ MTP"; unchanged when the cell says nothing."""
+    low = name.lower()
+    if _NO_MTP.search(low) and model.mtp_depth:
+        notes.append(f"model {name!r}: multi-token prediction off (preset depth {model.mtp_depth})")
+        return model.model_copy(update={"mtp_depth": 0})
+    if _MTP.search(low) and not model.mtp_depth:
+        notes.append(f"model {name!r}: one multi-token prediction module (DeepSeek-V3's depth)")
+        return model.model_copy(update={"mtp_depth": 1})
+    return model
 
 
 def _loose(name: str) -> str:
