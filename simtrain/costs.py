@@ -149,7 +149,8 @@ class ComputeCostModel:
         cast before a TP all-gather)."""
         return replace(self._gemm(name, m, n, k, batch, grouped, a_cast_share), shape=(m, n, k, batch))
 
-    def _gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool, a_cast_share: float) -> Kernel:
+    def _gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool, a_cast_share: float,
+              weight_cast: bool = True) -> Kernel:
         flops = 2.0 * m * n * k * batch
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
         # calibrated GEMMs were measured in the profile's dtype (BF16 on GPUs): FP8 GEMMs keep the model
@@ -158,7 +159,7 @@ class ComputeCostModel:
         if measured is not None:
             return Kernel(name, flops, nbytes, measured)
         if self.is_fp8_gemm(name):
-            return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share)
+            return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share, weight_cast)
         return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1),
                               self.gpu.hbm_efficiency, peak_flops_per_s=self.gpu.bf16_flops_per_s)
 
@@ -169,19 +170,24 @@ class ComputeCostModel:
         if kernel.shape is None or parts <= 1:
             return kernel
         m, n, k, batch = kernel.shape
-        whole = self.gemm(kernel.name, m, n, k, batch).time_s
-        chunk = self.gemm(kernel.name, -(-m // parts), n, k, batch).time_s
-        return replace(kernel, time_s=kernel.time_s * parts * chunk / whole)
+        # the weight is quantised once for all chunks (a per-call cost, not a per-row one)
+        whole = self._gemm(kernel.name, m, n, k, batch, False, 1.0, weight_cast=False).time_s
+        chunk = self._gemm(kernel.name, -(-m // parts), n, k, batch, False, 1.0, weight_cast=False).time_s
+        return replace(kernel, time_s=kernel.time_s - whole + parts * chunk)
 
     def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
-                  a_cast_share: float = 1.0) -> Kernel:
+                  a_cast_share: float = 1.0, weight_cast: bool = True) -> Kernel:
         """An FP8 GEMM: FP8 peak x FP8 MAMF x quantisation, plus the cast of its A operand (m x k:
         the activation in forward, the output gradient in dgrad; wgrad reuses both transposed copies)
-        and, with current scaling, of the weight in forward (re-quantised every forward)."""
+        and, with current scaling, of the weight in forward (re-quantised every forward unless the stack
+        caches FP8 weights across a step's micro-batches, ``SoftwareStack.fp8_weight_cache``);
+        ``weight_cast`` False leaves that weight cast out (the per-row part of the time)."""
         flops = 2.0 * m * n * k * batch
         nbytes = (m * k + k * n + 2.0 * m * n) * batch
         cast_elems = 0.0 if name.endswith(".wgrad") else float(m * k) * a_cast_share
-        if self.fp8_recipe == "current" and not name.endswith((".wgrad", ".dgrad")):
+        cached = self.stack is not None and self.stack.fp8_weight_cache
+        if (weight_cast and not cached and self.fp8_recipe == "current"
+                and not name.endswith((".wgrad", ".dgrad"))):
             cast_elems += k * n
         cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (
             self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)

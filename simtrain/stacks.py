@@ -129,6 +129,12 @@ class SoftwareStack:
     per parameter ``hp_grad.add_(lp.grad.to(float32))``: 18 bytes per parameter through HBM;
     ``lowering.FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM``). Megatron-core accumulates into its FP32
     ``main_grad`` inside the weight-gradient GEMM (gradient-accumulation fusion): no pass."""
+    fp8_weight_cache: bool = False
+    """FP8 weights are quantised once per step and reused by the step's other micro-batches (Transformer
+    Engine's ``is_first_microbatch``: ``update_fp8_weights = is_first_microbatch is None or
+    is_first_microbatch`` in ``te.pytorch.module.linear._Linear.forward``; Megatron-core's TE layers pass
+    it unless ``disable_parameter_transpose_cache``). False: a per-tensor current-scaling forward
+    re-quantises its weight every time (torchao ``Float8Linear``)."""
     pp_dp_overlap: bool = True
     """Under pipeline parallelism the data-parallel gradient reduction and the ZeRO-1/2 parameter
     all-gather overlap compute as the layout's ``overlap_grad_reduce`` / ``overlap_param_gather`` ask
@@ -230,12 +236,13 @@ STACKS: dict[str, SoftwareStack] = {
             "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
             "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
             "gradient reduction); NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
-            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0, tp_async_grad_allreduce=True, grad_dtype="bf16"),
+            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0, tp_async_grad_allreduce=True, grad_dtype="bf16",
+            fp8_weight_cache=True),
         SoftwareStack(
             "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer Engine, as "
             "megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless asked)",
             loss=MEGATRON_UNFUSED_LOSS, attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
-            cpu_launch_s=0.0, tp_async_grad_allreduce=True),
+            cpu_launch_s=0.0, tp_async_grad_allreduce=True, fp8_weight_cache=True),
         SoftwareStack(
             "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
             "scale-mask-softmax, no FlashAttention, no distributed optimizer)", attention="unfused",

@@ -101,6 +101,32 @@ def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, sl
     assert time_s("blockwise", "mlp_up.wgrad") == pytest.approx(time_s("blockwise", "mlp_up"), rel=1e-3)
 
 
+@pytest.mark.parametrize("stack, weight_cast", [("torchtitan-compile", True), ("megatron-te", False),
+                                                 ("megatron-core", False)])
+def test_current_scaling_requantises_the_weight_only_without_te_weight_caching(stack: str, weight_cast: bool) -> None:
+    """torchao's Float8Linear casts its weight in every forward (k x n elements at 6 B each: amax pass +
+    cast-transpose); Transformer Engine caches the FP8 weight across a step's micro-batches."""
+    gpu = load_gpu("h100-sxm")
+    m, n, k = 8192, 4096, 4096
+    cost = ComputeCostModel(gpu, "fp8", stack=get_stack(stack), fp8_recipe="current")
+    with_weight = cost.gemm("mlp_up", m, n, k).time_s
+    weight_part = with_weight - cost._gemm("mlp_up", m, n, k, 1, False, 1.0, weight_cast=False).time_s
+    expected = 6.0 * k * n / (gpu.hbm_Bps * gpu.memory_op_efficiency) if weight_cast else 0.0
+    assert weight_part == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_tp_overlap_chunks_quantise_the_weight_once() -> None:
+    """Row-chunking a current-scaling FP8 GEMM for TP comm overlap repeats the matmul per chunk, not the
+    weight's cast: parts x chunk matmul + one weight cast."""
+    gpu = load_gpu("h100-sxm")
+    cost = ComputeCostModel(gpu, "fp8", stack=get_stack("torchtitan-compile"), fp8_recipe="current")
+    m, n, k, parts = 16384, 28672, 8192, 4
+    whole = cost.gemm("mlp_up", m, n, k)
+    weight_s = 6.0 * k * n / (gpu.hbm_Bps * gpu.memory_op_efficiency)
+    chunk_mm = cost._gemm("mlp_up", m // parts, n, k, 1, False, 1.0, weight_cast=False).time_s
+    assert cost.row_chunked(whole, parts).time_s == pytest.approx(parts * chunk_mm + weight_s, rel=1e-9)
+
+
 def _tp_run(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool = True,
             seq_len: int = 8192, seqs: int = 2):  # type: ignore[no-untyped-def]
     """Llama 3 8B at TP 8 (with SP unless ``sp`` is False) under ``stack`` on one H100 node: the run
