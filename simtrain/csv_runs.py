@@ -175,7 +175,9 @@ def source_label(row: dict[str, str]) -> str:
 
 # (pattern on the lower-cased gpu cell, GPU profile, node profile); first match wins.
 _GPUS: tuple[tuple[str, str, str], ...] = (
+    (r"gb300", "gb300", "gb300-nvl72"),
     (r"gb200", "gb200", "gb200-nvl72"),
+    (r"b300", "b300", "dgx-b300"),
     (r"b200", "b200", "dgx-b200"),
     (r"h200", "h200", "hgx-h200"),
     (r"h800", "h800", "hgx-h800"),
@@ -189,8 +191,6 @@ DEFAULT_GPU = ("h100-sxm", "dgx-h100")
 # GPUs without a profile, mapped to the profile of the nearest part (same family or generation) and named
 # in the row's assumptions: (pattern, GPU profile, node profile, why that one).
 _NEAREST: tuple[tuple[str, str, str, str], ...] = (
-    (r"gb300", "gb200", "gb200-nvl72", "Blackwell Ultra on the same NVL72 tray and NVLink 5"),
-    (r"b300", "b200", "dgx-b200", "Blackwell Ultra on the same HGX board and NVLink 5"),
     (r"a800", "a100-80gb", "dgx-a100", "an export A100 80GB whose NVLink is capped at 400 GB/s"),
     (r"h20\b", "h800", "hgx-h800", "an export Hopper on the same board, but with far less compute: "
      "expect the prediction to be too fast"),

@@ -11,7 +11,7 @@ from simtrain import hardware as hw
 from simtrain.errors import ConfigError
 from simtrain.units import GB, TB, TFLOPS, GiB, MiB
 
-EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200", "gb200", "mi300x"}
+EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200", "b300", "gb200", "gb300", "mi300x"}
 EXPECTED_NODES = {
     "dgx-a100",
     "hgx-a100-40gb",
@@ -20,7 +20,9 @@ EXPECTED_NODES = {
     "hgx-h800",
     "hgx-h200",
     "dgx-b200",
+    "dgx-b300",
     "gb200-nvl72",
+    "gb300-nvl72",
     "mi300x-8",
 }
 

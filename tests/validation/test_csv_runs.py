@@ -46,11 +46,10 @@ def test_number_blank_and_text() -> None:
     ("A100 40GB", "a100-40gb", "hgx-a100-40gb", False),
     ("GB200 NVL72", "gb200", "gb200-nvl72", False),
     ("B200", "b200", "dgx-b200", False),
+    ("GB300 NVL72", "gb300", "gb300-nvl72", False), ("DGX-B300", "b300", "dgx-b300", False),
     ("TPU v4", "h100-sxm", "dgx-h100", True),
     ("", "h100-sxm", "dgx-h100", True),
     # no profile: the nearest part of the same family or generation, named in the assumptions
-    ("GB300 NVL72", "gb200", "gb200-nvl72", True),
-    ("B300", "b200", "dgx-b200", True),
     ("A800 80GB", "a100-80gb", "dgx-a100", True),
     ("V100 32GB", "a100-40gb", "hgx-a100-40gb", True),
     ("MI250X", "mi300x", "mi300x-8", True),
