@@ -24,10 +24,13 @@ lower ``coverage`` that n gives. The band says how well the model has done on su
 more: it moves no prediction, and runs unlike every published one (a new GPU, a new stack) get the
 band of the nearest group, which ``basis`` names.
 
-The packaged table (``simtrain/data/published_errors.csv``) holds the visible rows of the project's
-published-runs validation set (``simtrain validate validation/published_runs.csv --error-table``);
-a test rebuilds it from a fresh validation and fails when the model's errors moved. A user's own
-measured runs give their own table the same way (``--error-table`` on validate, then on simulate).
+The packaged tables hold the visible rows of the project's published-runs validation set
+(``simtrain/data/published_errors.csv``: ``simtrain validate validation/published_runs.csv
+--error-table``) and of the out-of-sample runs shipped with the tests
+(``simtrain/data/megatron_bridge_errors.csv``: the same on ``tests/data/megatron_bridge_archive_runs.csv``,
+Megatron-Bridge's archived H100 and Blackwell runs); tests rebuild both from fresh validations (the
+second only with ``SIMTRAIN_VALIDATION=1``, minutes) and fail when the model's errors moved. A user's
+own measured runs give their own table the same way (``--error-table`` on validate, then on simulate).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
 
 #: The table shipped with simtrain: simtrain's errors on the visible published runs.
 PACKAGED_TABLE = Path(__file__).resolve().parent / "data" / "published_errors.csv"
+#: Shipped beside it: the errors on the out-of-sample runs of tests/data/megatron_bridge_archive_runs.csv.
+ARCHIVE_TABLE = PACKAGED_TABLE.with_name("megatron_bridge_errors.csv")
 #: Columns of an error table, in file order.
 COLUMNS = ("run_id", "source", "gpu_type", "stack", "moe", "step_time_error_pct")
 #: Target coverage of the band: the share of new runs like these whose measured step time falls inside.
@@ -107,14 +112,19 @@ def error_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_error_table(path: str | Path | None = None) -> list[ErrorRow]:
-    """The rows of an error table (default: the packaged one; none while it has not been built).
+    """The rows of an error table (default: the packaged ones, published then archived runs; none while
+    they have not been built).
 
     Raises:
         ConfigError: the file is missing or lacks a column of ``COLUMNS`` or has a non-numeric error.
     """
-    if path is None and not PACKAGED_TABLE.exists():
-        return []
-    p = Path(path) if path is not None else PACKAGED_TABLE
+    if path is None:
+        return [row for table in (PACKAGED_TABLE, ARCHIVE_TABLE) if table.exists() for row in _read_table(table)]
+    return _read_table(Path(path))
+
+
+def _read_table(p: Path) -> list[ErrorRow]:
+    """The rows of the error table at ``p`` (``read_error_table``'s errors)."""
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))

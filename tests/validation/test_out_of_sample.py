@@ -74,11 +74,20 @@ def test_mtp_follows_the_model_cell(rows: list[dict[str, str]]) -> None:
 
 
 @SLOW
-def test_archive_simulates_every_row() -> None:
-    """Every archived run simulates (status ok) and the summary splits the two releases."""
+def test_archive_simulates_every_row_and_its_error_table_is_todays() -> None:
+    """Every archived run simulates (status ok), the summary splits the two releases, and the packaged
+    error table behind the likely ranges holds today's errors: after a model change, rebuild it with
+    ``simtrain validate tests/data/megatron_bridge_archive_runs.csv --error-table
+    simtrain/data/megatron_bridge_errors.csv``."""
+    import pandas as pd
+
     from simtrain.fidelity import validate_runs
+    from simtrain.uncertainty import ARCHIVE_TABLE, error_table
 
     frame, summary = validate_runs(ARCHIVE, workers=None)
     assert (frame["status"] == "ok").all(), frame.loc[frame["status"] != "ok", ["run_id", "status"]]
     assert set(summary["by_source"]) == {"Megatron-Bridge 25.11", "Megatron-Bridge 26.02"}
     assert frame["step_time_error_pct"].notna().all()
+    fresh, packaged = error_table(frame), pd.read_csv(ARCHIVE_TABLE)
+    assert list(packaged["run_id"]) == list(fresh["run_id"])
+    assert packaged["step_time_error_pct"].tolist() == pytest.approx(fresh["step_time_error_pct"].tolist(), abs=0.011)
