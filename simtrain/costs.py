@@ -171,8 +171,9 @@ class ComputeCostModel:
             return kernel
         m, n, k, batch = kernel.shape
         # the weight is quantised once for all chunks (a per-call cost, not a per-row one)
-        whole = self._gemm(kernel.name, m, n, k, batch, False, 1.0, weight_cast=False).time_s
-        chunk = self._gemm(kernel.name, -(-m // parts), n, k, batch, False, 1.0, weight_cast=False).time_s
+        whole = self._gemm(kernel.name, m, n, k, batch, grouped=False, a_cast_share=1.0, weight_cast=False).time_s
+        chunk = self._gemm(kernel.name, -(-m // parts), n, k, batch, grouped=False, a_cast_share=1.0,
+                           weight_cast=False).time_s
         return replace(kernel, time_s=kernel.time_s - whole + parts * chunk)
 
     def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
