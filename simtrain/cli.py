@@ -75,6 +75,8 @@ def render_summary(r: StepResult) -> str:
     for axis, t in bd["exposed_comm"].items():
         if t > 0:
             lines.append(f"    exposed {axis:<4}{t:.4f} s")
+    if bd.get("offload", 0.0) > 0:
+        lines.append(f"    CPU offload waits {bd['offload']:.4f} s")
     lines.append(f"    other       {bd['other']:.4f} s")
     lines.append("  memory per pipeline stage (peak, capacity):")
     for m in r.memory:

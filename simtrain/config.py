@@ -81,6 +81,12 @@ class LayoutConfig(BaseModel):
     RMSNorm, the MLA up-projections and SwiGLU)."""
     recompute_layers: int | None = Field(None, ge=0)
     """With ``full``: how many layers per stage chunk recompute (None = all)."""
+    offload_activation_layers: int = Field(0, ge=0)
+    """CPU activation offloading (Megatron-core ``--cpu-offloading`` with ``--cpu-offloading-num-layers``,
+    activations only; Transformer Engine's ``get_cpu_offload_context``): the saved activations of the first
+    this-many transformer layers are copied to host memory after their forward and back before their
+    backward, on copy streams beside compute (``simtrain.offload``). Megatron-core allows it only with
+    pp = 1, no recompute and fewer layers than the model has."""
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False

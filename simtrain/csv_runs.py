@@ -8,6 +8,10 @@ recipe mapped to a nearest documented profile is one line in ``assumptions``.
 
 Numeric cells may hold text ("2M (approx)", "up to 147", "47 (README: ...)"): the first number is
 read and, when the cell held more than a number, an assumption says so.
+
+Beyond ``published_runs.csv``'s columns, an optional ``cpu_offload_layers`` column gives the
+transformer layers whose activations the run offloaded to CPU memory (Megatron
+``cpu_offloading_num_layers``; ``layout.offload_activation_layers``).
 """
 
 from __future__ import annotations
@@ -657,12 +661,25 @@ def _layout(row: dict[str, str], stack: SoftwareStack, n_gpus: int, notes: list[
         if tp > 1:
             notes.append(f"seq_parallel not given: {'on' if lay['sequence_parallel'] else 'off'} (stack {stack.name})")
     lay.update(_recompute(row, stack, lay, notes))
+    lay.update(_offload(row, notes))
     shard, shard_notes = parse_sharding(row.get("zero_fsdp", "") or "", stack, lay.get("dp"))
     lay.update(shard)
     notes.extend(shard_notes)
     if tp > 1:
         lay["tp_comm_overlap"] = _tp_overlap(row, stack, notes)
     return lay
+
+
+def _offload(row: dict[str, str], notes: list[str]) -> dict[str, Any]:
+    """Layout fields for the optional ``cpu_offload_layers`` column (Megatron ``cpu_offloading_num_layers``:
+    transformer layers whose activations are offloaded to CPU memory); blank or absent: none."""
+    layers = integer(row, "cpu_offload_layers", notes)
+    if layers is None or layers == 0:
+        return {}
+    if layers < 0:
+        raise ConfigError(Problem("cpu_offload_layers", f"{layers}: must be a layer count >= 0 (or blank)"))
+    notes.append(f"activations of the first {layers} layers offloaded to CPU memory (cpu_offload_layers)")
+    return {"offload_activation_layers": layers}
 
 
 def _missing_degree(col: str, n_gpus: int, others: int, dp: int | None, notes: list[str]) -> int:

@@ -465,7 +465,7 @@ class Engine:
             # ops of one signature share an entry and an owner: plan each signature once per rank
             by_sig: dict[tuple[Any, ...], list[int]] = {}
             for op in ops:
-                if op.kind != OpKind.COMPUTE:
+                if op.kind in (OpKind.COLLECTIVE, OpKind.SEND):
                     by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
                                       []).append(op.idx)
             for idxs in by_sig.values():
@@ -592,9 +592,12 @@ class Engine:
             start = env.now
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
-            stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
-            yield from self._communicate(rank, op, stretch)
+            if op.kind == OpKind.COPY:  # a host copy: its own link (PCIe / C2C), no network flows
+                yield env.timeout(op.duration_s)
+            else:
+                # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
+                stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
+                yield from self._communicate(rank, op, stretch)
             end = env.now
             finished[stream] += 1
             self._ended(rank, op, start, end)

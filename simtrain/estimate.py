@@ -89,6 +89,7 @@ from simtrain.memory import (
     static_memory,
 )
 from simtrain.model import ModelSpec
+from simtrain.offload import stall_s
 from simtrain.ops import Kernel
 from simtrain.profile import compute_calibration
 from simtrain.routing import worst_rank_load
@@ -515,7 +516,7 @@ class Estimator:
         kind = layout.resolved_schedule
         mb = _peak_microbatches(layout, microbatches)
         key = (_plan_key(self.model, layout, train), layout.pp, layout.vpp, kind, layout.recompute,
-               layout.recompute_layers, mb)
+               layout.recompute_layers, layout.offload_activation_layers, mb)
         hit = self._dynamic.get(key)
         if hit is not None:
             return hit
@@ -575,7 +576,8 @@ class Estimator:
         per micro-batch); cached, as ZeRO stages share them."""
         kind = layout.resolved_schedule
         key = (_plan_key(self.model, layout, train), tuple(self._groups(grid).values()), self._load(layout, train),
-               layout.pp, layout.vpp, kind, layout.recompute, layout.recompute_layers, m)
+               layout.pp, layout.vpp, kind, layout.recompute, layout.recompute_layers,
+               layout.offload_activation_layers, m)
         hit = self._pipes.get(key)
         if hit is None:
             costs = self._chunk_costs(layout, train, grid)
@@ -600,7 +602,20 @@ class Estimator:
                 kernel = fp32_grad_accumulation_kernel(layout, stack, cost, dense + expert)
                 if kernel is not None:  # as lowering adds it to each chunk's backward
                     cc.bwd_s += kernel.time_s
+        if layout.offload_activation_layers:  # pp = 1: one chunk; waits for the offload/reload copies
+            self._offload_stalls(costs[0][0], [times[i] for i in st.chunk(0, 0)], layout, train)
         return costs
+
+    def _offload_stalls(self, cc: _ChunkCost, times: list[_LayerTimes], layout: LayoutConfig,
+                        train: TrainConfig) -> None:
+        """Add the compute stream's waits for CPU activation offload (forward) and reload (backward)
+        copies to one micro-batch's chunk cost (``simtrain.offload.stall_s``: each copy against the
+        compute of its window of layers)."""
+        plans = self.plans(layout, train)
+        act = [plans[i].act_bytes for i in range(len(times))]
+        n, host = layout.offload_activation_layers, self.cluster.node.host_link_Bps
+        cc.fwd_s += stall_s([t.fwd_total_s for t in times], act, host, n)
+        cc.bwd_s += stall_s([t.bwd_total_s for t in times], act, host, n)
 
     def _pp_s(self, layout: LayoutConfig, grid: RankGrid, train: TrainConfig, m: int) -> float:
         """Exposed pipeline sends: one activation/gradient transfer per virtual micro-batch boundary."""

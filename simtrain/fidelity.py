@@ -44,7 +44,7 @@ ROW_KEYS = (
     "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
     "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct", "predicted_fits",
     "predicted_compute_s", *(f"predicted_exposed_{a}_s" for a in AXES), "predicted_bubble_s", "predicted_stage_imbalance_s",
-    "predicted_optimizer_s", "predicted_other_s", "predicted_mfu_pct",
+    "predicted_offload_s", "predicted_optimizer_s", "predicted_other_s", "predicted_mfu_pct",
     "mfu_convention", "source_mfu_pct", "predicted_mfu_pct_source_convention", "assumptions",
 )
 
@@ -197,6 +197,7 @@ def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str
         out[f"predicted_exposed_{axis}_s"] = bd["exposed_comm"].get(axis, 0.0)
     out["predicted_bubble_s"] = bd["bubble"]
     out["predicted_stage_imbalance_s"] = bd["stage_imbalance"]
+    out["predicted_offload_s"] = bd.get("offload", 0.0)
     out["predicted_optimizer_s"] = bd["optimizer"]
     out["predicted_other_s"] = bd["other"]
     out["predicted_mfu_pct"] = 100.0 * r.mfu

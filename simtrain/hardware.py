@@ -173,6 +173,15 @@ class NodeSpec(BaseModel):
     nvlink_latency_s: float = Field(ge=0)
     net_hop_latency_s: float = Field(ge=0)
     mesh_link_Bps: float = Field(default=0.0, ge=0)
+    host_copy_Bps: float = Field(default=0.0, ge=0)
+    """Achieved copy rate between one GPU and host memory per direction, bytes/s, all GPUs of the node
+    copying at once (0: not given; ``host_link_Bps`` falls back to ``pcie_Bps``)."""
+
+    @property
+    def host_link_Bps(self) -> float:
+        """Copy rate between one GPU and host memory per direction (bytes/s), for CPU activation
+        offloading: ``host_copy_Bps``, or the GPU's PCIe path when the profile gives none."""
+        return self.host_copy_Bps or self.pcie_Bps
 
 
 class ClusterSpec(BaseModel):
@@ -261,6 +270,7 @@ _NODE_KEYS: dict[str, tuple[str, float, str]] = {
     "nvlink_latency_us": ("nvlink_latency_s", US, "f"),
     "net_hop_latency_us": ("net_hop_latency_s", US, "f"),
     "mesh_link_GBps": ("mesh_link_Bps", GB, "f0"),
+    "host_copy_GBps": ("host_copy_Bps", GB, "f0"),
 }
 _NODE_STR_KEYS = ("gpu", "scaleup")
 _INFO_KEYS = ("description",)  # informational, kept for tables, not part of the specs

@@ -35,6 +35,7 @@ from simtrain.memory import (
     weight_grad_input_bytes,
 )
 from simtrain.model import ModelSpec
+from simtrain.offload import copy_s, sync_layers
 from simtrain.ops import Kernel, Op, OpKind, Program, Stream
 from simtrain.schedules import Action, Route, build_schedule, schedule_route, split_backward_keys
 from simtrain.stacks import SoftwareStack, get_stack
@@ -320,6 +321,8 @@ class _StageLowering:
     route: Route
     split: set[tuple[int, int]] = field(default_factory=set)
     """(micro-batch, chunk) whose backward is split into B (input grads) and W (weight grads)."""
+    host_Bps: float = 0.0
+    """GPU <-> host copy rate per direction, bytes/s (CPU activation offloading; ``NodeSpec.host_link_Bps``)."""
     prog: Program = field(init=False)
     em: _Emitter = field(init=False)
     sends: dict[tuple[str, int, int], int] = field(default_factory=dict)
@@ -410,12 +413,15 @@ class _StageLowering:
             yield from self.em.segment_steps(self.block.embedding_forward(), "fwd", a.microbatch, a.chunk,
                                              mem_start=embedding_activation_bytes(self.run.model, self._shape))
         order = list(range(self.layers[a.chunk]))
+        offload = _Offload(self, a) if self.run.layout.offload_activation_layers else None
         for i in order:
             plan = self.plan(a.chunk, i)
             self._fsdp_gather("F", a, order, i)
             end = -(plan.act_bytes - plan.ckpt_bytes) if self._recompute_layer(i) else 0.0
             yield from self.em.segment_steps(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes,
                                              mem_end=end)
+            if offload is not None:
+                offload.after_forward(i)
         if v == self.n_virtual - 1:
             yield from self.em.segment_steps(self.block.head_forward(), "fwd", a.microbatch, a.chunk,
                                              mem_start=head_activation_bytes(self.run.model, self._shape))
@@ -463,9 +469,12 @@ class _StageLowering:
         if not split:
             bucket.add(self._head_params(a.chunk))
         order = list(reversed(range(self.layers[a.chunk])))
+        offload = _Offload(self, a) if self.run.layout.offload_activation_layers else None
         for pos, i in enumerate(order):
             plan = self.plan(a.chunk, i)
             self._fsdp_gather("B", a, order, pos)
+            if offload is not None:
+                offload.before_backward(i)
             rec = self._recompute_layer(i)
             keep = plan.ckpt_bytes if rec else plan.act_bytes
             if rec:
@@ -712,6 +721,66 @@ class BucketFiller:
         self.pending = self.pending_expert = 0.0
 
 
+class _Offload:
+    """CPU activation offloading of one action's layers (``simtrain.offload``): the copies on the
+    offload/reload streams, and the compute stream's waits at Transformer Engine's sync points, which
+    free the offloaded layer's GPU copy (forward) or allocate it again (backward)."""
+
+    def __init__(self, sl: _StageLowering, a: Action):
+        self.sl, self.a = sl, a
+        self.n = sl.run.layout.offload_activation_layers
+        self.sync = sync_layers(sl.layers[a.chunk], self.n)
+        self.group = 0 if a.kind == "F" else self.n - 1
+        """Forward: next group to sync; backward: next group to reload."""
+        self.copy: Op | None = None
+        """The copy in flight (the compute stream waits for it at the next sync point)."""
+
+    def _bytes(self, k: int) -> float:
+        return self.sl.plan(self.a.chunk, k).act_bytes
+
+    def _copy(self, k: int, stream: Stream, deps: tuple[int, ...]) -> Op:
+        name = "offload.d2h" if stream == Stream.OFFLOAD else "offload.h2d"
+        return self.sl.prog.add(OpKind.COPY, stream, name, category="comm", deps=deps, axis="offload",
+                                duration_s=copy_s(self._bytes(k), self.sl.host_Bps), comm_bytes=self._bytes(k),
+                                microbatch=self.a.microbatch, chunk=self.a.chunk)
+
+    def _wait(self, category: str, mem: float) -> Op:
+        """The compute stream waits for the copy in flight; ``mem`` bytes freed (-) or allocated (+)."""
+        deps = (self.copy.idx,) if self.copy is not None else ()
+        return self.sl.prog.add(OpKind.COMPUTE, Stream.COMPUTE, "offload.wait", category=category, deps=deps,
+                                microbatch=self.a.microbatch, chunk=self.a.chunk,
+                                mem_start=(("activations", mem),) if mem else ())
+
+    def _after_compute(self) -> tuple[int, ...]:
+        """Deps of a copy the handler starts now: the last compute op. A copy started at a sync point
+        follows the copy it waited for on the same stream, so it starts at the wait's end too."""
+        last = self.sl.em.last_compute
+        return () if last is None else (last,)
+
+    def after_forward(self, i: int) -> None:
+        """After layer i's forward: start layer 0's copy; at sync point k, wait for copy k, free it,
+        start copy k + 1."""
+        if i == 0:
+            self.copy = self._copy(0, Stream.OFFLOAD, self._after_compute())
+        k = self.group
+        if k < self.n and self.sync[k] == i:
+            self._wait("fwd", -self._bytes(k))
+            self.copy = self._copy(k + 1, Stream.OFFLOAD, self._after_compute()) if k + 1 < self.n else None
+            self.group += 1
+
+    def before_backward(self, i: int) -> None:
+        """Before layer i's backward: at sync point k, wait for reload k + 1, allocate layer k again and
+        start its reload; before layer 0, wait for the last reload."""
+        k = self.group
+        if k >= 0 and self.sync[k] == i:
+            self._wait("bwd", self._bytes(k))
+            self.copy = self._copy(k, Stream.RELOAD, self._after_compute())
+            self.group -= 1
+        if i == 0 and self.copy is not None:
+            self._wait("bwd", 0.0)
+            self.copy = None
+
+
 def _finish_stage(sl: _StageLowering) -> None:
     """Deferred gradient reductions, the optimizer step and (ZeRO-1/2) the parameter all-gather."""
     lay, train = sl.run.layout, sl.run.train
@@ -872,8 +941,12 @@ def chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig
     rec = recomputed_layers(layout, len(plans))
     if v == 0:
         mem.fwd.append((emb, 0.0))
+    offload = layout.offload_activation_layers
+    sync = {w: k for k, w in enumerate(sync_layers(len(plans), offload))} if offload else {}
     for j, p in enumerate(plans):
         mem.fwd.append((p.act_bytes, -(p.act_bytes - p.ckpt_bytes)) if j < rec else (p.act_bytes, 0.0))
+        if j in sync:  # the wait for offload copy k frees layer k's GPU copy (``_Offload``)
+            mem.fwd.append((-plans[sync[j]].act_bytes, 0.0))
     if v == last:
         mem.fwd.append((head, 0.0))
         for p in mtp:
@@ -887,6 +960,9 @@ def chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig
     for j in reversed(range(len(plans))):
         p = plans[j]
         again = j < rec
+        if j in sync:  # layer k's buffers are allocated again when its reload starts
+            mem.bwd.append((plans[sync[j]].act_bytes, 0.0))
+            mem.bwd_input.append((plans[sync[j]].act_bytes, 0.0))
         freed = (p.ckpt_bytes + p.act_bytes if again else p.act_bytes) + p.transient_bytes
         if again:
             mem.bwd.append((p.act_bytes, 0.0))
@@ -992,9 +1068,14 @@ def ep_dedup(model: ModelSpec, lay: LayoutConfig) -> bool:
     return lay.ep_dispatcher == "deepep"
 
 
-def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
-    """Lower a validated run into one program per pipeline stage, with sends matched to receives."""
+def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowered:
+    """Lower a validated run into one program per pipeline stage, with sends matched to receives.
+
+    ``host_Bps``: GPU <-> host copy rate per direction (bytes/s), needed when the layout offloads
+    activations (``NodeSpec.host_link_Bps``)."""
     lay = run.layout
+    if lay.offload_activation_layers and host_Bps <= 0:
+        raise ValueError("offloading activations needs the GPU <-> host copy rate host_Bps > 0")
     m = microbatches(run)
     block = build_block(run.model, lay, run.train, cost)
     kind = lay.resolved_schedule
@@ -1006,7 +1087,8 @@ def lower(run: RunConfig, cost: ComputeCostModel) -> Lowered:
     lowered = Lowered(programs=[], schedule=schedule, chunk_memory=[], layers=layers, microbatches=m)
     stages = []
     for s in range(lay.pp):
-        sl = _StageLowering(run, s, layers[s], plans, firsts[s], block, cost, route, split_backward_keys(schedule[s]))
+        sl = _StageLowering(run, s, layers[s], plans, firsts[s], block, cost, route, split_backward_keys(schedule[s]),
+                            host_Bps)
         _param_gathers_at_start(sl)
         _emit_actions(sl, schedule[s])
         _finish_stage(sl)

@@ -27,6 +27,10 @@ class Stream(IntEnum):
     """ZeRO-3/FSDP parameter all-gathers: FSDP2 issues them on their own stream and process group, so
     they neither wait behind nor block the gradient reduce-scatters of the DP stream (PyTorch
     ``torch.distributed.fsdp.fully_shard``: ``all_gather_stream`` / ``reduce_scatter_stream``)."""
+    OFFLOAD = 7
+    """Device-to-host copies of offloaded activations (``simtrain.offload``)."""
+    RELOAD = 8
+    """Host-to-device copies bringing them back before backward."""
 
 
 class OpKind(IntEnum):
@@ -35,6 +39,8 @@ class OpKind(IntEnum):
     COMPUTE = 0
     COLLECTIVE = 1
     SEND = 2
+    COPY = 3
+    """A copy between GPU and host memory on a copy stream, ``duration_s`` long (PCIe / NVLink-C2C)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +61,13 @@ class Op:
 
     Attributes:
         idx: position in the program (ids are local to each program).
-        kind: compute, collective or pipeline send.
+        kind: compute, collective, pipeline send or host copy.
         stream: the GPU stream it occupies.
         name: label for traces.
         category: breakdown class: "fwd", "bwd", "recompute", "optimizer", "comm".
         deps: indices of ops (other streams, same program) that must finish first.
         remote: (stage, op index) of another stage's op that must finish first (a pipeline recv).
-        duration_s: modelled time of a compute op (sum of its kernels), seconds.
+        duration_s: modelled time of a compute op (sum of its kernels) or a host copy, seconds.
         kernels: the kernels of a compute op (time order).
         coll: collective kind ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") or "send".
         axis: mesh axis of a collective ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...).

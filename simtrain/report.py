@@ -36,7 +36,8 @@ S_PER_HOUR = 3600.0
 BREAKDOWN = (("compute_s", "compute"), ("bubble_s", "bubble"), ("stage_imbalance_s", "stage imbalance"),
              ("exposed_tp_s", "exposed TP"),
              ("exposed_cp_s", "exposed CP"), ("exposed_ep_s", "exposed EP"), ("exposed_dp_s", "exposed DP"),
-             ("exposed_pp_s", "exposed PP"), ("optimizer_s", "optimizer"), ("other_s", "other"))
+             ("exposed_pp_s", "exposed PP"), ("offload_s", "CPU offload waits"), ("optimizer_s", "optimizer"),
+             ("other_s", "other"))
 MEMORY_PARTS = ("weights", "grads", "optimizer", "fp8_weights", "activations", "comm_buffers", "pp_buffers",
                 "workspace", "context", "fragmentation")
 TABLE_ROWS = 20

@@ -356,7 +356,8 @@ def _sim_components(row: dict[str, Any]) -> dict[str, float]:
     return {"compute": row["compute_s"], "bubble": row["bubble_s"], "stage imbalance": row["stage_imbalance_s"],
             "tp comm": row["exposed_tp_s"],
             "dp comm": row["exposed_dp_s"], "pp comm": row["exposed_pp_s"], "cp comm": row["exposed_cp_s"],
-            "ep comm": row["exposed_ep_s"], "optimizer": row["optimizer_s"], "other": row["other_s"]}
+            "ep comm": row["exposed_ep_s"], "CPU offload": row.get("offload_s", 0.0), "optimizer": row["optimizer_s"],
+            "other": row["other_s"]}
 
 
 def _why(mine: dict[str, float], best: dict[str, float], total: float, best_total: float, what: str) -> tuple[str, str]:

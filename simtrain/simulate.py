@@ -52,7 +52,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     grid = RankGrid(run.layout)
     cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                             stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
-    lowered = lower(run, cost)
+    lowered = lower(run, cost, cluster.node.host_link_Bps)
     if lowered.microbatches < 1:
         raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=lowered.microbatches)
     _attach_static_memory(run, lowered, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
@@ -119,7 +119,8 @@ def _breakdown(st: RankStats, step: float, max_compute_s: float) -> dict[str, An
     """Where the critical rank's step went (seconds). Its waits for pipeline inputs are split in two:
     ``stage_imbalance``, the part a slower rank's extra compute explains (max_compute_s - its own
     compute: in 1F1B's steady state every stage runs at the slowest one's pace, so a lighter stage idles
-    that much over the step), and ``bubble``, the rest (the schedule's fill and drain)."""
+    that much over the step), and ``bubble``, the rest (the schedule's fill and drain). ``offload``: its
+    waits for CPU activation offload/reload copies (``simtrain.offload``)."""
     compute = _compute_s(st)
     exposed = {a: st.exposed.get(a, 0.0) for a in AXES}
     tail = max(step - max(st.last_compute_end_s, 0.0), 0.0)
@@ -127,9 +128,11 @@ def _breakdown(st: RankStats, step: float, max_compute_s: float) -> dict[str, An
         axis = st.last_axis if st.last_axis in exposed else "dp"
         exposed[axis] += tail
     imbalance = min(st.bubble_s, max(max_compute_s - compute, 0.0))
-    known = compute + st.busy["optimizer"] + sum(exposed.values()) + st.bubble_s
+    offload = st.exposed.get("offload", 0.0)  # waits for CPU activation offload/reload copies
+    known = compute + st.busy["optimizer"] + sum(exposed.values()) + st.bubble_s + offload
     return {"compute": compute, "exposed_comm": exposed, "bubble": st.bubble_s - imbalance,
-            "stage_imbalance": imbalance, "optimizer": st.busy["optimizer"], "other": max(step - known, 0.0)}
+            "stage_imbalance": imbalance, "offload": offload, "optimizer": st.busy["optimizer"],
+            "other": max(step - known, 0.0)}
 
 
 def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, cluster: ClusterSpec,

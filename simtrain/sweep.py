@@ -160,7 +160,7 @@ def result_columns(r: StepResult) -> Row:
         "tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
         "model_tflops_per_gpu": r.model_tflops_per_gpu, "hardware_tflops_per_gpu": r.hardware_tflops_per_gpu,
         "mfu": r.mfu, "hfu": r.hfu, "compute_s": float(bd["compute"]), "bubble_s": float(bd["bubble"]),
-        "stage_imbalance_s": float(bd["stage_imbalance"]),
+        "stage_imbalance_s": float(bd["stage_imbalance"]), "offload_s": float(bd.get("offload", 0.0)),
         "exposed_comm_s": sum(exposed.values()), **exposed, "optimizer_s": float(bd["optimizer"]),
         "other_s": float(bd["other"]), "peak_memory_bytes": peak, "capacity_bytes": capacity,
         "memory_headroom_bytes": capacity - peak, "fits": r.fits, "memory_json": memory_json(r),

@@ -45,6 +45,7 @@ def check_run(run: RunConfig) -> list[Problem]:
         out.append(Problem("layout.fsdp_shard_size", f"{lay.fsdp_shard_size!r} must be set and divide "
                                                      f"layout.dp={lay.dp} for hybrid shard"))
     out += _expert_problems(run)
+    out += _offload_problems(run)
     if lay.cp > 1 and lay.cp_comm == "p2p" and tr.seq_len % (2 * lay.cp):
         # Megatron-core's causal load balancing splits the sequence into 2*cp chunks
         out.append(Problem("layout.cp", f"{lay.cp}: ring attention needs train.seq_len={tr.seq_len} divisible by "
@@ -87,6 +88,30 @@ def _expert_problems(run: RunConfig) -> list[Problem]:
     if lay.tp > 1 and not lay.sequence_parallel:
         out.append(Problem("layout.sequence_parallel", "false: MoE with tensor parallelism needs sequence "
                                                        "parallelism (Megatron-core requires it); set it to true"))
+    return out
+
+
+def _offload_problems(run: RunConfig) -> list[Problem]:
+    """CPU activation offloading's limits, as Megatron-core's TransformerConfig.__post_init__ checks them
+    (megatron/core/transformer/transformer_config.py: offloaded layers < num_layers; no pipeline
+    parallelism; no activation recomputation)."""
+    lay, n = run.layout, run.layout.offload_activation_layers
+    if n == 0:
+        return []
+    out = []
+    if n >= run.model.n_layers:
+        out.append(Problem("layout.offload_activation_layers", f"{n}: offload fewer layers than "
+                                                               f"model.n_layers={run.model.n_layers} (0 to "
+                                                               f"{run.model.n_layers - 1}; the last layer's "
+                                                               "backward starts at once)"))
+    if lay.pp > 1:
+        out.append(Problem("layout.offload_activation_layers", f"{n} needs layout.pp = 1 (Megatron-core has no "
+                                                               f"CPU offloading with pipeline parallelism; "
+                                                               f"pp={lay.pp}); set it to 0 or pp to 1"))
+    if lay.recompute != "none":
+        out.append(Problem("layout.offload_activation_layers", f"{n} needs layout.recompute = 'none' "
+                                                               f"(Megatron-core offloads no recomputed layer; "
+                                                               f"recompute={lay.recompute!r}); set one of them off"))
     return out
 
 

@@ -117,6 +117,7 @@ SIM_CASES = [
                                                                                       global_batch_seqs=8)),
     dict(layout=dict(pp=2, dp=4, schedule="gpipe", zero_stage=3, overlap_grad_reduce=False),
          train=dict(seq_len=512, global_batch_seqs=8)),
+    dict(layout=dict(dp=8, fsdp="full", offload_activation_layers=6), train=dict(seq_len=1024, global_batch_seqs=16)),
 ]
 
 
@@ -129,7 +130,8 @@ def _cfg(case: dict) -> dict:
 def test_simulate_runs_every_op_once_and_f_before_b(case: dict, mode: str) -> None:
     cfg = _cfg(case)
     run = load_config(cfg)
-    lowered = lower(run, ComputeCostModel(cluster_of(run).gpu, run.train.precision))
+    cl = cluster_of(run)
+    lowered = lower(run, ComputeCostModel(cl.gpu, run.train.precision), cl.node.host_link_Bps)
     res = simulate(cfg, mode=mode, trace=True)
     per_stage = [len(pr.ops) for pr in lowered.programs]
     ranks_per_stage = 1 if mode == "symmetric" else run.layout.world_size // run.layout.pp

@@ -32,6 +32,8 @@ CASES = {
     "1n-cp2-a2a": dict(n_nodes=1, layout=dict(tp=2, cp=2, dp=2, cp_comm="a2a", fsdp="full"), seqs=8),
     # stage stride of 4 GPUs: the stage 1 -> 2 send crosses nodes from local index 4+ to 0+, so rails differ
     "2n-4nic-pp4-dp4-cross-rail": dict(n_nodes=2, nics=4, layout=dict(pp=4, dp=4, zero_stage=1), seqs=16),
+    "1n-tp2-dp4-cpu-offload": dict(n_nodes=1, layout=dict(tp=2, dp=4, zero_stage=1, offload_activation_layers=5),
+                                   seqs=8),
 }
 
 
