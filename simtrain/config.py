@@ -43,6 +43,9 @@ class HardwareConfig(BaseModel):
     """Leaf-to-spine oversubscription ratio (1 = non-blocking)."""
     nodes_per_leaf: int | None = Field(None, gt=0)
     net_hop_latency_us: float | None = Field(None, ge=0)
+    host_copy_GBps: float | None = Field(None, gt=0)
+    """Copy rate between one GPU and host memory per direction, GB/s, replacing the node profile's (CPU
+    activation offloading; e.g. 128 for a PCIe Gen6 x16 what-if)."""
     profile: str | None = None
     """Calibrated profile name (reserved for calibration; not used yet)."""
 

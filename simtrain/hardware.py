@@ -459,12 +459,14 @@ def build_cluster(
     nodes_per_leaf: int | None = None,
     net_hop_latency_us: float | None = None,
     gpus_per_node: int | None = None,
+    host_copy_GBps: float | None = None,
 ) -> ClusterSpec:
     """Build a ClusterSpec of ``n_nodes`` nodes of profile ``node``.
 
     Optional overrides: ``gpu`` (profile name), ``gpus_per_node`` (at most the profile's: part of each node
     is used, its NICs in proportion), ``nics_per_node``, ``nic_Gbps`` (Gbit/s per NIC),
-    ``oversubscription`` (>= 1), ``nodes_per_leaf`` (default 32), ``net_hop_latency_us`` (µs).
+    ``oversubscription`` (>= 1), ``nodes_per_leaf`` (default 32), ``net_hop_latency_us`` (µs),
+    ``host_copy_GBps`` (GPU <-> host copy rate per direction, GB/s).
     All problems are collected into one ConfigError with ``hardware.*`` paths.
     """
     node_spec = load_node(node, gpu=gpu)
@@ -488,8 +490,12 @@ def build_cluster(
     if gpus_per_node is not None and not (isinstance(gpus_per_node, int) and 1 <= gpus_per_node <= node_spec.gpus_per_node):
         problems.append(problem("hardware.gpus_per_node", gpus_per_node,
                                 f"an integer from 1 to {node_spec.gpus_per_node} (node {node_spec.name})"))
+    if host_copy_GBps is not None and not (isinstance(host_copy_GBps, int | float) and host_copy_GBps > 0):
+        problems.append(problem("hardware.host_copy_GBps", host_copy_GBps, "must be > 0 (GB/s per direction)"))
     if problems:
         raise ConfigError(problems)
+    if host_copy_GBps is not None:
+        node_spec = node_spec.model_copy(update={"host_copy_Bps": float(host_copy_GBps) * GB})
     if gpus_per_node is not None and gpus_per_node != node_spec.gpus_per_node:
         # one NIC per GPU on every built-in node: the used GPUs keep theirs (at least one per node)
         used_nics = max(1, node_spec.nics_per_node * gpus_per_node // node_spec.gpus_per_node)

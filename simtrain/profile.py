@@ -437,7 +437,8 @@ def run_cluster(hw: HardwareConfig, world_size: int) -> ClusterSpec:
     if hw.profile is None:
         return build_cluster(hw.node, hw.n_nodes, gpu=hw.gpu, nics_per_node=hw.nics_per_node, nic_Gbps=hw.nic_Gbps,
                              oversubscription=hw.oversubscription, nodes_per_leaf=hw.nodes_per_leaf,
-                             net_hop_latency_us=hw.net_hop_latency_us, gpus_per_node=hw.gpus_per_node)
+                             net_hop_latency_us=hw.net_hop_latency_us, gpus_per_node=hw.gpus_per_node,
+                             host_copy_GBps=hw.host_copy_GBps)
     prof = load_profile(hw.profile)
     if prof.kind == "cpu":
         return _cpu_cluster(prof, hw, world_size)
@@ -508,7 +509,7 @@ def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:
     cluster = build_cluster(hw.node, hw.n_nodes, gpu=hw.gpu or prof.base_gpu, nics_per_node=hw.nics_per_node,
                             nic_Gbps=hw.nic_Gbps, oversubscription=hw.oversubscription,
                             nodes_per_leaf=hw.nodes_per_leaf, net_hop_latency_us=hw.net_hop_latency_us,
-                            gpus_per_node=hw.gpus_per_node)
+                            gpus_per_node=hw.gpus_per_node, host_copy_GBps=hw.host_copy_GBps)
     base, s = cluster.gpu, prof.summary
     peak = base.peak_flops_per_s("bf16")
     fields = base.model_dump()

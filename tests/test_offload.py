@@ -154,3 +154,18 @@ def test_host_links_of_the_node_profiles() -> None:
     assert load_node("gb200-nvl72").host_link_Bps == pytest.approx(256e9)
     node = build_cluster("dgx-h100", 1).node.model_copy(update={"host_copy_Bps": 0.0})
     assert node.host_link_Bps == node.pcie_Bps  # a profile without the key falls back to its PCIe path
+
+
+def test_host_copy_rate_override_is_a_what_if_and_bad_values_are_clear_errors() -> None:
+    slow = _cfg(7)
+    slow["hardware"]["host_copy_GBps"] = 5.0
+    fast = _cfg(7)
+    fast["hardware"]["host_copy_GBps"] = 500.0
+    assert cluster_of(load_config(slow)).node.host_link_Bps == pytest.approx(5e9)
+    r_slow, r_fast = simulate(slow), simulate(fast)
+    assert r_slow.breakdown_s["offload"] > r_fast.breakdown_s["offload"] >= 0.0
+    assert r_slow.step_time_s > r_fast.step_time_s
+    bad = _cfg(2)
+    bad["hardware"]["host_copy_GBps"] = -1
+    with pytest.raises(ConfigError, match="hardware.host_copy_GBps"):
+        load_config(bad)

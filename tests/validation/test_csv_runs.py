@@ -385,3 +385,16 @@ def test_a_moe_model_without_a_preset_is_built_from_its_columns() -> None:
     assert any(a.startswith("model 'DBRX-132B': no MoE preset") for a in p.assumptions)
     # a MoE column it needs, blank: not simulatable, naming the column
     assert parse_row(_tiny(**dict(moe, moe_ffn_hidden=""))).status == "not simulatable: moe_ffn_hidden"
+
+
+def test_cpu_offload_column_sets_the_offloaded_layers_and_names_them() -> None:
+    """The optional ``cpu_offload_layers`` column (Megatron ``cpu_offloading_num_layers``) reaches the
+    layout; a layer count Megatron-core rejects is an error row naming the layout field."""
+    p = parse_row(_tiny(cpu_offload_layers="2"))
+    assert p.status == "ok" and p.run is not None, p.status
+    assert p.run.layout.offload_activation_layers == 2
+    assert any("offloaded to CPU memory" in a for a in p.assumptions)
+    assert parse_row(_tiny(cpu_offload_layers="")).run.layout.offload_activation_layers == 0  # type: ignore[union-attr]
+    status = parse_row(_tiny(cpu_offload_layers="4")).status  # all 4 layers of the tiny model
+    assert status.startswith("error:") and "layout.offload_activation_layers" in status, status
+    assert parse_row(_tiny(cpu_offload_layers="-1")).status.startswith("error: cpu_offload_layers")
