@@ -49,7 +49,7 @@ def add_parsers(sub: Any) -> None:
     se.add_argument("--schedule", metavar="KIND,...",
                     help="pipeline schedules to try: auto (1F1B/interleaved), dualpipe, dualpipev, zb_h1 "
                          "(default: auto; MoE models auto,dualpipe,dualpipev)")
-    se.add_argument("--recompute", metavar="KIND,...", help="restrict recompute to none,selective,full")
+    se.add_argument("--recompute", metavar="KIND,...", help="restrict the memory levers to none,selective,full,offload (offload: CPU activation offloading, pp 1)")
     se.add_argument("--out", help="write every candidate as a table (.parquet or .csv)")
     _workers(se)
 
@@ -204,7 +204,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     rec = tuple(r.strip() for r in args.recompute.split(",")) if args.recompute else RECOMPUTE
     bad = [r for r in rec if r not in RECOMPUTE]
     if bad:
-        raise ConfigError(Problem("--recompute", f"{bad!r} not valid; use none, selective, full"))
+        raise ConfigError(Problem("--recompute", f"{bad!r} not valid; use {', '.join(RECOMPUTE)}"))
     schedules = tuple(k.strip() for k in args.schedule.split(",")) if args.schedule else None
     bad = [k for k in schedules or () if k not in SEARCH_SCHEDULES]
     if bad:

@@ -5,7 +5,8 @@
    the layers per stage, micro-batches a multiple of PP), ZeRO stage 0-3, micro-batch size (dividing
    the sequences per DP rank), recompute (none; selective only with unfused attention, since with
    FlashAttention there is nothing to recompute; full with the fewest recomputed layers per chunk
-   that fit), sequence parallelism on whenever TP > 1 (Megatron's advice: it only saves memory).
+   that fit; with pp = 1, CPU activation offloading of the fewest layers that fit, Megatron-core
+   allowing it only without pipeline parallelism and recompute), sequence parallelism on whenever TP > 1 (Megatron's advice: it only saves memory).
    CP 1, 2, 4, 8 (sequence divisible by 2 x CP, Megatron's load-balanced causal split).
    Mixture-of-experts models also get: EP (every divisor of the routed experts such that
    EP x ETP divides the stage's tp x cp x dp ranks it folds over, Megatron-core's expert mesh), ETP
@@ -46,7 +47,9 @@ if TYPE_CHECKING:
 GiB = 1024.0**3
 ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "offload")
+"""Memory levers tried per layout: no recompute, selective or full recompute, or (pp = 1) CPU activation
+offloading of the fewest layers that fit (``layout.offload_activation_layers``, recompute none)."""
 SEARCH_SCHEDULES = ("auto", "dualpipe", "dualpipev", "zb_h1")
 # Simulation budget of a search, micro-batches x layers summed over the simulated layouts: about 40 s
 # of CPU on this project's 2-core machine with today's engine (Llama 3.1 405B, 16 micro-batches x 126
@@ -104,9 +107,11 @@ class Candidate:
     row: dict[str, Any] | None = field(default=None, repr=False)
 
     def label(self) -> str:
-        """Short layout label: tp/pp/vpp/dp, ZeRO, micro-batch, recompute."""
+        """Short layout label: tp/pp/vpp/dp, ZeRO, micro-batch, recompute (or CPU offload)."""
         lay = self.layout
         rec = lay["recompute"] + (f"({lay['recompute_layers']})" if lay.get("recompute_layers") else "")
+        if lay.get("offload_activation_layers"):
+            rec = f"offload({lay['offload_activation_layers']})"
         cp = f" cp{lay['cp']}" if lay.get("cp", 1) > 1 else ""
         ep = f" ep{lay['ep']} etp{lay['etp']}" if lay.get("etp") is not None else ""
         sched = f" {lay['schedule']}" if lay.get("schedule", "auto") != "auto" else ""
@@ -210,7 +215,7 @@ def _schedules(run: RunConfig, pp: int, vpp: int, microbatches: int, space: Sear
 
 
 def _recompute_choices(run: RunConfig, space: SearchSpace) -> list[str]:
-    """none, full, and selective where it recomputes something (unfused attention, or modules
+    """none, full, offload, and selective where it recomputes something (unfused attention, or modules
     besides ``core_attn``)."""
     tr, modules = run.train, run.layout.recompute_modules
     useful = tr.attention_kernel != "flash" or any(mod != "core_attn" for mod in modules)
@@ -256,9 +261,19 @@ def enumerate_layouts(run: RunConfig, n_gpus: int, space: SearchSpace) -> list[t
                                        "vpp": vpp, "sequence_parallel": tp > 1 and tr.seq_len % tp == 0,
                                        "schedule": sched, "fsdp": "none", "fsdp_shard_size": None,
                                        "recompute_layers": None}
-                                out += [(LayoutConfig(**{**lay, "zero_stage": zero, "recompute": rec}), train)
-                                        for zero in zeros for rec in recompute]
+                                out += [(_with_lever(lay, zero, rec, m.n_layers), train)
+                                        for zero in zeros for rec in recompute
+                                        if rec != "offload" or (pp == 1 and m.n_layers > 1)]
     return out
+
+
+def _with_lever(lay: dict[str, Any], zero: int, lever: str, n_layers: int) -> LayoutConfig:
+    """The layout with its ZeRO stage and memory lever (a recompute kind, or ``offload``: recompute none
+    and every layer but the last offloaded, which ``_fit_offload`` then cuts to the fewest that fit)."""
+    if lever == "offload":
+        return LayoutConfig(**{**lay, "zero_stage": zero, "recompute": "none",
+                               "offload_activation_layers": n_layers - 1})
+    return LayoutConfig(**{**lay, "zero_stage": zero, "recompute": lever})
 
 
 def _vpps(n_layers: int, pp: int, microbatches: int, allowed: tuple[int, ...] | None) -> list[int]:
@@ -293,15 +308,34 @@ def _fit_recompute(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: in
     return best
 
 
-def _memory_reason(mem: tuple[float, ...], capacity: float, full: bool) -> str:
+def _fit_offload(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: int) -> tuple[LayoutConfig, tuple[float, ...]]:
+    """CPU activation offloading of the fewest layers that fit (binary search; memory falls as it grows)."""
+    hi = lay.offload_activation_layers
+    best = (lay, est.stage_memory(lay, train, mb))
+    if max(best[1]) > est.cluster.gpu.hbm_bytes:
+        return best
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        cand = lay.model_copy(update={"offload_activation_layers": mid})
+        mem = est.stage_memory(cand, train, mb)
+        if max(mem) <= est.cluster.gpu.hbm_bytes:
+            best, hi = (cand, mem), mid
+        else:
+            lo = mid + 1
+    return best
+
+
+def _memory_reason(mem: tuple[float, ...], capacity: float, full: bool, offload: bool = False) -> str:
     s = max(range(len(mem)), key=mem.__getitem__)
     tail = " even with full recompute of every layer" if full else ""
+    tail = " even with every layer but the last offloaded to CPU memory" if offload else tail
     return f"memory: stage {s} needs {mem[s] / GiB:.1f} GiB > {capacity / GiB:.1f} GiB HBM{tail}"
 
 
 def _layout_dict(lay: LayoutConfig) -> dict[str, Any]:
     keys = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "schedule", "zero_stage", "recompute", "recompute_layers",
-            "sequence_parallel")
+            "offload_activation_layers", "sequence_parallel")
     return {k: getattr(lay, k) for k in keys}
 
 
@@ -321,22 +355,25 @@ def _estimate_all(est: Estimator, layouts: list[tuple[LayoutConfig, TrainConfig]
             cand.reason = _memory_reason(static, capacity, False) + " before any activation"
             out.append((cand, lay))
             continue
-        if lay.recompute == "full":
+        offload = lay.offload_activation_layers > 0
+        if lay.recompute == "full" or offload:
             if key in fits_without:
+                what = ("CPU offloading not needed: this layout fits without it, and the copies can only add "
+                        "waits") if offload else ("full recompute not needed: this layout fits without it, and "
+                                                  "recompute only adds compute")
                 cand = Candidate(_layout_dict(lay), train.micro_batch_size, mb, status="dominated",
-                                 lost_to="compute", reason="full recompute not needed: this layout fits without "
-                                                           "it, and recompute only adds compute")
+                                 lost_to="compute", reason=what)
                 out.append((cand, lay))
                 continue
-            lay, mem = _fit_recompute(est, lay, train, mb)
+            lay, mem = _fit_offload(est, lay, train, mb) if offload else _fit_recompute(est, lay, train, mb)
         else:
             mem = est.stage_memory(lay, train, mb)
         cand = Candidate(_layout_dict(lay), train.micro_batch_size, mb, est_peak_bytes=max(mem))
         if max(mem) > capacity:
             cand.status, cand.lost_to = "memory", "memory"
-            cand.reason = _memory_reason(mem, capacity, lay.recompute == "full")
+            cand.reason = _memory_reason(mem, capacity, lay.recompute == "full", offload)
         else:
-            if lay.recompute == "none":
+            if lay.recompute == "none" and not offload:
                 fits_without.add(key)
             e: Estimate = est.estimate(lay, train)
             cand.est_step_time_s, cand.est_mfu, cand.est_components_s = e.step_time_s, e.mfu, e.components()
