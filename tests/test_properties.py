@@ -50,6 +50,7 @@ def configs(draw) -> dict:
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
         tp_comm_overlap=draw(st.booleans()),
+        offload_activation_layers=draw(st.sampled_from([0, 0, 0, 1, 3])),
     )
     if fsdp == "hybrid":
         layout["fsdp_shard_size"] = draw(st.sampled_from([1, 2, 4, 8]))
