@@ -114,10 +114,12 @@ def test_determinism() -> None:
 VALUES = st.one_of(st.integers(-4, 130), st.sampled_from([0, -1, 1.5, "x", None, True, [1], {"a": 1}]))
 FIELDS = {
     "layout": ["dp", "tp", "pp", "cp", "ep", "vpp", "zero_stage", "fsdp", "fsdp_shard_size", "schedule",
-               "recompute", "recompute_layers", "sequence_parallel", "grad_bucket_MiB", "order", "bogus"],
+               "recompute", "recompute_layers", "offload_activation_layers", "sequence_parallel", "grad_bucket_MiB", "order",
+               "bogus"],
     "train": ["seq_len", "micro_batch_size", "global_batch_tokens", "global_batch_seqs", "optimizer",
               "precision", "grad_dtype", "attention_kernel", "nonsense"],
-    "hardware": ["node", "gpu", "n_nodes", "nics_per_node", "nic_Gbps", "oversubscription", "nodes_per_leaf"],
+    "hardware": ["node", "gpu", "n_nodes", "nics_per_node", "nic_Gbps", "oversubscription", "nodes_per_leaf",
+                 "host_copy_GBps"],
     "model": ["n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab", "activation"],
     "sim": ["mode", "fragmentation_ratio"],
 }
