@@ -84,7 +84,8 @@ def _get(row: Any, key: str, default: Any = None) -> Any:
 
 
 def label(row: Any, with_model: bool = False) -> str:
-    """Short layout label of a row: tp/pp/vpp/dp, ZeRO, micro-batch, recompute (and batch, model)."""
+    """Short layout label of a row: tp/pp/vpp/dp, ZeRO, micro-batch, recompute, FSDP, CPU offload (and
+    batch, model)."""
     parts = []
     if with_model and _get(row, "model.name"):
         parts.append(f"{_get(row, 'model.name')} x{_get(row, 'n_gpus', '?')}")
@@ -97,6 +98,12 @@ def label(row: Any, with_model: bool = False) -> str:
     if rec and rec != "none":
         layers = _get(row, "layout.recompute_layers")
         parts.append(f"{rec}({int(layers)})" if isinstance(layers, int | float) and layers else str(rec))
+    fsdp = _get(row, "layout.fsdp")
+    if fsdp and fsdp != "none":
+        parts.append(f"fsdp-{fsdp}")
+    offload = _get(row, "layout.offload_activation_layers")
+    if isinstance(offload, int | float) and offload:
+        parts.append(f"offload({int(offload)})")
     return " ".join(parts) or f"point {_get(row, 'point', '?')}"
 
 
