@@ -289,35 +289,28 @@ def _vpps(n_layers: int, pp: int, microbatches: int, allowed: tuple[int, ...] | 
 
 # -- pruning ----------------------------------------------------------------------------------------
 def _fit_recompute(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: int) -> tuple[LayoutConfig, tuple[float, ...]]:
-    """Full recompute with the fewest layers per chunk that fit (binary search; memory falls as it grows)."""
+    """Full recompute with the fewest layers per chunk that fit."""
     per_chunk = max(max(c) for c in est.chunk_layers(lay))
-    hi_lay = lay.model_copy(update={"recompute_layers": per_chunk})
-    hi_mem = est.stage_memory(hi_lay, train, mb)
-    if max(hi_mem) > est.cluster.gpu.hbm_bytes:
-        return hi_lay, hi_mem
-    lo, hi = 1, per_chunk
-    best = (hi_lay, hi_mem)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        cand = lay.model_copy(update={"recompute_layers": mid})
-        mem = est.stage_memory(cand, train, mb)
-        if max(mem) <= est.cluster.gpu.hbm_bytes:
-            best, hi = (cand, mem), mid
-        else:
-            lo = mid + 1
-    return best
+    return _fewest_layers_that_fit(est, lay, train, mb, "recompute_layers", per_chunk)
 
 
 def _fit_offload(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: int) -> tuple[LayoutConfig, tuple[float, ...]]:
-    """CPU activation offloading of the fewest layers that fit (binary search; memory falls as it grows)."""
-    hi = lay.offload_activation_layers
-    best = (lay, est.stage_memory(lay, train, mb))
+    """CPU activation offloading of the fewest layers that fit."""
+    return _fewest_layers_that_fit(est, lay, train, mb, "offload_activation_layers", lay.offload_activation_layers)
+
+
+def _fewest_layers_that_fit(est: Estimator, lay: LayoutConfig, train: TrainConfig, mb: int, field: str,
+                            most: int) -> tuple[LayoutConfig, tuple[float, ...]]:
+    """The layout with the smallest layer count ``field`` in 1..``most`` whose per-stage peaks fit (binary
+    search: memory falls as the count grows), with those peaks; ``most`` when even that does not fit."""
+    hi_lay = lay.model_copy(update={field: most})
+    best = (hi_lay, est.stage_memory(hi_lay, train, mb))
     if max(best[1]) > est.cluster.gpu.hbm_bytes:
         return best
-    lo = 1
+    lo, hi = 1, most
     while lo < hi:
         mid = (lo + hi) // 2
-        cand = lay.model_copy(update={"offload_activation_layers": mid})
+        cand = lay.model_copy(update={field: mid})
         mem = est.stage_memory(cand, train, mb)
         if max(mem) <= est.cluster.gpu.hbm_bytes:
             best, hi = (cand, mem), mid
