@@ -69,6 +69,7 @@ from simtrain.hardware import (
     load_node,
     profiles_dir,
 )
+from simtrain.units import GB
 
 SCHEMA = "simtrain-calibrated-profile"
 SCHEMA_VERSION = 1
@@ -476,7 +477,8 @@ def _cpu_cluster(prof: CalibratedProfile, hw: HardwareConfig, world_size: int) -
         profile_name=prof.name, compute=prof.compute.with_contention(prof.contention_for(world_size)),
         collectives=prof.collectives)
     node = NodeSpec(name=f"cpu:{prof.name}", gpu=gpu, gpus_per_node=world_size, scaleup="nvswitch", nics_per_node=1,
-                    nic_Bps=link_Bps, pcie_Bps=link_Bps, nvlink_latency_s=0.0, net_hop_latency_s=0.0)
+                    nic_Bps=link_Bps, pcie_Bps=link_Bps, nvlink_latency_s=0.0, net_hop_latency_s=0.0,
+                    host_copy_Bps=(hw.host_copy_GBps or 0.0) * GB)
     return ClusterSpec(node=node, n_nodes=1, nics_per_node=1, nic_Bps=link_Bps, net_hop_latency_s=0.0,
                        nvlink_latency_s=0.0)
 
