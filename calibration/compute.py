@@ -183,6 +183,18 @@ def bench_copy(ctx: Context, nbytes: int) -> Stats:
     return ctx.timer.measure(lambda: dst.copy_(src))
 
 
+def bench_host_copy(ctx: Context, nbytes: int, direction: str) -> Stats:
+    """A copy of ``nbytes`` between device memory and pinned host memory (``d2h`` or ``h2d``), as CPU
+    activation offloading moves saved tensors (Transformer Engine copies into pinned buffers,
+    non-blocking, on copy engines). On a CPU device host and device are the same memory: a memcpy."""
+    src = torch.randn(nbytes // 4, device=ctx.device)
+    pin = ctx.device.type == "cuda"
+    host = torch.empty(nbytes // 4, pin_memory=pin)
+    if direction == "d2h":
+        return ctx.timer.measure(lambda: host.copy_(src, non_blocking=pin))
+    return ctx.timer.measure(lambda: src.copy_(host, non_blocking=pin))
+
+
 def bench_launch(ctx: Context) -> Stats:
     """The smallest op (an in-place add on one element): the per-op launch/dispatch floor."""
     x = torch.zeros(1, device=ctx.device)
@@ -261,6 +273,8 @@ def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
     exact += [m for m in memory if m.extra["at_target"]]
     grid = [m for m in memory if not m.extra["at_target"]]
     grid += [Measurement("copy", {"bytes": b}, {"moved_bytes": 2 * b}) for b in settings.copy_bytes]
+    grid += [Measurement("host_copy", {"bytes": settings.copy_bytes[-1], "direction": d},
+                         {"moved_bytes": settings.copy_bytes[-1]}) for d in ("d2h", "h2d")]
     plain = {(r, m, n, k) for kernel, r, m, n, k in calls.gemms if not kernel}
     grid += [Measurement("gemm", {"kernel": "", "role": r, "m": m, "n": n, "k": k}, {"flops": 2.0 * m * n * k})
              for _, r, m, n, k in gemm_grid(settings.gemm_sizes) if (r, m, n, k) not in plain]
@@ -311,6 +325,8 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
         return bench_launch(ctx), {}
     if kind == "copy":
         return bench_copy(ctx, p["bytes"]), {}
+    if kind == "host_copy":
+        return bench_host_copy(ctx, p["bytes"], p["direction"]), {}
     if kind == "gemm":
         return bench_gemm(ctx, p["role"], p["m"], p["n"], p["k"], p.get("parts", ())), {}
     if kind == "attention":

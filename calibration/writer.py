@@ -129,6 +129,16 @@ def _best(records: list[dict[str, Any]], what: str) -> float | None:
     return max(rates) if rates else None
 
 
+def _slowest(records: list[dict[str, Any]], what: str) -> float | None:
+    """The lower of the best rates per ``params.direction``."""
+    rates: dict[str, float] = {}
+    for r in _ok(records):
+        if r.get(what):
+            d = r["params"].get("direction", "")
+            rates[d] = max(rates.get(d, 0.0), float(r[what]) / r["stats"]["median_s"])
+    return min(rates.values()) if rates else None
+
+
 def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -> dict[str, Any]:
     launch = _ok(by_kind.get("launch", []))
     att = _ok(by_kind.get("attention", []))
@@ -140,6 +150,8 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
         "attention_fwd_flops_per_s": _best([r for r in att if not r["params"]["backward"]], "flops"),
         "attention_bwd_flops_per_s": _best([r for r in att if r["params"]["backward"]], "flops"),
         "memory_op_Bps": statistics.median(mem) if mem else None,
+        # CPU activation offloading's copy rate: the slower direction (simtrain uses one rate both ways)
+        "host_copy_Bps": _slowest(by_kind.get("host_copy", []), "moved_bytes"),
     }
     # per scope: the compute's slowdown beside a collective, and (journals since comm_in_situ) the reverse
     for key, field in (("comm_interference", "slowdown"), ("comm_in_situ", "comm_slowdown")):

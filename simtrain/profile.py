@@ -12,6 +12,7 @@ File format (``schema: simtrain-calibrated-profile``, ``schema_version: 1``; YAM
   library versions (informational).
 - ``summary``: headline figures derived from the measurements: ``peak_flops_per_s`` (best GEMM),
   ``memory_Bps`` (copy bandwidth), ``launch_s`` (smallest op), attention and memory-op throughput,
+  ``host_copy_Bps`` (device <-> pinned host copies, the slower direction: CPU activation offloading),
   ``in_situ`` (a layer step measured whole over the sum of its kernels measured alone),
   ``comm_interference`` (GEMM slowdown while a collective runs: ``intra``/``inter`` node), and on a
   CPU ``contention`` (slowdown per op class when ``N`` processes share the machine).
@@ -221,7 +222,7 @@ def parse_profile(data: Any, file: str) -> CalibratedProfile:
                                 memory_ops=_memory_ops(r, fits), in_situ=in_situ)
     collectives = CollectiveTable(_collectives(r, fits))
     contention = _contention(r, summary)
-    for key in ("peak_flops_per_s", "memory_Bps", "launch_s"):  # null: not measured (collectives-only run)
+    for key in ("peak_flops_per_s", "memory_Bps", "launch_s", "host_copy_Bps"):  # null: not measured
         if summary.get(key) is not None:
             r.number(summary, key, "summary", minimum=0.0, strict=key != "launch_s")
     memory = r.number(device, "memory_bytes", "device", minimum=0.0, strict=True)
@@ -478,9 +479,15 @@ def _cpu_cluster(prof: CalibratedProfile, hw: HardwareConfig, world_size: int) -
         collectives=prof.collectives)
     node = NodeSpec(name=f"cpu:{prof.name}", gpu=gpu, gpus_per_node=world_size, scaleup="nvswitch", nics_per_node=1,
                     nic_Bps=link_Bps, pcie_Bps=link_Bps, nvlink_latency_s=0.0, net_hop_latency_s=0.0,
-                    host_copy_Bps=(hw.host_copy_GBps or 0.0) * GB)
+                    host_copy_Bps=(hw.host_copy_GBps or 0.0) * GB or _host_copy_Bps(s))
     return ClusterSpec(node=node, n_nodes=1, nics_per_node=1, nic_Bps=link_Bps, net_hop_latency_s=0.0,
                        nvlink_latency_s=0.0)
+
+
+def _host_copy_Bps(summary: dict[str, Any]) -> float:
+    """The measured device <-> host copy rate, bytes/s (0 when the profile has none)."""
+    value: Any = summary.get("host_copy_Bps")
+    return float(value) if _positive(value) else 0.0
 
 
 def _measured_fractions(s: dict[str, Any], peak: float, memory_Bps: float,
@@ -531,7 +538,10 @@ def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:
     if _positive(s.get("context_bytes")):
         fields["cuda_context_bytes"] = float(s["context_bytes"])
     gpu = CalibratedGpuSpec(**fields, profile_name=prof.name, compute=prof.compute, collectives=prof.collectives)
-    return cluster.model_copy(update={"node": cluster.node.model_copy(update={"gpu": gpu})})
+    node: dict[str, Any] = {"gpu": gpu}
+    if _positive(s.get("host_copy_Bps")) and hw.host_copy_GBps is None:  # the config's what-if wins
+        node["host_copy_Bps"] = float(s["host_copy_Bps"])
+    return cluster.model_copy(update={"node": cluster.node.model_copy(update=node)})
 
 
 def _cuda_machine(prof: CalibratedProfile, hw: HardwareConfig, world_size: int) -> ClusterSpec:

@@ -105,6 +105,7 @@ def test_profile_has_compute_and_gloo_curves(loop: dict[str, Any]) -> None:
     assert prof.kind == "cpu" and prof.max_processes == 2
     assert prof.compute.gemm is not None and prof.compute.attention is not None
     assert {"norm", "act", "rope", "cross_entropy", "optimizer.step", "copy"} <= set(prof.compute.memory_ops)
+    assert prof.summary["host_copy_Bps"] > 0  # a real copy measured both ways (on a CPU, host is device)
     assert {k[0] for k in prof.collectives.curves} >= {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                                        "broadcast", "send"}
     assert 2 in prof.contention

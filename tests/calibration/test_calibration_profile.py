@@ -30,6 +30,7 @@ FSDP_EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b
 MiB = 1024**2
 GEMM_FLOPS_PER_S = 100e9  # the synthetic device: t = 10 us + 2mnk / 100 GFLOP/s
 LINK_BPS = 1e9  # synthetic collectives: t = 100 us + busbw bytes / 1 GB/s
+HOST_D2H_BPS, HOST_H2D_BPS = 50e9, 40e9  # synthetic device <-> pinned host copies
 
 
 def rec(kind: str, params: dict[str, Any], median_s: float, **extra: Any) -> dict[str, Any]:
@@ -48,6 +49,8 @@ def coll_s(kind: str, p: int, size: float) -> float:
 def records(ranks: int = 2) -> list[dict[str, Any]]:
     out = [rec("launch", {}, 2e-6)]
     out += [rec("copy", {"bytes": b}, 2 * b / 10e9, moved_bytes=2 * b) for b in (MiB, 4 * MiB, 16 * MiB)]
+    out += [rec("host_copy", {"bytes": 16 * MiB, "direction": d}, 16 * MiB / rate, moved_bytes=16 * MiB)
+            for d, rate in (("d2h", HOST_D2H_BPS), ("h2d", HOST_H2D_BPS))]
     for m in (128, 512, 2048):
         for n in (128, 512, 2048):
             for k in (128, 512, 2048):
@@ -259,6 +262,22 @@ def test_calibrated_node_is_the_calibrated_machine(profiles_dir: Path) -> None:
     assert cluster.n_gpus == 1 and cluster.gpu.name == "h100-sxm"
     with pytest.raises(ConfigError, match="had 8"):
         run_cluster(HardwareConfig(node="calibrated", profile="my-h100"), 16)
+
+
+def test_measured_host_copy_rate_sets_the_offload_link_unless_the_config_names_one(profiles_dir: Path) -> None:
+    """CPU activation offloading copies at the profile's measured device <-> host rate, the slower of
+    its two directions; ``hardware.host_copy_GBps`` in the config still wins (a what-if)."""
+    from simtrain.config import HardwareConfig
+
+    make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
+    assert load_profile("my-h100").summary["host_copy_Bps"] == pytest.approx(HOST_H2D_BPS)
+    cluster = run_cluster(HardwareConfig(node="dgx-h100", profile="my-h100"), 8)
+    assert cluster.node.host_link_Bps == pytest.approx(HOST_H2D_BPS)
+    what_if = run_cluster(HardwareConfig(node="dgx-h100", profile="my-h100", host_copy_GBps=100.0), 8)
+    assert what_if.node.host_link_Bps == pytest.approx(100e9)
+    make_profile(profiles_dir, "this-cpu")
+    cpu = run_cluster(HardwareConfig(node="calibrated", profile="this-cpu"), 1)
+    assert cpu.node.host_link_Bps == pytest.approx(HOST_H2D_BPS)
 
 
 def test_collective_table_is_none_for_unmeasured_groups() -> None:
