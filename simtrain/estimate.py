@@ -603,19 +603,19 @@ class Estimator:
                 if kernel is not None:  # as lowering adds it to each chunk's backward
                     cc.bwd_s += kernel.time_s
         if layout.offload_activation_layers:  # pp = 1: one chunk; waits for the offload/reload copies
-            self._offload_stalls(costs[0][0], [times[i] for i in st.chunk(0, 0)], layout, train)
+            self._offload_stalls(costs[0][0], list(st.chunk(0, 0)), times, layout, train)
         return costs
 
-    def _offload_stalls(self, cc: _ChunkCost, times: list[_LayerTimes], layout: LayoutConfig,
-                        train: TrainConfig) -> None:
+    def _offload_stalls(self, cc: _ChunkCost, layers: list[int], times: dict[int, _LayerTimes],
+                        layout: LayoutConfig, train: TrainConfig) -> None:
         """Add the compute stream's waits for CPU activation offload (forward) and reload (backward)
-        copies to one micro-batch's chunk cost (``simtrain.offload.stall_s``: each copy against the
-        compute of its window of layers)."""
+        copies of the chunk's ``layers`` to one micro-batch's chunk cost (``simtrain.offload.stall_s``:
+        each copy against the compute of its window of layers)."""
         plans = self.plans(layout, train)
-        act = [plans[i].act_bytes for i in range(len(times))]
+        act = [plans[i].act_bytes for i in layers]
         n, host = layout.offload_activation_layers, self.cluster.node.host_link_Bps
-        cc.fwd_s += stall_s([t.fwd_total_s for t in times], act, host, n)
-        cc.bwd_s += stall_s([t.bwd_total_s for t in times], act, host, n)
+        cc.fwd_s += stall_s([times[i].fwd_total_s for i in layers], act, host, n)
+        cc.bwd_s += stall_s([times[i].bwd_total_s for i in layers], act, host, n)
 
     def _pp_s(self, layout: LayoutConfig, grid: RankGrid, train: TrainConfig, m: int) -> float:
         """Exposed pipeline sends: one activation/gradient transfer per virtual micro-batch boundary."""

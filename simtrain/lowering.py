@@ -744,12 +744,12 @@ class _Offload:
                                 duration_s=copy_s(self._bytes(k), self.sl.host_Bps), comm_bytes=self._bytes(k),
                                 microbatch=self.a.microbatch, chunk=self.a.chunk)
 
-    def _wait(self, category: str, mem: float) -> Op:
+    def _wait(self, category: str, mem: float) -> None:
         """The compute stream waits for the copy in flight; ``mem`` bytes freed (-) or allocated (+)."""
         deps = (self.copy.idx,) if self.copy is not None else ()
-        return self.sl.prog.add(OpKind.COMPUTE, Stream.COMPUTE, "offload.wait", category=category, deps=deps,
-                                microbatch=self.a.microbatch, chunk=self.a.chunk,
-                                mem_start=(("activations", mem),) if mem else ())
+        self.sl.prog.add(OpKind.COMPUTE, Stream.COMPUTE, "offload.wait", category=category, deps=deps,
+                         microbatch=self.a.microbatch, chunk=self.a.chunk,
+                         mem_start=(("activations", mem),) if mem else ())
 
     def _after_compute(self) -> tuple[int, ...]:
         """Deps of a copy the handler starts now: the last compute op. A copy started at a sync point

@@ -539,8 +539,8 @@ def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:
         fields["cuda_context_bytes"] = float(s["context_bytes"])
     gpu = CalibratedGpuSpec(**fields, profile_name=prof.name, compute=prof.compute, collectives=prof.collectives)
     node: dict[str, Any] = {"gpu": gpu}
-    if _positive(s.get("host_copy_Bps")) and hw.host_copy_GBps is None:  # the config's what-if wins
-        node["host_copy_Bps"] = float(s["host_copy_Bps"])
+    if _host_copy_Bps(s) and hw.host_copy_GBps is None:  # the config's what-if wins
+        node["host_copy_Bps"] = _host_copy_Bps(s)
     return cluster.model_copy(update={"node": cluster.node.model_copy(update=node)})
 
 

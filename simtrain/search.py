@@ -6,7 +6,8 @@
    the sequences per DP rank), recompute (none; selective only with unfused attention, since with
    FlashAttention there is nothing to recompute; full with the fewest recomputed layers per chunk
    that fit; with pp = 1, CPU activation offloading of the fewest layers that fit, Megatron-core
-   allowing it only without pipeline parallelism and recompute), sequence parallelism on whenever TP > 1 (Megatron's advice: it only saves memory).
+   allowing it only without pipeline parallelism and recompute), sequence parallelism on whenever
+   TP > 1 (Megatron's advice: it only saves memory).
    CP 1, 2, 4, 8 (sequence divisible by 2 x CP, Megatron's load-balanced causal split).
    Mixture-of-experts models also get: EP (every divisor of the routed experts such that
    EP x ETP divides the stage's tp x cp x dp ranks it folds over, Megatron-core's expert mesh), ETP
