@@ -14,6 +14,11 @@ Cases:
   (c) full mode (every rank simulated) on 256 GPUs: Llama 3 8B, TP8 x PP4 x DP8 on 32 nodes, seq 4096,
       4 micro-batches per step; the same config in symmetric mode is timed beside it, and both must
       give the same step time (full mode exists to verify symmetric mode).
+  (d) examples/deepseek_v3_h800.yaml: DeepSeek-V3 on 2,048 H800, DualPipe, EP64.
+  (e) long gradient accumulation: the 405B example's pipeline (pp=16, vpp=4) with 384 micro-batches
+      per step on 256 GPUs (dp=2), as Megatron-Bridge's GB200 405B recipe runs, with the steady-state
+      shortcut (``simtrain.steady``) and with every micro-batch simulated (``sim.steady_state=false``);
+      both must give the same step time.
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ from simtrain import StepResult, simulate
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_405B = ROOT / "examples" / "llama3_405b_h100.yaml"
 EXAMPLE_DSV3 = ROOT / "examples" / "deepseek_v3_h800.yaml"
+
+# The 405B example's model and pipeline with a long gradient accumulation: 384 micro-batches per step.
+LONG_GA_405B_OVERRIDES = [
+    "name=llama3.1-405b-256xh100-ga384",
+    "hardware.n_nodes=32",
+    "layout.dp=2",
+    "train.global_batch_tokens=6291456",  # 768 sequences of 8192 = 384 micro-batches on dp=2
+]
 
 # Same model, schedule and micro-batch count as the 405B example, on 64 GPUs instead of 16,384.
 SMALL_405B_OVERRIDES = [
@@ -92,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
 
     t_ds, r_ds = time_it(lambda: simulate(EXAMPLE_DSV3, mode="symmetric"), args.repeats)
     print(row("(d) DeepSeek-V3 DualPipe, EP64", t_ds, r_ds))
+
+    t_steady, r_steady = time_it(lambda: simulate(EXAMPLE_405B, LONG_GA_405B_OVERRIDES), args.repeats)
+    print(row("(e) 405B pp16 m384, steady state", t_steady, r_steady))
+    every = [*LONG_GA_405B_OVERRIDES, "sim.steady_state=false"]
+    t_every, r_every = time_it(lambda: simulate(EXAMPLE_405B, every), args.repeats)
+    print(row("(e) 405B pp16 m384, every micro-batch", t_every, r_every))
+    rel = abs(r_steady.step_time_s - r_every.step_time_s) / r_every.step_time_s
+    print(f"    every micro-batch / steady state wall time: {t_every / t_steady:.1f}x; "
+          f"step time difference {100 * rel:.2e} %")
     return 0
 
 

@@ -239,6 +239,10 @@ class SimConfig(BaseModel):
     fragmentation_ratio: float = Field(0.05, ge=0, le=1)
     """Allocator slack as a fraction of the allocated peak (playbook: a few % to ~15 %)."""
     seed: int = 0
+    steady_state: bool = True
+    """Long gradient accumulation: simulate three short runs a pipeline period apart and extend the
+    last by the identical periods it lacks (``simtrain.steady``; checked, else every micro-batch is
+    simulated). False: simulate every micro-batch. A trace always simulates every micro-batch."""
 
 
 class RunConfig(BaseModel):

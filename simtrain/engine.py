@@ -45,6 +45,9 @@ AXES = ("tp", "cp", "ep", "dp", "pp")
 _FINISHED = object()  # a comm stream with no ops left
 CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
+#: Rank end times this close (relative to the step) are a tie for the critical rank.
+TIE_REL_TOL = 1e-9
+
 #: Link class of a pipeline send/recv: its interference with compute differs from a collective's.
 P2P_CLASS = "p2p"
 
@@ -118,6 +121,13 @@ class EngineResult:
     trace: list[TraceEvent]
     ops_executed: int
     plans: dict[Any, Plan]
+
+    def critical_rank(self) -> int:
+        """The rank that finishes last, whose step ``StepResult.breakdown_s`` explains: the lowest such
+        rank when several end together, ends within ``TIE_REL_TOL`` of the step counting as together
+        (so float rounding in a tie, e.g. 1F1B's first and last stages, does not pick the rank)."""
+        last = max(self.stats[r].end_s for r in self.ranks)
+        return min(r for r in self.ranks if self.stats[r].end_s >= last - TIE_REL_TOL * last)
 
 
 class _RouteCache:

@@ -5,22 +5,25 @@ load_config -> RankGrid + Topology -> lower() -> static memory -> Engine.run() -
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig, TrainConfig, load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import AXES, Engine, EngineResult, RankStats, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
-from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower
+from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower, microbatches
 from simtrain.memory import closed_form_peak, expert_static_memory, static_memory
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
 from simtrain.routing import rank_load_factors, symmetric_load_factors
 from simtrain.stacks import get_stack
+from simtrain.steady import SteadyPlan, affine_at, extrapolate, plan
 from simtrain.uncertainty import band_for, read_error_table
 
 
@@ -52,26 +55,80 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     grid = RankGrid(run.layout)
     cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                             stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
-    lowered = lower(run, cost, cluster.node.host_link_Bps)
-    if lowered.microbatches < 1:
-        raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=lowered.microbatches)
-    _attach_static_memory(run, lowered, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
     mode = mode or run.sim.mode
     topo = Topology(cluster)
     notes = []
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
         mode = "full"
         notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
-    symmetric = mode == "symmetric"
-    ranks = [grid.representative(s) for s in range(run.layout.pp)] if symmetric else list(range(grid.world_size))
-    loads = (symmetric_load_factors(run, ranks) if symmetric else rank_load_factors(run, grid, ranks))
-    engine = Engine(lowered.programs, grid, topo, gpu, symmetric=symmetric, trace=trace, load_factor=loads)
-    res = engine.run()
-    result = _result(run, mode, lowered, res, cluster, grid)
+    step = _Step(run, cost, cluster, grid, topo, mode == "symmetric")
+    steady = plan(run.layout.resolved_schedule, run.layout.pp, microbatches(run))
+    outcome = _steady_state(step, steady) if run.sim.steady_state and not trace and steady else None
+    if outcome is None:
+        lowered, res = step.engine_run(run.train, trace)
+        closed = _closed_form_peaks(lowered)
+    else:
+        res, closed, note = outcome
+        notes.append(note)
+    result = _result(run, mode, microbatches(run), res, cluster, grid, closed)
     result.notes.extend(notes)
     result.error_band = band_for(result.step_time_s, run.train.stack, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What one engine run needs besides the batch: the run, its cost model, cluster, grid and topology."""
+
+    run: RunConfig
+    cost: ComputeCostModel
+    cluster: ClusterSpec
+    grid: RankGrid
+    topo: Topology
+    symmetric: bool
+
+    def engine_run(self, train: TrainConfig, trace: bool = False) -> tuple[Lowered, EngineResult]:
+        """Lower the run with ``train``'s batch and simulate it on the engine."""
+        run = self.run.model_copy(update={"train": train})
+        lowered = lower(run, self.cost, self.cluster.node.host_link_Bps)
+        if lowered.microbatches < 1:
+            raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=lowered.microbatches)
+        _attach_static_memory(run, lowered, self.cluster.gpu.cuda_context_bytes + self.cluster.gpu.nccl_buffer_bytes)
+        grid = self.grid
+        ranks = ([grid.representative(s) for s in range(run.layout.pp)] if self.symmetric
+                 else list(range(grid.world_size)))
+        loads = symmetric_load_factors(run, ranks) if self.symmetric else rank_load_factors(run, grid, ranks)
+        engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=self.symmetric, trace=trace,
+                        load_factor=loads)
+        return lowered, engine.run()
+
+
+def _steady_state(step: _Step, steady: SteadyPlan) -> tuple[EngineResult, list[float], str] | None:
+    """The engine's result at the full micro-batch count from short runs a period apart
+    (``simtrain.steady``), with each stage's closed-form peak and a note; None when no three of the
+    runs the budget allows are in one steady state, or the schedule rejects a short count."""
+    train = step.run.train
+    per_microbatch = train.micro_batch_size * step.run.layout.dp
+    last: deque[tuple[int, EngineResult, list[float]]] = deque(maxlen=3)  # only three kept: timelines are big
+    simulated = ops = 0
+    for count in steady.counts():
+        short = train.model_copy(update={"global_batch_seqs": count * per_microbatch, "global_batch_tokens": None})
+        try:
+            lowered, res = step.engine_run(short)
+        except (InfeasibleLayout, ValueError):
+            return None  # e.g. interleaved 1F1B's micro-batch group rule at this count
+        last.append((count, res, _closed_form_peaks(lowered)))
+        simulated, ops = simulated + count, ops + res.ops_executed
+        if len(last) < 3:
+            continue
+        k = steady.periods_added(count)
+        out = extrapolate([r for _, r, _ in last], k)
+        if out is not None:
+            closed = [affine_at([c[s] for _, _, c in last], k) for s in range(len(last[0][2]))]
+            out.ops_executed = ops
+            return out, closed, steady.note([n for n, _, _ in last], simulated)
+    return None
 
 
 def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float) -> None:
@@ -96,18 +153,24 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
                 prog.static_mem[k] += v
 
 
-def _stage_memory(run: RunConfig, lowered: Lowered, res: EngineResult, grid: RankGrid,
-                  capacity: float) -> list[StageMemory]:
+def _closed_form_peaks(lowered: Lowered) -> list[float]:
+    """Each stage's closed-form peak (bytes, before fragmentation): static memory plus the schedule's
+    in-flight activations (``memory.closed_form_peak``)."""
+    return [sum(prog.static_mem.values()) + closed_form_peak(lowered.schedule[s], lowered.chunk_memory[s])
+            for s, prog in enumerate(lowered.programs)]
+
+
+def _stage_memory(run: RunConfig, res: EngineResult, grid: RankGrid, capacity: float,
+                  closed: list[float]) -> list[StageMemory]:
     frag = run.sim.fragmentation_ratio
     out = []
-    for s, prog in enumerate(lowered.programs):
+    for s in range(run.layout.pp):
         ranks = [r for r in res.ranks if grid.stage_of(r) == s]
         led = max((res.ledgers[r] for r in ranks), key=lambda lg: lg.peak)
         peak = led.peak * (1 + frag)
         comps = {k: v for k, v in led.at_peak.items() if abs(v) > 0}
         comps["fragmentation"] = led.peak * frag
-        closed = (sum(prog.static_mem.values()) + closed_form_peak(lowered.schedule[s], lowered.chunk_memory[s]))
-        out.append(StageMemory(s, peak, comps, capacity, closed * (1 + frag), peak <= capacity, led.timeline))
+        out.append(StageMemory(s, peak, comps, capacity, closed[s] * (1 + frag), peak <= capacity, led.timeline))
     return out
 
 
@@ -135,8 +198,8 @@ def _breakdown(st: RankStats, step: float, max_compute_s: float) -> dict[str, An
             "other": max(step - known, 0.0)}
 
 
-def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, cluster: ClusterSpec,
-            grid: RankGrid) -> StepResult:
+def _result(run: RunConfig, mode: str, microbatches: int, res: EngineResult, cluster: ClusterSpec,
+            grid: RankGrid, closed: list[float]) -> StepResult:
     step = res.step_time_s
     n = cluster.n_gpus
     tokens = run.train.global_batch_seqs_resolved * run.train.seq_len
@@ -145,14 +208,14 @@ def _result(run: RunConfig, mode: str, lowered: Lowered, res: EngineResult, clus
     per_stage_flops = [max(res.stats[r].flops for r in res.ranks if grid.stage_of(r) == s)
                        for s in range(run.layout.pp)]
     hw_per_gpu = sum(per_stage_flops) / run.layout.pp
-    critical = max(res.ranks, key=lambda r: (res.stats[r].end_s, -r))
+    critical = res.critical_rank()
     max_compute_s = max(_compute_s(res.stats[r]) for r in res.ranks)
-    memory = _stage_memory(run, lowered, res, grid, cluster.gpu.hbm_bytes)
+    memory = _stage_memory(run, res, grid, cluster.gpu.hbm_bytes, closed)
     return StepResult(
         name=run.name, mode=mode, step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
         model_tflops_per_gpu=model_flops / step / n / 1e12, hardware_tflops_per_gpu=hw_per_gpu / step / 1e12,
         mfu=model_flops / (step * n * peak), hfu=hw_per_gpu / (step * peak), n_gpus=n, global_batch_tokens=tokens,
-        microbatches=lowered.microbatches, breakdown_s=_breakdown(res.stats[critical], step, max_compute_s), memory=memory,
+        microbatches=microbatches, breakdown_s=_breakdown(res.stats[critical], step, max_compute_s), memory=memory,
         fits=all(m.fits for m in memory), layout=run.layout.model_dump(mode="json"),
         ops_executed=res.ops_executed, trace=res.trace, stage_of={r: grid.stage_of(r) for r in res.ranks},
     )
