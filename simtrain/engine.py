@@ -414,18 +414,20 @@ class Engine:
         trace: keep a TraceEvent per executed op.
         fast_paths: run private blocking collectives in line and let a quiet rank's compute stream
             run ahead of the simpy clock (exact: the same times; off only to check that).
+        planner: a CommPlanner of the same topology, GPU, grid and mode to reuse (its plans are pure
+            memos: the short runs of ``simtrain.steady`` share one); None: a new one.
     """
 
     def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
                  symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
-                 fast_paths: bool = True):
+                 fast_paths: bool = True, planner: CommPlanner | None = None):
         self.programs, self.grid, self.gpu = programs, grid, gpu
         self.fast_paths = fast_paths
         self.load_factor = load_factor or {}
         """Routed-expert time factor per rank (simtrain.routing); missing ranks run at 1."""
         self.symmetric, self.keep_trace = symmetric, trace
         self.env = simpy.Environment()
-        self.planner = CommPlanner(topo, gpu, grid, symmetric)
+        self.planner = planner or CommPlanner(topo, gpu, grid, symmetric)
         self.net = FlowNetwork(self.env, self.planner.capacity)
         if symmetric:
             self.ranks = [grid.representative(s) for s in range(len(programs))]

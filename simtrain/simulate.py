@@ -12,7 +12,7 @@ from typing import Any
 
 from simtrain.config import RunConfig, TrainConfig, load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.engine import AXES, Engine, EngineResult, RankStats, symmetry_violation
+from simtrain.engine import AXES, CommPlanner, Engine, EngineResult, RankStats, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
@@ -61,7 +61,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
         mode = "full"
         notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
-    step = _Step(run, cost, cluster, grid, topo, mode == "symmetric")
+    symmetric = mode == "symmetric"
+    step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric))
     steady = plan(run.layout.resolved_schedule, run.layout.pp, microbatches(run))
     outcome = _steady_state(step, steady) if run.sim.steady_state and not trace and steady else None
     if outcome is None:
@@ -87,6 +88,8 @@ class _Step:
     grid: RankGrid
     topo: Topology
     symmetric: bool
+    planner: CommPlanner
+    """Collective plans shared by every engine run of the step (pure memos of the topology)."""
 
     def engine_run(self, train: TrainConfig, trace: bool = False) -> tuple[Lowered, EngineResult]:
         """Lower the run with ``train``'s batch and simulate it on the engine."""
@@ -100,7 +103,7 @@ class _Step:
                  else list(range(grid.world_size)))
         loads = symmetric_load_factors(run, ranks) if self.symmetric else rank_load_factors(run, grid, ranks)
         engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=self.symmetric, trace=trace,
-                        load_factor=loads)
+                        load_factor=loads, planner=self.planner)
         return lowered, engine.run()
 
 
