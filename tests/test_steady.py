@@ -160,7 +160,10 @@ def test_extrapolate_extends_lines_and_splices_timelines() -> None:
     assert out.step_time_s == pytest.approx(11.0)
     assert out.stats[0].busy["fwd"] == pytest.approx(10.5) and out.stats[0].bubble_s == pytest.approx(0.5)
     assert out.ledgers[0].peak == pytest.approx(3.0)
-    assert out.ledgers[0].timeline == pytest.approx(_sawtooth(10))
+    expected = _sawtooth(10)
+    assert len(out.ledgers[0].timeline) == len(expected)
+    for got, want in zip(out.ledgers[0].timeline, expected, strict=True):
+        assert got == pytest.approx(want)
     assert out.ops_executed == 30
 
 
