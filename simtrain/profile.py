@@ -479,13 +479,16 @@ def _cpu_cluster(prof: CalibratedProfile, hw: HardwareConfig, world_size: int) -
         collectives=prof.collectives)
     node = NodeSpec(name=f"cpu:{prof.name}", gpu=gpu, gpus_per_node=world_size, scaleup="nvswitch", nics_per_node=1,
                     nic_Bps=link_Bps, pcie_Bps=link_Bps, nvlink_latency_s=0.0, net_hop_latency_s=0.0,
-                    host_copy_Bps=(hw.host_copy_GBps or 0.0) * GB or _host_copy_Bps(s))
+                    host_copy_Bps=_host_copy_Bps(hw, s))
     return ClusterSpec(node=node, n_nodes=1, nics_per_node=1, nic_Bps=link_Bps, net_hop_latency_s=0.0,
                        nvlink_latency_s=0.0)
 
 
-def _host_copy_Bps(summary: dict[str, Any]) -> float:
-    """The measured device <-> host copy rate, bytes/s (0 when the profile has none)."""
+def _host_copy_Bps(hw: HardwareConfig, summary: dict[str, Any]) -> float:
+    """The device <-> host copy rate, bytes/s: the config's what-if (``hardware.host_copy_GBps``), else the
+    profile's measured one, else 0 (not known)."""
+    if hw.host_copy_GBps is not None:
+        return float(hw.host_copy_GBps) * GB
     value: Any = summary.get("host_copy_Bps")
     return float(value) if _positive(value) else 0.0
 
@@ -539,8 +542,8 @@ def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:
         fields["cuda_context_bytes"] = float(s["context_bytes"])
     gpu = CalibratedGpuSpec(**fields, profile_name=prof.name, compute=prof.compute, collectives=prof.collectives)
     node: dict[str, Any] = {"gpu": gpu}
-    if _host_copy_Bps(s) and hw.host_copy_GBps is None:  # the config's what-if wins
-        node["host_copy_Bps"] = _host_copy_Bps(s)
+    if host := _host_copy_Bps(hw, s):
+        node["host_copy_Bps"] = host
     return cluster.model_copy(update={"node": cluster.node.model_copy(update=node)})
 
 

@@ -63,7 +63,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
     symmetric = mode == "symmetric"
     step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric))
-    steady = plan(run.layout.resolved_schedule, run.layout.pp, microbatches(run))
+    m = microbatches(run)
+    steady = plan(run.layout.resolved_schedule, run.layout.pp, m)
     outcome = _steady_state(step, steady) if run.sim.steady_state and not trace and steady else None
     if outcome is None:
         lowered, res = step.engine_run(run.train, trace)
@@ -71,7 +72,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     else:
         res, closed, note = outcome
         notes.append(note)
-    result = _result(run, mode, microbatches(run), res, cluster, grid, closed)
+    result = _result(run, mode, m, res, cluster, grid, closed)
     result.notes.extend(notes)
     result.error_band = band_for(result.step_time_s, run.train.stack, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))

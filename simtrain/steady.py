@@ -222,5 +222,5 @@ def _same(x: Timeline, y: Timeline, t_tol: float, b_tol: float) -> bool:
 def affine_at(values: Sequence[float], k: int) -> float:
     """A value k periods beyond the last of three runs a period apart (a per-stage closed-form peak,
     bytes: lowering's closed forms are affine in m, e.g. torch pipelining's per-micro-batch buffers)."""
-    _, x2, x3 = values
-    return x3 + k * (x3 - x2)
+    x1, x2, x3 = values
+    return _line(x1, x2, x3, k, float("inf"))
