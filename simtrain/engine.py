@@ -2,8 +2,9 @@
 
 Each simulated rank runs one simpy process per stream; a stream executes its ops in issue order and
 an op starts once its cross-stream and cross-stage dependencies are done (CUDA stream semantics).
-Compute ops take their modelled time, slowed while a communication op of the same GPU is in flight
-(NCCL kernels take SMs and HBM bandwidth: Calculon's processor_usage, reference note 4).
+Compute ops take their modelled time, stretched for the part of it during which a communication op
+of the same GPU is in flight (NCCL kernels take SMs and HBM bandwidth: Calculon's processor_usage,
+reference note 4): a running op is re-timed whenever a collective starts or ends on its GPU.
 Communication becomes flows over the graph (``network.FlowNetwork``).
 
 Two exact fast paths cut the simpy events: a collective no other stream can contend with and that the
@@ -440,6 +441,8 @@ class Engine:
         self.ledgers = {r: Ledger() for r in self.ranks}
         self.trace: list[TraceEvent] = []
         self.active_comm: dict[int, list[str]] = {r: [] for r in self.ranks}
+        self._change: dict[int, simpy.Event | None] = {r: None for r in self.ranks}
+        """Per rank: the event its running compute op waits on for a change of ``active_comm``."""
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
         self._comm: dict[int, list[CommEntry | None]] = {}
@@ -699,11 +702,18 @@ class Engine:
                 self._attribute(rank, blocker, ready, start)
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            dur = (op.duration_s + extra_load * op.expert_s) * self._slowdown(rank)
-            t = end = start + dur
-            if op.idx in done:
-                yield env.timeout(dur)
+            work = op.duration_s + extra_load * op.expert_s
+            if not self.active_comm[rank] and self._quiet(rank):
+                # no collective in flight and none can start before this stream fires an event
+                dur = work
+                t = end = start + dur
+                if op.idx in done:
+                    yield env.timeout(dur)
+                    end = t = env.now
+            else:  # not quiet: caught up above, so start == env.now
+                yield from self._run_slowed(rank, work)
                 end = t = env.now
+                dur = end - start
             stats.busy[op.category] += dur
             stats.flops += op.flops
             stats.last_compute_end_s = end
@@ -743,6 +753,38 @@ class Engine:
             return 1.0
         return 1.0 + max(_interference(self.gpu, c) for c in active)
 
+    def _run_slowed(self, rank: int, work_s: float):  # type: ignore[no-untyped-def]
+        """Run ``work_s`` seconds of compute (its time alone) on ``rank``, at the rate the collectives
+        in flight leave it: 1 / (1 + interference) while one runs, re-timed whenever that rate changes
+        (a collective starting or ending: ``_comm_changed``), so a kernel pays only for the part of it
+        that a collective overlaps."""
+        env = self.env
+        slow = self._slowdown(rank)
+        t0 = env.now
+        done = env.timeout(work_s * slow)
+        while True:
+            if slow == 1.0 and self._quiet(rank):  # nothing can start before this op ends
+                yield done
+                return
+            changed = self._change[rank] = env.event()
+            yield done | changed
+            if self._change[rank] is changed:
+                self._change[rank] = None
+            if done.processed or env.now >= t0 + work_s * slow:
+                return
+            now_slow = self._slowdown(rank)
+            if now_slow != slow:  # an unchanged rate keeps its end time (no rounding from re-timing)
+                work_s -= (env.now - t0) / slow
+                slow, t0 = now_slow, env.now
+                done = env.timeout(work_s * slow)
+
+    def _comm_changed(self, rank: int) -> None:
+        """The set of ``rank``'s collectives in flight changed: re-time its running compute op."""
+        ev = self._change[rank]
+        if ev is not None:
+            self._change[rank] = None
+            ev.succeed()
+
     def _attribute(self, rank: int, blocker: tuple[str, Any], ready: float, start: float) -> None:
         """Charge an idle gap of the compute stream to what it waited for."""
         stats = self.stats[rank]
@@ -776,8 +818,10 @@ class Engine:
         self.rendezvous[key] = (count, ev)
         if count < len(group):
             self.active_comm[rank].append(cls)
+            self._comm_changed(rank)
             yield ev
             self.active_comm[rank].remove(cls)
+            self._comm_changed(rank)
             return
         del self.rendezvous[key]
         yield from self._transfer(rank, latency, phases, cls, private, stretch)
@@ -787,6 +831,7 @@ class Engine:
                   private: float | None = None, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         active = self.active_comm[rank]
         active.append(cls)
+        self._comm_changed(rank)
         start = self.env.now
         if private is not None:
             yield self.env.timeout(private)
@@ -799,3 +844,4 @@ class Engine:
         if stretch > 0:  # the links are free again; the endpoints are still busy
             yield self.env.timeout(stretch * (self.env.now - start))
         active.remove(cls)
+        self._comm_changed(rank)

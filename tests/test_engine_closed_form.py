@@ -249,3 +249,45 @@ def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
     alone, beside = comm_durations(0.0), comm_durations(0.5)
     assert alone and [n for n, _ in alone] == [n for n, _ in beside]
     assert [d for _, d in beside] == pytest.approx([1.5 * d for _, d in alone], rel=1e-9)
+
+
+def _overlap_programs(dp_bytes: float, send_bytes: float, work_b: float) -> list[Program]:
+    """Stage 0: compute A (1 s), then compute B (``work_b`` s alone) while a DP all-reduce (after A)
+    and then a pipeline send (after the all-reduce) run on their streams; stage 1 receives."""
+    p0, p1 = Program(0), Program(1)
+    a = p0.add(OpKind.COMPUTE, Stream.COMPUTE, "A", duration_s=1.0)
+    ar = p0.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", deps=(a.idx,), coll="all_reduce",
+                axis="dp", comm_bytes=dp_bytes)
+    send = p0.add(OpKind.SEND, Stream.PP, "send", category="comm", deps=(ar.idx,), coll="send", axis="pp",
+                  comm_bytes=send_bytes, peer_stage=1)
+    p0.add(OpKind.COMPUTE, Stream.COMPUTE, "B", duration_s=work_b)
+    p1.add(OpKind.COMPUTE, Stream.COMPUTE, "C", duration_s=0.1, remote=(0, send.idx))
+    return [p0, p1]
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("work_b", [2.0, 0.05])
+def test_compute_slows_only_while_a_collective_overlaps_it(symmetric: bool, work_b: float) -> None:
+    """Rate-based interference: compute runs at 1 / (1 + i) while a collective of interference i is in
+    flight and at full rate otherwise, re-timed when one starts or ends. B (2 s alone) starts with a
+    DP all-reduce (i = 0.5) that is followed by a send (i = 0.25), both ending inside B: B ends at
+    1 + d_ar + d_send + (2 - d_ar / 1.5 - d_send / 1.25). A 0.05 s B ends inside the all-reduce and
+    takes 0.05 x 1.5."""
+    cl = build_cluster("dgx-h100", 1)
+    gpu = cl.gpu.model_copy(update={"comm_interference_nvlink": 0.5, "comm_interference_net": 0.5,
+                                       "comm_interference_p2p": 0.25})
+    eng = Engine(_overlap_programs(40e9, 40e9, work_b), RankGrid(LayoutConfig(pp=2, dp=4)), Topology(cl), gpu,
+                 symmetric=symmetric)
+    eng.run()
+    rank0 = min(eng.ranks)
+    span = {e.name: (e.start_s, e.end_s) for e in eng.trace if e.rank == rank0}
+    (ar0, ar1), (s0, s1), (b0, b1) = span["ar"], span["send"], span["B"]
+    assert b0 == pytest.approx(1.0) and ar0 == pytest.approx(1.0) and s0 == pytest.approx(ar1)
+    d_ar, d_send = ar1 - ar0, s1 - s0
+    assert d_ar > 0.05 and d_ar + d_send < 1.0  # both within B when it is 2 s long
+    if work_b == 2.0:
+        expected = 1.0 + d_ar + d_send + (work_b - d_ar / 1.5 - d_send / 1.25)
+    else:
+        expected = 1.0 + work_b * 1.5
+    assert b1 == pytest.approx(expected, rel=1e-12)
+    assert eng.stats[rank0].busy["fwd"] == pytest.approx(1.0 + (b1 - b0), rel=1e-12)
