@@ -599,7 +599,7 @@ class Estimator:
         stack, cost = get_stack(train.stack), self.cost_model(train)
         for row, params in zip(costs, self.chunk_params(layout), strict=True):
             for cc, (dense, expert, _) in zip(row, params, strict=True):
-                kernel = fp32_grad_accumulation_kernel(layout, stack, cost, dense + expert)
+                kernel = fp32_grad_accumulation_kernel(layout, train, stack, cost, dense + expert)
                 if kernel is not None:  # as lowering adds it to each chunk's backward
                     cc.bwd_s += kernel.time_s
         if layout.offload_activation_layers:  # pp = 1: one chunk; waits for the offload/reload copies

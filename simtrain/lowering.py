@@ -45,6 +45,11 @@ STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stre
 # DeepSpeed BF16_Optimizer.update_hp_grads: hp_grad.add_(lp.grad.to(float32)) reads the BF16 gradient (2 B)
 # and writes its FP32 copy (4 B), then add_ reads both FP32 tensors and writes one (12 B)
 FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM = 18.0
+# FSDP2 without gradient sync (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+# ``accumulate_unsharded_grad_if_needed``: ``unsharded_accumulated_grad += unsharded_param.grad``) reads the
+# FP32 accumulator (4 B) and the BF16 gradient (2 B) and writes the accumulator (4 B). The first micro-batch's
+# ``to_accumulated_grad_if_needed`` upcast moves 6 B instead; counted as 10 B too (<= 4 B per parameter per step).
+FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM = 10.0
 
 
 def layers_by_position(n_layers: int, positions: int) -> list[int]:
@@ -498,16 +503,16 @@ class _StageLowering:
             bucket.add(self._embed_params(a.chunk))
         bucket.flush()
         if not split:
-            self._fsdp_reduce_chunk(a, is_last_mb)
             self._fp32_grad_accumulation(a)
+            self._fsdp_reduce_chunk(a, is_last_mb)
         if v > 0:
             self._send("B", a, v - 1)
 
     def _fp32_grad_accumulation(self, a: Action) -> None:
         """The pass adding this micro-batch's BF16 gradients of the chunk into their FP32 copies, where the
-        stack runs one (``fp32_grad_accumulation_kernel``)."""
+        stack runs one (``fp32_grad_accumulation_kernel``), before the chunk's gradients are reduced."""
         params = self.chunk_params(a.chunk) + self.chunk_expert_params(a.chunk)
-        kernel = fp32_grad_accumulation_kernel(self.run.layout, self.stack, self.cost, params)
+        kernel = fp32_grad_accumulation_kernel(self.run.layout, self.run.train, self.stack, self.cost, params)
         if kernel is not None:
             self.em.compute((kernel,), "bwd", a.microbatch, a.chunk)
 
@@ -1025,14 +1030,25 @@ def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> str:
     return "reduce_scatter"
 
 
-def fp32_grad_accumulation_kernel(lay: LayoutConfig, stack: SoftwareStack, cost: ComputeCostModel,
-                                  params: float) -> Kernel | None:
-    """The per-micro-batch pass adding the BF16 gradients of ``params`` parameters into their FP32 copies,
-    where the stack runs one (``SoftwareStack.fp32_grad_accumulation_pass``, under pipeline parallelism);
-    lowering and the search estimate add the same kernel to each chunk's backward."""
-    if not (stack.fp32_grad_accumulation_pass and lay.pp > 1):
-        return None
-    return cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
+def fp32_grad_accumulation_kernel(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack,
+                                  cost: ComputeCostModel, params: float) -> Kernel | None:
+    """The per-micro-batch pass adding the BF16 gradients of ``params`` parameters into FP32 copies, where
+    one runs (under pipeline parallelism); lowering and the search estimate add the same kernel to each
+    chunk's backward. Two stacks run one:
+
+    - DeepSpeed's pipeline engine with the BF16 optimizer (``SoftwareStack.fp32_grad_accumulation_pass``);
+    - FSDP2 keeping a stage unsharded (``fsdp_keeps_unsharded``: torchtitan) with an FP32 reduce dtype:
+      ``torch.distributed.pipelining`` turns gradient sync off until the last backward
+      (``set_requires_gradient_sync(False)``), and each FSDP module's ``post_backward`` then adds the BF16
+      unsharded gradient into an FP32 ``unsharded_accumulated_grad`` (the buffer ``memory.static_memory``
+      holds) instead of letting autograd accumulate it in BF16
+      (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``).
+    """
+    if stack.fp32_grad_accumulation_pass and lay.pp > 1:
+        return cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
+    if fsdp_keeps_unsharded(lay, stack.name) and train.grad_bytes == 4.0:
+        return cost.memory_op("grad.fp32_accumulate", FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM * params)
+    return None
 
 
 def tp_overlap_on(lay: LayoutConfig) -> bool:

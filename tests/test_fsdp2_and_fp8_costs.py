@@ -84,6 +84,31 @@ def test_a_kept_stage_holds_its_parameters_and_fp32_gradients_unsharded() -> Non
     assert flat < res.memory[0].components["comm_buffers"]
 
 
+def test_a_kept_stage_adds_each_microbatch_gradients_into_fp32_before_reducing() -> None:
+    """FSDP2 without gradient sync (torchtitan under PP, reduce dtype fp32): every micro-batch's backward
+    ends with ``unsharded_accumulated_grad += grad`` over the chunk's parameters (fp32 read + bf16 read +
+    fp32 write = 10 B each), and the stage's reduce-scatters follow the last one. A bf16 reduce dtype keeps
+    autograd's own accumulation (no pass); without PP FSDP2 reduce-scatters every backward (no pass)."""
+    from simtrain.lowering import FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM
+
+    micro = SEQS // DP
+    titan = _lowered("torchtitan-eager")
+    for s in range(PP):
+        ops = titan.programs[s].ops
+        passes = [op for op in ops if op.name == "grad.fp32_accumulate"]
+        assert sorted(op.microbatch for op in passes) == list(range(micro))
+        assert passes[0].kernels[0].bytes == pytest.approx(
+            FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM * titan.stage_params[s], rel=1e-12)
+        last = max(op.idx for op in passes)
+        assert all(op.idx > last for op in ops if op.name.startswith("fsdp.reduce_scatter"))
+    bf16 = load_config(_cfg("torchtitan-eager"), ["train.grad_dtype=bf16"])
+    gpu = run_cluster(bf16.hardware, bf16.layout.world_size).gpu
+    low = lower(bf16, ComputeCostModel(gpu, "bf16", stack=get_stack("torchtitan-eager")))
+    assert not _names(low, 0, "grad.fp32_accumulate")
+    assert not _names(_lowered("torchtitan-eager", pp=1), 0, "grad.fp32_accumulate")
+    assert not _names(_lowered("pytorch-eager"), 0, "grad.fp32_accumulate")
+
+
 @pytest.mark.parametrize("gpu_name, slower", [("h100-sxm", True), ("h200", True), ("b200", False)])
 def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, slower: bool) -> None:
     """TE and torchao promote dgrad/wgrad partial sums to FP32: 1.15x on Hopper, free on Blackwell;
