@@ -73,6 +73,7 @@ from simtrain.lowering import (
     grad_reduce_collective,
     layer_plans,
     leading_gemms,
+    optimizer_bytes_per_param,
     pp_runtime_bytes,
     recomputed_layers,
     split_layers,
@@ -767,10 +768,9 @@ class Estimator:
         return full * self.collective_s(coll, group, bucket_bytes) + self.collective_s(coll, group, rest)
 
     def _optimizer_s(self, layout: LayoutConfig, train: TrainConfig, params: float, experts: float) -> float:
-        """Fused optimizer step as lowering charges it (bytes moved through HBM; experts sharded
-        over the expert-data-parallel group)."""
-        grad_b = train.grad_bytes
-        per_param = grad_b + (24.0 + 2.0 if train.optimizer != "sgd" else 16.0 + 2.0)
+        """The optimizer step as lowering charges it (``optimizer_bytes_per_param`` through HBM; experts
+        sharded over the expert-data-parallel group)."""
+        per_param = optimizer_bytes_per_param(train, get_stack(train.stack))
         shard = layout.data_degree if layout.shard_stage >= 1 else 1
         expert_shard = _edp(layout) if layout.shard_stage >= 1 else 1
         return self.cost_model(train).memory_op("optimizer.step",

@@ -654,6 +654,12 @@ class _StageLowering:
             copy = self.cost.memory_op("fsdp.copy_in", (2.0 + grad_b) * (plan.params_per_rank
                                                                         + plan.expert_params_per_rank))
             self.em.compute((copy,), "bwd", a.microbatch, a.chunk)
+        if self.stack.fsdp_flat_grads and (lay.data_degree > 1 or self.edp > 1):
+            # FSDP1: the autograd cat into the flat gradient, its cast and pre-divide (charged to compute as
+            # the copy-in above: the cast and divide run on the post-backward stream beside the backward)
+            flat = self.cost.memory_op("fsdp.flat_grad", fsdp1_grad_bytes(grad_b) * (plan.params_per_rank
+                                                                                      + plan.expert_params_per_rank))
+            self.em.compute((flat,), "bwd", a.microbatch, a.chunk)
         size = grad_b * plan.params_per_rank
         deps = (self.em.last_compute,) if self.em.last_compute is not None else ()
         experts = grad_b * plan.expert_params_per_rank
@@ -803,10 +809,7 @@ def _finish_stage(sl: _StageLowering) -> None:
     if lay.fsdp == "hybrid" and lay.fsdp_shard_size:
         shard = lay.fsdp_shard_size
     expert_shard = sl.edp if lay.shard_stage >= 1 else 1
-    # Fused Adam reads grad, fp32 master, m, v and writes master, m, v and the bf16 weights
-    # (4+4+4+4 read + 4+4+4+2 write bytes/param); SGD with momentum drops v.
-    grad_b = train.grad_bytes
-    per_param = grad_b + (24.0 + 2.0 if train.optimizer != "sgd" else 16.0 + 2.0)
+    per_param = optimizer_bytes_per_param(train, sl.stack)
     kernel = sl.cost.memory_op("optimizer.step", per_param * (params / shard + experts / expert_shard))
     deps = (sl.dp_ops[-1],) if sl.dp_ops else ()
     sl.em.pending_comm = None
@@ -983,6 +986,34 @@ def chunk_memory(plans: list[LayerPlan], v: int, last: int, layout: LayoutConfig
         mem.bwd.append((0.0, -emb))
         mem.wgt.append((0.0, -emb))
     return mem
+
+
+def optimizer_bytes_per_param(train: TrainConfig, stack: SoftwareStack) -> float:
+    """HBM bytes the optimizer step moves per parameter of this rank's shard (G = gradient bytes).
+
+    Fused Adam (Apex / Transformer Engine / ``fused=True``) reads the gradient, fp32 master, m and v and
+    writes master, m, v and the bf16 weights: G + 4+4+4 + 4+4+4+2 = G + 26; SGD with momentum drops v
+    (G + 18). PyTorch's foreach AdamW (``SoftwareStack.foreach_optimizer``; torch/optim/adamw.py
+    ``_multi_tensor_adamw``, non-capturable) runs one pass per operation: weight decay ``mul_`` on the
+    master (8), ``lerp_`` of m toward the gradient (8 + G), ``mul_`` and ``addcmul_`` of v (8, 8 + G), sqrt of
+    v into a temporary (8), its ``div_`` and ``add_`` (8, 8), ``addcdiv_`` into the master (16): 72 + 2G,
+    and ``clip_grad_norm_(foreach=True)`` reads every gradient for the norm and scales it in place (3G); the
+    bf16 weights (2) as fused.
+    """
+    grad_b = train.grad_bytes
+    if train.optimizer == "sgd":
+        return grad_b + 16.0 + 2.0
+    if stack.foreach_optimizer:
+        return 72.0 + 5.0 * grad_b + 2.0
+    return grad_b + 24.0 + 2.0
+
+
+def fsdp1_grad_bytes(grad_bytes: float) -> float:
+    """HBM bytes per parameter FSDP1 moves to build a unit's flat gradient before its reduce-scatter
+    (``SoftwareStack.fsdp_flat_grads``): the bf16 ``cat`` (2 + 2), a cast to a wider reduce dtype
+    (2 + ``grad_bytes``, only when it is not bf16) and the in-place pre-divide (2 x ``grad_bytes``)."""
+    cast = 0.0 if grad_bytes == 2.0 else 2.0 + grad_bytes
+    return 4.0 + cast + 2.0 * grad_bytes
 
 
 def fsdp_keeps_unsharded(layout: LayoutConfig, stack: str) -> bool:

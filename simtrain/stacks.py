@@ -174,6 +174,19 @@ class SoftwareStack:
     flat input, cast to the reduce dtype (``foreach_reduce``'s ``_chunk_cat``: read 2, write the
     gradient bytes) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP1 and ZeRO
     gather into and reduce from flat buffers the parameters are views of, without these copies."""
+    foreach_optimizer: bool = False
+    """The optimizer step runs PyTorch's multi-tensor (``foreach``) AdamW and ``clip_grad_norm_(foreach=True)``
+    instead of one fused kernel (torchtitan's default: ``"fused": fused, "foreach": not fused`` with
+    ``--optimizer.fused`` off; ``lowering.optimizer_bytes_per_param``)."""
+    fsdp_flat_grads: bool = False
+    """FSDP1's FlatParameter gradient path before each reduce-scatter (``lowering.fsdp1_grad_bytes``):
+    autograd builds a unit's flat gradient by concatenating its parameters' gradients (the parameters are
+    views split from the flat parameter, torch/distributed/fsdp/_flat_param.py ``_get_unflat_views``, whose
+    backward ``split_with_sizes_backward`` is a ``cat``: read and write 2 B per parameter), casts it to a
+    reduce dtype other than the parameter dtype (``_post_backward_hook``), and divides it in place by the
+    gradient pre-divide factor (``_reduce_grad``: ``_div_if_needed(padded_unsharded_grad,
+    _gradient_predivide_factor)``, a factor > 1 for any sharding group > 1; torch/distributed/fsdp/
+    _runtime_utils.py). FSDP2 copies instead (``fsdp_param_copies``) and lets NCCL average fp32/bf16."""
     tp_async_grad_allreduce: bool = False
     """Without sequence parallelism, TP's column-parallel layers all-reduce their input gradient beside
     their weight-gradient GEMM (Megatron-LM >= v2.6 ``async_grad_allreduce``, on unless
@@ -220,10 +233,11 @@ EAGER_CP_MERGE = OpFusion(3.4, 5)
 # Megatron-core's unfused vocab-parallel cross-entropy (module docstring): 52 / 16 bytes per element, 7 kernels.
 MEGATRON_UNFUSED_LOSS = OpFusion(3.25, 7)
 # What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP), torch pipelining
-# (local batch split into pp micro-batches), DTensor TP with FP8 all-gathers, torch ring attention.
+# (local batch split into pp micro-batches), DTensor TP with FP8 all-gathers, torch ring attention, the
+# foreach AdamW.
 TORCHTITAN: Mapping[str, Any] = MappingProxyType(dict(
     pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, attn_merge=EAGER_CP_MERGE,
-    dtensor_tp=True, fp8_tp_gather=True, torch_cp=True, torch_pipelining=True))
+    dtensor_tp=True, fp8_tp_gather=True, torch_cp=True, torch_pipelining=True, foreach_optimizer=True))
 # TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
 COMPILED_REDUCTION = OpFusion(1.0, 2)
 # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
@@ -268,7 +282,8 @@ STACKS: dict[str, SoftwareStack] = {
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
-            activation=OpFusion(2.0, 2), loss=OpFusion(1.8, 4), attention="fa2", cpu_launch_s=8 * US),
+            activation=OpFusion(2.0, 2), loss=OpFusion(1.8, 4), attention="fa2", cpu_launch_s=8 * US,
+            fsdp_flat_grads=True),
         SoftwareStack(
             "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
             "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
@@ -279,7 +294,7 @@ STACKS: dict[str, SoftwareStack] = {
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
             loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
-            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE, torch_cp=True),
+            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True),
     )
 }
 

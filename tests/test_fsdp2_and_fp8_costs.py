@@ -109,6 +109,44 @@ def test_a_kept_stage_adds_each_microbatch_gradients_into_fp32_before_reducing()
     assert not _names(_lowered("pytorch-eager"), 0, "grad.fp32_accumulate")
 
 
+@pytest.mark.parametrize("grad_dtype, per_param", [("bf16", 8.0), ("fp32", 18.0)])
+def test_fsdp1_builds_each_flat_gradient_before_its_reduce_scatter(grad_dtype: str, per_param: float) -> None:
+    """FSDP1 (Composer): the autograd ``cat`` of the views' gradients (2 + 2 B), a cast to a wider reduce
+    dtype (2 + 4 B, fp32 only) and the in-place pre-divide (2 x G B) precede every layer's reduce-scatter,
+    in every micro-batch; FSDP2 (torchtitan) copies instead and has no such pass."""
+    from simtrain.lowering import fsdp1_grad_bytes
+
+    assert fsdp1_grad_bytes(2.0 if grad_dtype == "bf16" else 4.0) == per_param
+    cfg = _cfg("composer-fsdp", pp=1)
+    run = load_config(cfg, [f"train.grad_dtype={grad_dtype}"])
+    gpu = run_cluster(run.hardware, run.layout.world_size).gpu
+    low = lower(run, ComputeCostModel(gpu, "bf16", stack=get_stack("composer-fsdp")))
+    ops = low.programs[0].ops
+    flats = [op for op in ops if op.name == "fsdp.flat_grad"]
+    scatters = [op for op in ops if op.name.startswith("fsdp.reduce_scatter")]
+    assert len(flats) == len(scatters) == SEQS // (DP * PP) * LLAMA_TINY["n_layers"]
+    layer_params = low.stage_layer_params[0] / LLAMA_TINY["n_layers"]
+    for flat, scatter in zip(flats, scatters, strict=True):
+        assert flat.kernels[0].bytes == pytest.approx(per_param * layer_params, rel=1e-9)
+        assert flat.idx in scatter.deps  # the reduce-scatter waits for its flat gradient
+    assert not _names(_lowered("torchtitan-eager", pp=1), 0, "fsdp.flat_grad")
+
+
+@pytest.mark.parametrize("stack, per_param", [("torchtitan-compile", 72.0 + 5 * 4.0 + 2.0),
+                                              ("megatron-te", 4.0 + 26.0)])
+def test_foreach_adamw_moves_three_times_the_bytes_of_fused_adam(stack: str, per_param: float) -> None:
+    """torchtitan's AdamW runs foreach (one HBM pass per operation, plus clip_grad_norm_'s norm and scale);
+    Megatron's is one fused kernel: the optimizer step's bytes over the rank's shard of parameters."""
+    cfg = dict(_cfg(stack, pp=1), train=dict(seq_len=1024, global_batch_seqs=SEQS, micro_batch_size=1,
+                                             stack=stack, grad_dtype="fp32"))
+    run = load_config(cfg)
+    gpu = run_cluster(run.hardware, run.layout.world_size).gpu
+    low = lower(run, ComputeCostModel(gpu, "bf16", stack=get_stack(stack)))
+    (step,) = [op for op in low.programs[0].ops if op.name == "optimizer.step"]
+    shard = run.layout.data_degree
+    assert step.kernels[0].bytes == pytest.approx(per_param * low.stage_params[0] / shard, rel=1e-9)
+
+
 @pytest.mark.parametrize("gpu_name, slower", [("h100-sxm", True), ("h200", True), ("b200", False)])
 def test_fp8_split_accumulation_slows_backward_gemms_on_hopper(gpu_name: str, slower: bool) -> None:
     """TE and torchao promote dgrad/wgrad partial sums to FP32: 1.15x on Hopper, free on Blackwell;
