@@ -172,8 +172,9 @@ class SoftwareStack:
     output into the unsharded parameters (``foreach_all_gather_copy_out``: read and write 2 bytes per
     parameter), and each reduce-scatter is preceded by a copy-in of the unsharded gradients into the
     flat input, cast to the reduce dtype (``foreach_reduce``'s ``_chunk_cat``: read 2, write the
-    gradient bytes) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP1 and ZeRO
-    gather into and reduce from flat buffers the parameters are views of, without these copies."""
+    gradient bytes) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP1 and ZeRO gather
+    into flat buffers the parameters are views of, without a copy-out; FSDP1's gradient side is
+    ``fsdp_flat_grads``."""
     foreach_optimizer: bool = False
     """The optimizer step runs PyTorch's multi-tensor (``foreach``) AdamW and ``clip_grad_norm_(foreach=True)``
     instead of one fused kernel (torchtitan's default: ``"fused": fused, "foreach": not fused`` with
