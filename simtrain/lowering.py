@@ -651,8 +651,10 @@ class _StageLowering:
             # FSDP2 copy-in of the unsharded bf16 gradients into the flat reduce-scatter input, cast to the
             # reduce dtype; it runs on the reduce-scatter stream but takes SMs and HBM from the compute it
             # overlaps, so it is charged to the compute stream
-            copy = self.cost.memory_op("fsdp.copy_in", (2.0 + grad_b) * (plan.params_per_rank
-                                                                        + plan.expert_params_per_rank))
+            # (a kept stage's gradients are already the fp32 accumulators: read 4 B, not the bf16 2 B)
+            src_b = grad_b if fsdp2_accumulates_fp32(lay, self.run.train, self.stack) else 2.0
+            copy = self.cost.memory_op("fsdp.copy_in", (src_b + grad_b) * (plan.params_per_rank
+                                                                          + plan.expert_params_per_rank))
             self.em.compute((copy,), "bwd", a.microbatch, a.chunk)
         if self.stack.fsdp_flat_grads and (lay.data_degree > 1 or self.edp > 1):
             # FSDP1: the autograd cat into the flat gradient, its cast and pre-divide (charged to compute as
@@ -1077,9 +1079,16 @@ def fp32_grad_accumulation_kernel(lay: LayoutConfig, train: TrainConfig, stack: 
     """
     if stack.fp32_grad_accumulation_pass and lay.pp > 1:
         return cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
-    if fsdp_keeps_unsharded(lay, stack.name) and train.grad_bytes == 4.0:
+    if fsdp2_accumulates_fp32(lay, train, stack):
         return cost.memory_op("grad.fp32_accumulate", FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM * params)
     return None
+
+
+def fsdp2_accumulates_fp32(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack) -> bool:
+    """A stage kept unsharded (``fsdp_keeps_unsharded``) whose reduce dtype is fp32: FSDP2 accumulates its
+    micro-batches' gradients into fp32 ``unsharded_accumulated_grad`` tensors, which its reduce-scatter
+    copy-in then reads (``fp32_grad_accumulation_kernel``)."""
+    return fsdp_keeps_unsharded(lay, stack.name) and train.grad_bytes == 4.0
 
 
 def tp_overlap_on(lay: LayoutConfig) -> bool:

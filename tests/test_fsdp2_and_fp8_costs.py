@@ -101,6 +101,10 @@ def test_a_kept_stage_adds_each_microbatch_gradients_into_fp32_before_reducing()
             FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM * titan.stage_params[s], rel=1e-12)
         last = max(op.idx for op in passes)
         assert all(op.idx > last for op in ops if op.name.startswith("fsdp.reduce_scatter"))
+        # the copy-in reads the fp32 accumulators (4 B) and writes the fp32 reduce-scatter input (4 B)
+        layer_params = titan.stage_layer_params[s] / (LLAMA_TINY["n_layers"] // PP)
+        copies = [op.kernels[0].bytes for op in ops if op.name == "fsdp.copy_in"]
+        assert copies and copies == pytest.approx([8.0 * layer_params] * len(copies))
     bf16 = load_config(_cfg("torchtitan-eager"), ["train.grad_dtype=bf16"])
     gpu = run_cluster(bf16.hardware, bf16.layout.world_size).gpu
     low = lower(bf16, ComputeCostModel(gpu, "bf16", stack=get_stack("torchtitan-eager")))
