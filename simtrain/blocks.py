@@ -23,6 +23,17 @@ from simtrain.model import ModelSpec
 from simtrain.ops import Kernel
 
 TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
+#: Tensorwise FP8 on DTensor TP (torchao Float8Linear with Float8ColwiseParallel / Float8RowwiseParallel /
+#: PrepareFloat8ModuleInput, torchtitan): each cast of a TP-sharded tensor takes ``torch.max(torch.abs(x))``
+#: of a sharded DTensor, a Partial("max") result that the scale's ``clamp`` redistributes to Replicate, one
+#: all-reduce of a 4-byte fp32 amax on the TP group before the cast can run (torchao float8_utils
+#: ``tensor_to_amax`` / ``amax_to_scale``). Per layer: forward, the attention and MLP module inputs (cast
+#: before their all-gathers), the seven weights (wq, wk, wv, wo, w1, w2, w3) and the two row-parallel inputs
+#: (wo, w2): 6 around attention, 5 around the MLP; backward, the grad output of every linear, cast where
+#: ``_prepare_output_fn`` wrapped the output (``NoopFwToFloat8BwDynamic``: Shard(-1) for the column-parallel
+#: ones, Shard(1) after the row-parallel reduce-scatter): 4 and 3.
+AMAX_CASTS = {"attn_fwd": 6, "mlp_fwd": 5, "attn_bwd": 4, "mlp_bwd": 3}
+AMAX_BYTES = 4.0
 
 
 def leading_gemms(kernels: tuple[Kernel, ...], gathered: bool = False) -> int:
@@ -181,6 +192,13 @@ class BlockBuilder:
     def _gather_bytes(self, size: float) -> float:
         """Bytes of a forward all-gather feeding column-parallel GEMMs of ``size`` BF16 bytes."""
         return size / 2.0 if self.fp8_tp_gather else size
+
+    def _amax(self, n: int) -> list[Segment]:
+        """``n`` all-reduces of one fp32 amax over the TP group (``AMAX_CASTS``), where tensorwise FP8
+        casts DTensors (``fp8_tp_gather``); none otherwise."""
+        if not (self.fp8_tp_gather and self.t > 1):
+            return []
+        return [Comm("all_reduce", AMAX_BYTES, fusable=False) for _ in range(n)]
 
     def _gemm_bwd(self, name: str, n: int, k: int) -> tuple[Kernel, Kernel]:
         return (self.cost.gemm(name + ".dgrad", self.T, k, n), self.cost.gemm(name + ".wgrad", k, n, self.T))
@@ -433,11 +451,13 @@ class BlockBuilder:
             return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), *mlp, Comm("all_reduce", size),
                           (res2,)])
         gather = self._gather_bytes(size)
+        amax_attn, amax_mlp = self._amax(AMAX_CASTS["attn_fwd"]), self._amax(AMAX_CASTS["mlp_fwd"])
         if moe:  # tokens stay sequence-sharded into the MoE block; dispatch moves them (Megatron-core)
-            return merge([(ln1,), Comm("all_gather", gather), *attn, Comm("reduce_scatter", size), (res1, ln2),
-                          *mlp, (res2,)])
-        return merge([(ln1,), Comm("all_gather", gather), *attn, Comm("reduce_scatter", size), (res1, ln2),
-                      Comm("all_gather", gather), *mlp, Comm("reduce_scatter", size), (res2,)])
+            return merge([(ln1,), *amax_attn, Comm("all_gather", gather), *attn, Comm("reduce_scatter", size),
+                          (res1, ln2), *mlp, (res2,)])
+        return merge([(ln1,), *amax_attn, Comm("all_gather", gather), *attn, Comm("reduce_scatter", size),
+                      (res1, ln2), *amax_mlp, Comm("all_gather", gather), *mlp, Comm("reduce_scatter", size),
+                      (res2,)])
 
     def _layer_backward(self, layer: int | None = None) -> list[Segment]:
         """Backward segments of transformer layer ``layer`` (reverse order of the forward)."""
@@ -469,10 +489,12 @@ class BlockBuilder:
             return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
                           (ln1,)])
         summed = Comm("reduce_scatter", size, fusable=False)  # dX of separate projections
+        amax_attn, amax_mlp = self._amax(AMAX_CASTS["attn_bwd"]), self._amax(AMAX_CASTS["mlp_bwd"])
         if moe:
-            return merge([(res2,), *mlp, (ln2, res1), Comm("all_gather", size), *attn, summed, (ln1,)])
-        return merge([(res2,), Comm("all_gather", size), *mlp, summed, (ln2, res1),
-                      Comm("all_gather", size), *attn, summed, (ln1,)])
+            return merge([(res2,), *mlp, (ln2, res1), *amax_attn, Comm("all_gather", size), *attn, summed,
+                          (ln1,)])
+        return merge([(res2,), *amax_mlp, Comm("all_gather", size), *mlp, summed, (ln2, res1),
+                      *amax_attn, Comm("all_gather", size), *attn, summed, (ln1,)])
 
     def _column_backward(self, kernels: tuple[Kernel, ...], first_column: int) -> list[Segment]:
         """Megatron's backward of column-parallel GEMMs (``kernels[first_column:]``, their dgrad and wgrad

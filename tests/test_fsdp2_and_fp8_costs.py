@@ -349,3 +349,27 @@ def test_tensor_parallel_without_sp_all_reduces_the_input_gradient_beside_the_wg
     ds = backward("deepspeed")
     blocking = [(s.overlap, before[-1].name) for before, s in zip(ds, ds[1:], strict=False) if isinstance(s, Comm)]
     assert blocking == [(False, "mlp_up.wgrad"), (False, "qkv.wgrad")]
+
+
+def test_tensorwise_fp8_on_dtensor_tp_all_reduces_each_amax() -> None:
+    """torchao's tensorwise casts of TP-sharded DTensors take a global amax: one 4-byte all-reduce on the
+    TP group per cast (per layer: 11 in forward, the module inputs, seven weights and two row-parallel
+    inputs; 7 in backward, every linear's grad output), each before the all-gather it feeds, so
+    async TP's fused gathers still meet their GEMMs. BF16, Transformer Engine's delayed scaling and TP 1
+    run none."""
+    from simtrain.blocks import AMAX_BYTES, Comm
+
+    def amaxes(segs: list) -> list:  # type: ignore[type-arg]
+        return [s for s in segs if isinstance(s, Comm) and s.coll == "all_reduce" and s.size_bytes == AMAX_BYTES]
+
+    for overlap in (False, True):
+        block = _tp_block("torchtitan-compile", "fp8", overlap=overlap)
+        fwd, bwd = block.layer_forward(), block.layer_backward()
+        assert len(amaxes(fwd)) == 11 and len(amaxes(bwd)) == 7
+        assert all(s.axis == "tp" and not s.fused_with_gemm(overlap) for s in amaxes(fwd) + amaxes(bwd))
+        for segs in (fwd, bwd):  # every all-gather is still followed by the compute it feeds
+            for i, seg in enumerate(segs):
+                if isinstance(seg, Comm) and seg.coll == "all_gather":
+                    assert isinstance(segs[i + 1], tuple)
+    assert not amaxes(_tp_block("torchtitan-compile").layer_forward())
+    assert not amaxes(_tp_block("megatron-te", "fp8").layer_forward())

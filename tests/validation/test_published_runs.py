@@ -4,9 +4,10 @@ The FLOP-convention check is fast and always runs: the source's own MFU, recompu
 measured step time in the convention simtrain assigns it, must match what the source reports.
 
 The accuracy checks simulate every row (a few minutes on two cores), so they run only with
-``SIMTRAIN_VALIDATION=1``. The issue's targets are asserted as strict expected failures carrying
-today's numbers and what the model misses; a regression guard keeps the error from growing. When
-a model fix meets a target, its strict xfail turns into a failure: remove the marker then.
+``SIMTRAIN_VALIDATION=1``. The issue's step-time targets (median <= 8 %, p90 <= 15 %) are asserted; the
+per-row torchtitan memory target, not met yet, is a strict expected failure carrying today's numbers;
+regression guards keep the errors from growing. When a model fix meets it, its strict xfail turns into a
+failure: remove the marker then.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
                           reason="simulates all published runs (minutes); set SIMTRAIN_VALIDATION=1")
 
 #: Today's |step-time error| on the visible rows (61 simulated), percent: the regression guard's bounds
-#: sit a little above them (median 7.6, p90 15.2 when measured, after the gradient passes of PyTorch's FSDP
-#: (FSDP2's fp32 accumulation under PP, FSDP1's flat gradient) and torchtitan's foreach AdamW; 7.9 / 16.7
+#: sit a little above them (median 7.5, p90 14.8 when measured, after torchao's amax all-reduces of tensorwise
+#: FP8 on DTensor TP; 7.6 / 15.2 after the gradient passes of PyTorch's FSDP (FSDP2's fp32 accumulation under
+#: PP, FSDP1's flat gradient) and torchtitan's foreach AdamW; 7.9 / 16.7
 #: after compute is slowed only for the part of it a collective overlaps; 7.3 / 17.3 after Transformer Engine's FP8 weight
 #: cache and one weight cast per TP-overlap-chunked GEMM: Megatron-Bridge's Qwen3-235B +16 -> +12 %,
 #: torchtitan's interleaved 405B -11 -> -18 %; 7.3 / 16.6 after bf16 gradients under NeMo /
@@ -43,15 +45,6 @@ SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
 #: the sustained GEMM rate, the reduction-depth factor and 16-SM collective interference; 14.0 / 26.6
 #: before FP8 split accumulation and FSDP2's copies; 18.9 / 32.9 before the 500 W profile).
 GUARD_MEDIAN_PCT, GUARD_P90_PCT = 8.0, 20.0
-
-MISSING = ("47 of 61 rows predicted too fast (signed median -5 %). Beyond 15 %: MoE rows with many small "
-           "experts (Qwen3-30B-A3B -61 %, GPT-OSS-120B -34 %, DeepSeek-V3 on B200 -27 %: most likely Megatron's "
-           "per-layer host work, which NVIDIA's later fused kernels and CUDA graphs removed); Megatron-LM's TP8 "
-           "32B +46 % (the model exposes ~0.46 s of fp32 gradient reduce-scatter over one NIC per GPU that the "
-           "run hides) while its 1.7B is -20 %; torchtitan's 405B under interleaved 1F1B -15.2 % (its 1F1B twin "
-           "-2 %: the measured step keeps ~10 s of bubble and per-micro-batch cost where the schedule leaves "
-           "4.7 s; torch's lock-step execution of the interleaved table adds 1 %); torchtitan CP2 +17 % while "
-           "CP8 is -14 %")
 
 
 def test_source_mfu_recomputed_in_its_convention(published_csv: Path) -> None:
@@ -116,14 +109,15 @@ def test_step_time_error_no_worse_than_today(table: tuple[pd.DataFrame, dict[str
 
 @SLOW
 def test_step_time_median_target(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
-    """The issue's median target: |step-time error| median <= 8 % over the visible rows (7.6 today)."""
+    """The issue's median target: |step-time error| median <= 8 % over the visible rows (7.5 today)."""
     assert table[1]["step_time_visible"]["median_abs_pct"] <= 8.0
 
 
 @SLOW
-@pytest.mark.xfail(strict=True, reason="not met today: p90 15.2 % over 61 visible rows (7 rows beyond 15 %); "
-                                       f"missing: {MISSING}")
 def test_step_time_p90_target(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    """The issue's p90 target: |step-time error| 90th percentile <= 15 % over the visible rows (14.8 today:
+    the seventh largest of 61, torchtitan's interleaved 405B). README, Fidelity, names the six rows beyond
+    15 % and what the model misses for them."""
     assert table[1]["step_time_visible"]["p90_abs_pct"] <= 15.0
 
 
