@@ -15,7 +15,9 @@ LM head (T, V/t, h). Backward runs dgrad (m, k, n) and wgrad (k, n, m) for each 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from simtrain.costs import FLASH_BLOCK, ComputeCostModel
 from simtrain.memory import op_sac_recomputed
@@ -32,7 +34,13 @@ TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pa
 #: (wo, w2): 6 around attention, 5 around the MLP; backward, the grad output of every linear, cast where
 #: ``_prepare_output_fn`` wrapped the output (``NoopFwToFloat8BwDynamic``: Shard(-1) for the column-parallel
 #: ones, Shard(1) after the row-parallel reduce-scatter): 4 and 3.
-AMAX_CASTS = {"attn_fwd": 6, "mlp_fwd": 5, "attn_bwd": 4, "mlp_bwd": 3}
+AMAX_CASTS_TORCHAO: Mapping[str, int] = MappingProxyType({"attn_fwd": 6, "mlp_fwd": 5, "attn_bwd": 4, "mlp_bwd": 3})
+#: Transformer Engine's per-tensor current scaling under sequence parallelism reduces over the TP group only
+#: the amax of tensors it all-gathers in FP8: each column-parallel input (QKV, FC1) in forward and each
+#: row-parallel grad output (proj, FC2) in backward (``Linear`` / ``LayerNormLinear`` / ``LayerNormMLP``
+#: ``_customize_quantizers_float8_current_scaling``: ``with_amax_reduction = True``, ``amax_reduction_group =
+#: tp_group``); weights are local shards with local scales.
+AMAX_CASTS_TE: Mapping[str, int] = MappingProxyType({"attn_fwd": 1, "mlp_fwd": 1, "attn_bwd": 1, "mlp_bwd": 1})
 AMAX_BYTES = 4.0
 
 
@@ -139,6 +147,10 @@ class BlockBuilder:
     expert_load: float = 1.0
     """Routed token copies the busiest EP rank receives, as a multiple of balanced routing
     (``simtrain.routing.worst_rank_load``): every all-to-all lasts until its link has moved them."""
+    amax_casts: Mapping[str, int] = field(default_factory=dict)
+    """FP8 casts per layer whose amax is all-reduced over the TP group before they run, by place
+    (``attn_fwd``, ``mlp_fwd``, ``attn_bwd``, ``mlp_bwd``): ``AMAX_CASTS_TORCHAO`` (tensorwise FP8 on
+    DTensor TP), ``AMAX_CASTS_TE`` (Transformer Engine current scaling under SP), or none."""
     fp8_tp_gather: bool = False
     """The column-parallel layers' input is cast to FP8 on its sequence shard before the TP all-gather,
     which then moves 1 byte per element: torchao ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput``
@@ -193,12 +205,12 @@ class BlockBuilder:
         """Bytes of a forward all-gather feeding column-parallel GEMMs of ``size`` BF16 bytes."""
         return size / 2.0 if self.fp8_tp_gather else size
 
-    def _amax(self, n: int) -> list[Segment]:
-        """``n`` all-reduces of one fp32 amax over the TP group (``AMAX_CASTS``), where tensorwise FP8
-        casts DTensors (``fp8_tp_gather``); none otherwise."""
-        if not (self.fp8_tp_gather and self.t > 1):
+    def _amax(self, where: str) -> list[Segment]:
+        """The all-reduces of one fp32 amax over the TP group that the FP8 casts at ``where`` (an
+        ``amax_casts`` key) run; none without TP."""
+        if self.t == 1:
             return []
-        return [Comm("all_reduce", AMAX_BYTES, fusable=False) for _ in range(n)]
+        return [Comm("all_reduce", AMAX_BYTES, fusable=False) for _ in range(self.amax_casts.get(where, 0))]
 
     def _gemm_bwd(self, name: str, n: int, k: int) -> tuple[Kernel, Kernel]:
         return (self.cost.gemm(name + ".dgrad", self.T, k, n), self.cost.gemm(name + ".wgrad", k, n, self.T))
@@ -451,7 +463,7 @@ class BlockBuilder:
             return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), *mlp, Comm("all_reduce", size),
                           (res2,)])
         gather = self._gather_bytes(size)
-        amax_attn, amax_mlp = self._amax(AMAX_CASTS["attn_fwd"]), self._amax(AMAX_CASTS["mlp_fwd"])
+        amax_attn, amax_mlp = self._amax("attn_fwd"), self._amax("mlp_fwd")
         if moe:  # tokens stay sequence-sharded into the MoE block; dispatch moves them (Megatron-core)
             return merge([(ln1,), *amax_attn, Comm("all_gather", gather), *attn, Comm("reduce_scatter", size),
                           (res1, ln2), *mlp, (res2,)])
@@ -479,17 +491,19 @@ class BlockBuilder:
                 dense = mlp[0]
                 assert isinstance(dense, tuple)
                 mlp = self._column_backward(dense, next(i for i, k in enumerate(dense) if k.name.startswith("mlp_up")))
-            # SP: the output gradient of each row-parallel layer is all-gathered (an MoE block gathers its own);
-            # no SP: an MoE block's input gradient is all-reduced after it
+            # SP: the output gradient of each row-parallel layer is all-gathered (an MoE block gathers its own),
+            # after the all-reduce of its FP8 amax where current scaling runs one; no SP: an MoE block's input
+            # gradient is all-reduced after it
             out_grad: list[Segment] = [Comm("all_gather", size)] if self.sp else []
-            before_mlp = [] if moe else out_grad
+            before_mlp = [] if moe else [*self._amax("mlp_bwd"), *out_grad]
             after_mlp: list[Segment] = [Comm("all_reduce", size)] if moe and not self.sp else []
-            return merge([(res2,), *before_mlp, *mlp, *after_mlp, (ln2, res1), *out_grad, *attn, (ln1,)])
+            return merge([(res2,), *before_mlp, *mlp, *after_mlp, (ln2, res1), *self._amax("attn_bwd"), *out_grad,
+                          *attn, (ln1,)])
         if not self.sp:
             return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
                           (ln1,)])
         summed = Comm("reduce_scatter", size, fusable=False)  # dX of separate projections
-        amax_attn, amax_mlp = self._amax(AMAX_CASTS["attn_bwd"]), self._amax(AMAX_CASTS["mlp_bwd"])
+        amax_attn, amax_mlp = self._amax("attn_bwd"), self._amax("mlp_bwd")
         if moe:
             return merge([(res2,), *mlp, (ln2, res1), *amax_attn, Comm("all_gather", size), *attn, summed,
                           (ln1,)])

@@ -12,10 +12,19 @@ mode runs it on every rank.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from simtrain.blocks import TP_OVERLAP_CHUNKS, BlockBuilder, Comm, Ring, Segment, leading_gemms
+from simtrain.blocks import (
+    AMAX_CASTS_TE,
+    AMAX_CASTS_TORCHAO,
+    TP_OVERLAP_CHUNKS,
+    BlockBuilder,
+    Comm,
+    Ring,
+    Segment,
+    leading_gemms,
+)
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
@@ -1109,11 +1118,21 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
                         lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
                         1.0 if train.precision == "fp8" and train.fp8_recipe == "blockwise" else 2.0,
+                        amax_casts=fp8_amax_casts(stack, sp, train),
                         fp8_tp_gather=(stack.fp8_tp_gather and sp and train.precision == "fp8"
                                        and train.fp8_recipe == "current"),
                         dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp,
                         expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce,
                         ep_dedup=ep_dedup(model, lay))
+
+
+def fp8_amax_casts(stack: SoftwareStack, sp: bool, train: TrainConfig) -> Mapping[str, int]:
+    """The FP8 casts per layer whose amax is all-reduced over the TP group (``BlockBuilder.amax_casts``):
+    per-tensor current scaling with sequence parallelism, through torchao on DTensor TP (every cast of a
+    sharded tensor) or Transformer Engine (the tensors it all-gathers in FP8); none otherwise."""
+    if not (sp and train.precision == "fp8" and train.fp8_recipe == "current"):
+        return {}
+    return AMAX_CASTS_TORCHAO if stack.fp8_tp_gather else AMAX_CASTS_TE
 
 
 def ep_dedup(model: ModelSpec, lay: LayoutConfig) -> bool:

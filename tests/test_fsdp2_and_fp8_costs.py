@@ -372,4 +372,22 @@ def test_tensorwise_fp8_on_dtensor_tp_all_reduces_each_amax() -> None:
                 if isinstance(seg, Comm) and seg.coll == "all_gather":
                     assert isinstance(segs[i + 1], tuple)
     assert not amaxes(_tp_block("torchtitan-compile").layer_forward())
-    assert not amaxes(_tp_block("megatron-te", "fp8").layer_forward())
+    assert not amaxes(_tp_block("megatron-te", "fp8").layer_forward())  # delayed scaling: once per step
+
+
+def test_te_current_scaling_all_reduces_the_amax_of_what_it_gathers_in_fp8() -> None:
+    """Transformer Engine's current scaling under SP reduces over TP only the amax of the tensors it
+    all-gathers in FP8: the QKV and FC1 inputs in forward, the proj and FC2 grad outputs in backward,
+    each right before its all-gather; weights are local shards with local scales."""
+    from simtrain.blocks import AMAX_BYTES, Comm
+    from simtrain.lowering import build_block
+
+    run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1), layout=dict(tp=8, sequence_parallel=True),
+                           train=dict(seq_len=8192, global_batch_seqs=2, stack="megatron-te", precision="fp8",
+                                      fp8_recipe="current")))
+    cost = ComputeCostModel(load_gpu("h100-sxm"), "fp8", stack=get_stack("megatron-te"), fp8_recipe="current")
+    block = build_block(run.model, run.layout, run.train, cost)
+    for segs in (block.layer_forward(), block.layer_backward()):
+        amax = [i for i, s in enumerate(segs) if isinstance(s, Comm) and s.size_bytes == AMAX_BYTES]
+        assert len(amax) == 2
+        assert all(isinstance(segs[i + 1], Comm) and segs[i + 1].coll == "all_gather" for i in amax)  # type: ignore[union-attr]
