@@ -652,25 +652,28 @@ class _StageLowering:
             for i in reversed(range(self.layers[a.chunk])):
                 self._fsdp_reduce_layer(a, i, True)
 
+    def _fsdp_grad_passes(self, a: Action, params: float) -> None:
+        """The memory passes that build a layer's reduce-scatter input from its ``params`` gradients, on the
+        compute stream: FSDP2's copy-in (``fsdp_param_copies``: into the flat input, cast to the reduce
+        dtype; it runs on the reduce-scatter stream but takes SMs and HBM from the compute it overlaps; a
+        kept stage's gradients are already the fp32 accumulators, read 4 B, not the bf16 2 B) or FSDP1's
+        flat gradient (``fsdp_flat_grads``: the autograd cat, its cast and pre-divide; the last two run on
+        the post-backward stream beside the backward)."""
+        grad_b = self.run.train.grad_bytes
+        if self.stack.fsdp_param_copies:
+            src_b = grad_b if fsdp2_accumulates_fp32(self.run.layout, self.run.train, self.stack) else 2.0
+            self.em.compute((self.cost.memory_op("fsdp.copy_in", (src_b + grad_b) * params),), "bwd",
+                            a.microbatch, a.chunk)
+        if self.stack.fsdp_flat_grads:
+            self.em.compute((self.cost.memory_op("fsdp.flat_grad", fsdp1_grad_bytes(grad_b) * params),), "bwd",
+                            a.microbatch, a.chunk)
+
     def _fsdp_reduce_layer(self, a: Action, i: int, is_last_mb: bool) -> None:
         lay = self.run.layout
         grad_b = self.run.train.grad_bytes
         plan = self.plan(a.chunk, i)
-        if self.stack.fsdp_param_copies and (lay.data_degree > 1 or self.edp > 1):
-            # FSDP2 copy-in of the unsharded bf16 gradients into the flat reduce-scatter input, cast to the
-            # reduce dtype; it runs on the reduce-scatter stream but takes SMs and HBM from the compute it
-            # overlaps, so it is charged to the compute stream
-            # (a kept stage's gradients are already the fp32 accumulators: read 4 B, not the bf16 2 B)
-            src_b = grad_b if fsdp2_accumulates_fp32(lay, self.run.train, self.stack) else 2.0
-            copy = self.cost.memory_op("fsdp.copy_in", (src_b + grad_b) * (plan.params_per_rank
-                                                                          + plan.expert_params_per_rank))
-            self.em.compute((copy,), "bwd", a.microbatch, a.chunk)
-        if self.stack.fsdp_flat_grads and (lay.data_degree > 1 or self.edp > 1):
-            # FSDP1: the autograd cat into the flat gradient, its cast and pre-divide (charged to compute as
-            # the copy-in above: the cast and divide run on the post-backward stream beside the backward)
-            flat = self.cost.memory_op("fsdp.flat_grad", fsdp1_grad_bytes(grad_b) * (plan.params_per_rank
-                                                                                      + plan.expert_params_per_rank))
-            self.em.compute((flat,), "bwd", a.microbatch, a.chunk)
+        if lay.data_degree > 1 or self.edp > 1:
+            self._fsdp_grad_passes(a, plan.params_per_rank + plan.expert_params_per_rank)
         size = grad_b * plan.params_per_rank
         deps = (self.em.last_compute,) if self.em.last_compute is not None else ()
         experts = grad_b * plan.expert_params_per_rank
@@ -1112,25 +1115,26 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
     shape = activation_shape(train, lay, model)
     stack = get_stack(train.stack)
     sp = lay.sequence_parallel and lay.tp > 1
+    tensorwise_sp = sp and train.precision == "fp8" and train.fp8_recipe == "current"
     return BlockBuilder(model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
                         # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
                         lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
                         1.0 if train.precision == "fp8" and train.fp8_recipe == "blockwise" else 2.0,
-                        amax_casts=fp8_amax_casts(stack, sp, train),
-                        fp8_tp_gather=(stack.fp8_tp_gather and sp and train.precision == "fp8"
-                                       and train.fp8_recipe == "current"),
+                        amax_casts=fp8_amax_casts(stack, tensorwise_sp),
+                        fp8_tp_gather=stack.fp8_tp_gather and tensorwise_sp,
                         dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp,
                         expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce,
                         ep_dedup=ep_dedup(model, lay))
 
 
-def fp8_amax_casts(stack: SoftwareStack, sp: bool, train: TrainConfig) -> Mapping[str, int]:
+def fp8_amax_casts(stack: SoftwareStack, tensorwise_sp: bool) -> Mapping[str, int]:
     """The FP8 casts per layer whose amax is all-reduced over the TP group (``BlockBuilder.amax_casts``):
-    per-tensor current scaling with sequence parallelism, through torchao on DTensor TP (every cast of a
-    sharded tensor) or Transformer Engine (the tensors it all-gathers in FP8); none otherwise."""
-    if not (sp and train.precision == "fp8" and train.fp8_recipe == "current"):
+    with per-tensor current scaling under sequence parallelism (``tensorwise_sp``), through torchao on
+    DTensor TP (every cast of a sharded tensor) or Transformer Engine (the tensors it all-gathers in FP8);
+    none otherwise."""
+    if not tensorwise_sp:
         return {}
     return AMAX_CASTS_TORCHAO if stack.fp8_tp_gather else AMAX_CASTS_TE
 
