@@ -85,6 +85,7 @@ from simtrain.memory import (
     closed_form_peak,
     embedding_activation_bytes,
     expert_static_memory,
+    fp8_weight_cache_bytes,
     head_activation_bytes,
     loss_backward_transient_bytes,
     static_memory,
@@ -492,9 +493,9 @@ class Estimator:
         out = []
         for s, (dense, expert, layer) in enumerate(self.stage_params(layout)):
             kept = layer if fsdp_keeps_unsharded(layout, train.stack) else 0.0
-            static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context, kept)
-            if train.precision == "fp8":  # as simulate._attach_static_memory: FP8 weight copies
-                static["fp8_weights"] = 2.0 * layer / (shard if layout.shard_stage >= 3 else 1)
+            static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context, kept,
+                                   dense + expert - layer)
+            static["fp8_weights"] = fp8_weight_cache_bytes(layer, layout, train, shard)
             if expert and m.is_moe:
                 for k, v in expert_static_memory(expert, layout, train, edp).items():
                     static[k] += v

@@ -894,7 +894,7 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
     if lay.recompute == "op_sac":
         # torchtitan op-level SAC: its saved tensors, and the rest rebuilt before the layer's backward
         # (bounded by what the layer keeps without recompute); FP8 saves matmul outputs in BF16 there
-        full, act = act, op_sac_activation_bytes(m, shape, layer)
+        full, act = act, op_sac_activation_bytes(m, shape, layer, compiled=get_stack(run.train.stack).compiled_blocks)
         recompute, rebuilt = block.op_sac_recompute(layer), max(full - act, 0.0)
         w_in = min(w_in, act)
     elif run.train.precision == "fp8":

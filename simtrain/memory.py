@@ -4,7 +4,7 @@ Static state follows the ZeRO paper's accounting as tabulated in the reference (
 bf16 weights 2 bytes/param, gradients in the accumulation dtype (2 or 4 bytes; Megatron keeps an
 fp32 ``main_grad``), Adam's fp32 master weights + m + v = 12 bytes/param (SGD with momentum: 8),
 with ZeRO-1 sharding the optimizer, ZeRO-2 also the gradients, ZeRO-3/FSDP also the weights over the
-sharding group. Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) term by term,
+sharding group (PyTorch FSDP keeps no bf16 shard: its fp32 shard is the master; ``static_memory``). Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Table 2) term by term,
 generalised to GQA and SwiGLU as in the reference's Llama breakdown; FlashAttention drops the
 5*a*s^2*b softmax/dropout terms and keeps a fp32 log-sum-exp (4*a*s*b).
 
@@ -164,11 +164,11 @@ def _selective_recompute(model: ModelSpec, a: ActivationShape, layer: int | None
 #: ``_apply_ac_to_transformer_block``): the block is checkpointed with a policy that saves the outputs
 #: of ``aten.mm``, SDPA (flash / memory-efficient), TP ``reduce_scatter_tensor`` and ``aten.max``
 #: (FP8 amax), except every second ``aten.mm`` (a per-block counter: the 2nd, 4th, ... matmul is
-#: recomputed), and recomputes everything else in backward. Under ``torch.compile`` the policy is
-#: applied once, when the block is traced, so the 1st, 3rd, ... matmuls are the saved ones; eager runs
-#: keep counting across calls, so with an odd number of matmuls per block the parity flips each step
-#: (modelled: the traced parity). Float8 linears (torchao ``Float8Linear``, Dec 2024) still dispatch
-#: ``aten.mm`` on their float8 tensor subclass, so they follow the same policy.
+#: recomputed), and recomputes everything else in backward. The counter is a fresh
+#: ``defaultdict(int)`` per checkpoint call (``selective_checkpointing_context_fn``), so the 1st, 3rd, ...
+#: matmuls are the saved ones, eager or compiled (tests/calibration/test_op_sac_saved_memory.py runs
+#: the policy). Float8 linears (torchao ``Float8Linear``, Dec 2024) still dispatch ``aten.mm`` on their
+#: float8 tensor subclass, so they follow the same policy.
 
 
 def op_sac_linears(model: ModelSpec, layer: int | None = None) -> list[tuple[str, int, int, str]]:
@@ -193,7 +193,8 @@ def op_sac_recomputed(model: ModelSpec, layer: int | None = None) -> list[tuple[
     return op_sac_linears(model, layer)[1::2]
 
 
-def op_sac_activation_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:
+def op_sac_activation_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None,
+                            compiled: bool = False) -> float:
     """Bytes one layer keeps for backward under torchtitan's op-level SAC, one micro-batch.
 
     The block input (2sbh, /t with SP), the bf16 output of every saved matmul (column-parallel
@@ -202,11 +203,20 @@ def op_sac_activation_bytes(model: ModelSpec, a: ActivationShape, layer: int | N
     fp32 log-sum-exp (4*T*a/t, flash kernels). MoE layers keep their MoE block's activations as
     without recompute (``moe_mlp_activation_bytes``): grouped expert GEMMs are not saved by name,
     a case the policy was not written for.
+
+    ``compiled`` (the block under ``torch.compile``): AOTAutograd's partitioner saves only what the
+    backward graph reads, so the row-parallel outputs (attention out-projection, MLP down-projection,
+    and their reduce-scatters), whose only reader is the residual add, are not kept although the
+    policy marks them MUST_SAVE; eager SAC caches every MUST_SAVE output until the recompute. Measured
+    with torch on CPU (``tests/calibration/test_op_sac_saved_memory.py``): a compiled Llama block keeps the block
+    input, wq, wv and w1 outputs, the attention output and its log-sum-exp, but not w2's output.
     """
     tokens = float(a.tokens)
     t = a.t
     saved = 2.0 * tokens * model.hidden / (t if a.sp else 1)
     for i, (_, _, d_out, style) in enumerate(op_sac_linears(model, layer)):
+        if style == "row" and compiled:
+            continue  # read by nothing the backward needs
         if style == "row" and t > 1 and a.sp:
             saved += 2.0 * tokens * d_out / t  # the reduce-scatter output, saved whatever the matmul's parity
         if i % 2:
@@ -308,11 +318,22 @@ def loss_backward_transient_bytes(model: ModelSpec, a: ActivationShape, eager_lo
     three fp32 logit-sized tensors beside the saved output at once (the zeros, the exponential or the
     sum, the product): 3 x 4*s*b*V/t. A fused cross-entropy (Megatron-core vocab-parallel,
     Inductor-compiled) writes its gradient in place of the saved softmax: nothing extra (0).
+
+    The eager loss also leaves a hole the caching allocator cannot use: the LM head's bf16 logits
+    (2*s*b*V/t) are freed by the ``.float()`` right after they are written, and their block, too small
+    for any fp32 logit-sized tensor that follows, stays reserved. Placing the loss's tensors in op order
+    with the allocator's best fit (``DeviceCachingAllocator::get_free_block``, the smallest cached block
+    that fits; freed neighbours coalesce) gives a high-water mark 2 B per logit above the live peak in
+    both forms: eager (bf16 hole, fp32 logits, log-softmax; the ``del pred`` hole takes nll's gradient,
+    log-softmax's gradient goes on top: 2 + 4 + 4 + 4 against 12 live) and loss-parallel (the freed
+    fp32 logits and ``shifted`` hold the zeros and the exponential, their sum goes on top: 2 + 4 + 4 + 4
+    + 4 against 16 live). Counted here with the transients, since the peak it raises is this one.
     """
     if not eager_loss:
         return 0.0
     copies = 3 if loss_parallel and a.t > 1 else 2
-    return copies * 4.0 * a.tokens * model.vocab / a.t
+    bf16_hole = 2.0 * a.tokens * model.vocab / a.t
+    return copies * 4.0 * a.tokens * model.vocab / a.t + bf16_hole
 
 
 def pipeline_stage_buffer_bytes(model: ModelSpec, a: ActivationShape, positions: list[int], last: int,
@@ -324,19 +345,23 @@ def pipeline_stage_buffer_bytes(model: ModelSpec, a: ActivationShape, positions:
     the first) and another for the input gradients it receives (every position but ``last``),
     2*s*b*h each, /t with sequence parallelism (``stage.py``: ``_prepare_forward_infra``,
     ``_create_grad_recv_info``, one ``_make_tensor_from_meta`` per micro-batch); the last position
-    keeps every micro-batch's output, the bf16 logits (2*s*b*V/t), in ``output_chunks`` until the
-    schedule merges them after the step. A received micro-batch's activation buffer is its first
-    layer's saved input, which the ledger already counts while the micro-batch is in flight; that count
-    stands in for the stage output the stage keeps (``fwd_cache``) until the same micro-batch's backward.
-    The first position has no receive buffer, so its kept outputs (one 2*s*b*h/t per micro-batch in
-    flight, at most pp of them) are not counted: under 2 % of a 405B first stage's peak.
+    keeps every micro-batch's output in ``output_chunks`` (``forward_one_chunk``) until the schedule
+    merges them after the step: the logits in fp32 (4*s*b*V/t), since torchtitan's
+    ``Transformer.forward`` returns ``self.output(h).float()`` (torchtitan/models/llama/model.py).
+    Counted for the whole step: the outputs grow with each forward, but a one-chunk last stage holds
+    one micro-batch in flight throughout, so its peak comes with all of them at the step's end at the
+    same level. A received micro-batch's activation buffer is its first layer's saved input, which the
+    ledger already counts while the micro-batch is in flight; that count stands in for the stage output
+    the stage keeps (``fwd_cache``) until the same micro-batch's backward. The first position has no
+    receive buffer, so its kept outputs (one 2*s*b*h/t per micro-batch in flight, at most pp of them)
+    are not counted: under 2 % of a 405B first stage's peak.
     """
     edge = 2.0 * a.tokens * model.hidden / (a.t if a.sp else 1)
     total = 0.0
     for v in positions:
         total += microbatches * edge * ((v > 0) + (v < last))
         if v == last:
-            total += microbatches * 2.0 * a.tokens * model.vocab / a.t
+            total += microbatches * 4.0 * a.tokens * model.vocab / a.t
     return total
 
 
@@ -355,7 +380,7 @@ class StageParams:
 
 def static_memory(params: float, layer_params: float, model_layers_on_rank: int, layout: LayoutConfig,
                   train: TrainConfig, shard: int, gpu_context_bytes: float,
-                  unsharded_params: float = 0.0) -> dict[str, float]:
+                  unsharded_params: float = 0.0, root_params: float = 0.0) -> dict[str, float]:
     """Bytes held for the whole step by one rank, by component.
 
     Args:
@@ -368,24 +393,41 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
             (``lowering.fsdp_keeps_unsharded``: torchtitan under PP); they and their gradients,
             accumulated unsharded in the reduce dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``),
             replace the per-layer gather buffers.
+        root_params: parameters outside the transformer layers on this rank (embedding, final norm, LM
+            head). Under PyTorch FSDP (``SoftwareStack.torch_fsdp``) the root unit keeps them gathered
+            in bf16 through forward and backward (2 B each; under PP with their accumulated gradients
+            too, as ``unsharded_params``), and the sharded fp32 parameters are the optimizer's master
+            weights: no separate bf16 shard (weights 0; the 12 B of master, m and v stay).
     """
     stage = layout.shard_stage
     grad_b = train.grad_bytes
     opt_b = 8.0 if train.optimizer == "sgd" else 12.0
-    weights = 2.0 * params / (shard if stage >= 3 else 1)
+    torch_fsdp = stage >= 3 and shard > 1 and get_stack(train.stack).torch_fsdp
+    weights = 0.0 if torch_fsdp else 2.0 * params / (shard if stage >= 3 else 1)
     grads = grad_b * params / (shard if stage >= 2 else 1)
     optimizer = opt_b * params / (shard if stage >= 1 else 1)
     bucket = layout.grad_bucket_MiB * MiB
     if stage >= 3 and unsharded_params > 0 and shard > 1:
-        buffers = (2.0 + grad_b) * unsharded_params
+        buffers = (2.0 + grad_b) * (unsharded_params + (root_params if torch_fsdp else 0.0))
     elif stage >= 3:
         buffers = (1 + layout.fsdp_prefetch_layers) * 2.0 * layer_params + grad_b * layer_params
+        buffers += 2.0 * root_params if torch_fsdp else 0.0
     elif stage == 2:
         buffers = 2 * bucket
     else:
         buffers = 0.0
     return {"weights": weights, "grads": grads, "optimizer": optimizer, "comm_buffers": buffers,
             "workspace": CUBLAS_WORKSPACE_BYTES, "context": gpu_context_bytes}
+
+
+def fp8_weight_cache_bytes(layer_params: float, layout: LayoutConfig, train: TrainConfig, shard: int) -> float:
+    """FP8 copies of a stage's linear weights and their transposes (1 + 1 B per parameter) that a stack
+    keeps for the whole step (``SoftwareStack.fp8_weight_cache``: Transformer Engine caches both for fprop
+    and dgrad), sharded with the weights under ZeRO-3/FSDP. A stack that re-quantises each weight at every
+    use (torchao ``Float8Linear``) holds only the computing layer's casts, transiently: 0."""
+    if train.precision != "fp8" or not get_stack(train.stack).fp8_weight_cache:
+        return 0.0
+    return 2.0 * layer_params / (shard if layout.shard_stage >= 3 else 1)
 
 
 def expert_static_memory(params: float, layout: LayoutConfig, train: TrainConfig, shard: int) -> dict[str, float]:

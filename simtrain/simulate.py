@@ -18,7 +18,7 @@ from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
 from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower, microbatches
-from simtrain.memory import closed_form_peak, expert_static_memory, static_memory
+from simtrain.memory import closed_form_peak, expert_static_memory, fp8_weight_cache_bytes, static_memory
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
 from simtrain.routing import rank_load_factors, symmetric_load_factors
@@ -141,14 +141,13 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
         shard = run.layout.fsdp_shard_size
     edp = run.layout.expert_data_degree
     for s, prog in enumerate(lowered.programs):
-        kept = lowered.stage_layer_params[s] if fsdp_keeps_unsharded(run.layout, run.train.stack) else 0.0
+        layer = lowered.stage_layer_params[s]
+        kept = layer if fsdp_keeps_unsharded(run.layout, run.train.stack) else 0.0
+        root = lowered.stage_params[s] + lowered.stage_expert_params[s] - layer
         prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
-                                        run.layout, run.train, shard, context_bytes, kept)
-        if run.train.precision == "fp8":
-            # FP8 copies of the linear weights and their transposes (1 + 1 bytes/param): Transformer
-            # Engine caches both for fprop and dgrad; sharded with the weights under ZeRO-3/FSDP
-            fp8 = 2.0 * lowered.stage_layer_params[s]
-            prog.static_mem["fp8_weights"] = fp8 / (shard if run.layout.shard_stage >= 3 else 1)
+                                        run.layout, run.train, shard, context_bytes, kept, root)
+        if fp8 := fp8_weight_cache_bytes(layer, run.layout, run.train, shard):
+            prog.static_mem["fp8_weights"] = fp8
         if lowered.stage_pp_buffers[s]:
             prog.static_mem["pp_buffers"] = lowered.stage_pp_buffers[s]
         if lowered.stage_expert_params[s]:

@@ -188,6 +188,21 @@ class SoftwareStack:
     gradient pre-divide factor (``_reduce_grad``: ``_div_if_needed(padded_unsharded_grad,
     _gradient_predivide_factor)``, a factor > 1 for any sharding group > 1; torch/distributed/fsdp/
     _runtime_utils.py). FSDP2 copies instead (``fsdp_param_copies``) and lets NCCL average fp32/bf16."""
+    compiled_blocks: bool = False
+    """The transformer blocks run under ``torch.compile``: AOTAutograd's min-cut partitioner saves for
+    backward only the tensors its backward graph reads, so op-level SAC does not keep the outputs its
+    policy marks MUST_SAVE that nothing in the backward reads (the row-parallel projections feeding the
+    residual add; ``memory.op_sac_activation_bytes``); eager SAC caches them all until the recompute."""
+    torch_fsdp: bool = False
+    """ZeRO-3 is PyTorch FSDP (FSDP1 or FSDP2) under a mixed-precision policy (``memory.static_memory``):
+    the sharded parameter stays in fp32 and is the optimizer's master weight, so no bf16 shard is kept
+    beside it (the bf16 copy exists only unsharded, gathered; FSDP2 ``MixedPrecisionPolicy`` casts in
+    ``FSDPParam.init_all_gather_outputs``; FSDP1 frees its ``_mp_shard`` after each all-gather), and the
+    root unit, the parameters outside the wrapped blocks (embedding, final norm, LM head), is never
+    resharded after forward: its gathered bf16 parameters live from the forward's start to the end of
+    the backward (FSDP2 ``FSDPState._lazy_init`` sets the root group's ``post_forward_mesh_info = None``;
+    FSDP1 ``_post_forward_reshard`` skips the root handle). DeepSpeed ZeRO-3 keeps a bf16 partition
+    beside its fp32 master partition (False)."""
     tp_async_grad_allreduce: bool = False
     """Without sequence parallelism, TP's column-parallel layers all-reduce their input gradient beside
     their weight-gradient GEMM (Megatron-LM >= v2.6 ``async_grad_allreduce``, on unless
@@ -233,12 +248,14 @@ EAGER_NORM, EAGER_ROPE, EAGER_ACT, EAGER_LOSS = OpFusion(9.0, 7), OpFusion(5.0, 
 EAGER_CP_MERGE = OpFusion(3.4, 5)
 # Megatron-core's unfused vocab-parallel cross-entropy (module docstring): 52 / 16 bytes per element, 7 kernels.
 MEGATRON_UNFUSED_LOSS = OpFusion(3.25, 7)
-# What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP), torch pipelining
+# What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP, fp32 master shards
+# and a root kept gathered), torch pipelining
 # (local batch split into pp micro-batches), DTensor TP with FP8 all-gathers, torch ring attention, the
 # foreach AdamW.
 TORCHTITAN: Mapping[str, Any] = MappingProxyType(dict(
     pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, attn_merge=EAGER_CP_MERGE,
-    dtensor_tp=True, fp8_tp_gather=True, torch_cp=True, torch_pipelining=True, foreach_optimizer=True))
+    dtensor_tp=True, fp8_tp_gather=True, torch_cp=True, torch_pipelining=True, foreach_optimizer=True,
+    torch_fsdp=True))
 # TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
 COMPILED_REDUCTION = OpFusion(1.0, 2)
 # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
@@ -273,18 +290,18 @@ STACKS: dict[str, SoftwareStack] = {
             "is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
             norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            **TORCHTITAN),
+            compiled_blocks=True, **TORCHTITAN),
         SoftwareStack(
             "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
             "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
             norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
             attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            eager_loss=True, **TORCHTITAN),
+            eager_loss=True, compiled_blocks=True, **TORCHTITAN),
         SoftwareStack(
             "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
             "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
             activation=OpFusion(2.0, 2), loss=OpFusion(1.8, 4), attention="fa2", cpu_launch_s=8 * US,
-            fsdp_flat_grads=True),
+            fsdp_flat_grads=True, torch_fsdp=True),
         SoftwareStack(
             "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
             "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
@@ -295,7 +312,8 @@ STACKS: dict[str, SoftwareStack] = {
             "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
             "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
             loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
-            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True),
+            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True,
+            torch_fsdp=True),
     )
 }
 

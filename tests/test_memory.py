@@ -175,7 +175,8 @@ def test_ledger_peak_matches_closed_form(case: dict) -> None:
         # dynamic memory never negative, and everything allocated during the step is freed
         assert min(values) >= static * (1 - 1e-12)
         assert values[-1] == pytest.approx(static, rel=1e-9)
-        assert m.peak_bytes >= m.components["weights"] > 0
+        # weights: 0 under torch FSDP, whose fp32 shards are the optimizer's master copies
+        assert m.peak_bytes >= m.components.get("weights", 0.0) + m.components["optimizer"] > 0
         assert m.components.get("activations", 0.0) > 0
         assert m.peak_bytes == pytest.approx(sum(m.components.values()), rel=1e-9)
 
@@ -237,19 +238,20 @@ def test_op_sac_saves_between_selective_and_full() -> None:
 
 
 def test_eager_loss_holds_fp32_gradients() -> None:
-    """An eager fp32 cross-entropy (torchtitan) peaks higher than a fused one by two fp32 logit tensors."""
+    """An eager fp32 cross-entropy (torchtitan) peaks higher than a fused one by two fp32 logit tensors and
+    the freed bf16 logits' block, which the caching allocator cannot reuse for them (2 + 2 x 4 B per logit)."""
     def peak(stack: str) -> float:
         res = simulate(_e2e_cfg(dict(model="llama", layout=dict(dp=8), train=dict(global_batch_seqs=8, stack=stack))))
         return res.memory[0].peak_bytes / (1 + 0.05)
 
     extra = peak("torchtitan-eager") - peak("torchtitan-compile")
-    assert extra == pytest.approx(2 * 4.0 * 1024 * LLAMA_TINY["vocab"], rel=1e-6)
+    assert extra == pytest.approx((2 * 4.0 + 2.0) * 1024 * LLAMA_TINY["vocab"], rel=1e-6)
 
 
 def test_loss_parallel_backward_holds_a_third_fp32_buffer() -> None:
     """torch's loss_parallel backward ((zeros + exp(x)) * grad) holds three fp32 logit-sized tensors
     beside the saved log-softmax, against two for aten's fused log_softmax backward; TP 1 has no
-    loss_parallel."""
+    loss_parallel. Either way the freed bf16 logits leave a 2 B-per-logit block no fp32 tensor fits."""
     from simtrain.memory import loss_backward_transient_bytes
     from simtrain.model import ModelSpec
 
@@ -257,19 +259,21 @@ def test_loss_parallel_backward_holds_a_third_fp32_buffer() -> None:
     logits = 4.0 * 2 * 1024 * LLAMA_TINY["vocab"]  # fp32, b=2, s=1024, unsharded
     for t, parallel, copies in ((4, True, 3), (4, False, 2), (1, True, 2)):
         a = ActivationShape(b=2, s=1024, t=t, sp=True, flash=True, dropout=False)
-        assert loss_backward_transient_bytes(spec, a, True, loss_parallel=parallel) == copies * logits / t
+        hole = 2.0 * 2 * 1024 * LLAMA_TINY["vocab"] / t
+        assert loss_backward_transient_bytes(spec, a, True, loss_parallel=parallel) == copies * logits / t + hole
         assert loss_backward_transient_bytes(spec, a, False, loss_parallel=parallel) == 0.0
 
 
 def test_torch_pipelining_buffers() -> None:
     """torch.distributed.pipelining: one activation and one gradient receive buffer per micro-batch
-    on every stage that receives them, and the last stage's bf16 logits of every micro-batch."""
+    on every stage that receives them, and the last stage's output of every micro-batch (torchtitan's
+    fp32 logits: ``self.output(h).float()``), for the whole step."""
     from simtrain.memory import pipeline_stage_buffer_bytes
     from simtrain.model import ModelSpec
 
     spec = ModelSpec(**LLAMA_TINY)
     a = ActivationShape(b=1, s=1024, t=2, sp=True, flash=True, dropout=False)
-    edge, logits, m = 2.0 * 1024 * 512 / 2, 2.0 * 1024 * LLAMA_TINY["vocab"] / 2, 4
+    edge, logits, m = 2.0 * 1024 * 512 / 2, 4.0 * 1024 * LLAMA_TINY["vocab"] / 2, 4
     assert pipeline_stage_buffer_bytes(spec, a, [0], 3, m) == m * edge  # first: gradients only
     assert pipeline_stage_buffer_bytes(spec, a, [1], 3, m) == 2 * m * edge
     assert pipeline_stage_buffer_bytes(spec, a, [3], 3, m) == m * (edge + logits)  # last: activations + outputs

@@ -4,10 +4,8 @@ The FLOP-convention check is fast and always runs: the source's own MFU, recompu
 measured step time in the convention simtrain assigns it, must match what the source reports.
 
 The accuracy checks simulate every row (a few minutes on two cores), so they run only with
-``SIMTRAIN_VALIDATION=1``. The issue's step-time targets (median <= 8 %, p90 <= 15 %) are asserted; the
-per-row torchtitan memory target, not met yet, is a strict expected failure carrying today's numbers;
-regression guards keep the errors from growing. When a model fix meets it, its strict xfail turns into a
-failure: remove the marker then.
+``SIMTRAIN_VALIDATION=1``. The issue's targets are asserted: step time (median <= 8 %, p90 <= 15 %) and
+torchtitan's peak memory within 10 % per row; regression guards keep the errors from growing.
 """
 
 from __future__ import annotations
@@ -122,21 +120,11 @@ def test_step_time_p90_target(table: tuple[pd.DataFrame, dict[str, Any]]) -> Non
 
 
 @SLOW
-def test_torchtitan_peak_memory_no_worse_than_today(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
-    """Guard: 19 of 20 torchtitan peaks within 10 % today (median 3.6 %), none beyond 11.5 %."""
-    frame = table[0]
-    errors = frame[(frame["source"] == "torchtitan") & frame["peak_mem_error_pct"].notna()]["peak_mem_error_pct"].abs()
-    assert len(errors) >= 18
-    assert (errors <= 10.0).sum() >= 19 and errors.max() <= 11.5
-
-
-@SLOW
-@pytest.mark.xfail(strict=True, reason="not met today: torchtitan |peak-memory error| median 3.6 %, 19 of 20 rows "
-                                       "within 10 % (p90 8.0 %); T4-10 (70B TP8 FP8, vanilla TP) -10.9 %: "
-                                       "measured 4.3 GiB above its async-TP twin T4-11 (-5.2 %), which the "
-                                       "model prices the same")
 def test_torchtitan_peak_memory_within_10_percent(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
+    """Issue 5's memory target, met narrowly: every torchtitan peak within 10 % (the interleaved 405B
+    at +9.9 %, its last stage holding 16 micro-batches' fp32 logits), median 3.8 %, p90 6.0 %."""
     frame = table[0]
     rows = frame[(frame["source"] == "torchtitan") & frame["peak_mem_error_pct"].notna()]
     assert len(rows) >= 18
     assert (rows["peak_mem_error_pct"].abs() <= 10.0).all()
+    assert rows["peak_mem_error_pct"].abs().median() <= 4.0
