@@ -402,7 +402,7 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
     stage = layout.shard_stage
     grad_b = train.grad_bytes
     opt_b = 8.0 if train.optimizer == "sgd" else 12.0
-    torch_fsdp = stage >= 3 and shard > 1 and get_stack(train.stack).torch_fsdp
+    torch_fsdp = stage >= 3 and get_stack(train.stack).torch_fsdp
     weights = 0.0 if torch_fsdp else 2.0 * params / (shard if stage >= 3 else 1)
     grads = grad_b * params / (shard if stage >= 2 else 1)
     optimizer = opt_b * params / (shard if stage >= 1 else 1)

@@ -39,6 +39,9 @@ def test_torch_fsdp_keeps_fp32_master_shards_and_the_root_gathered(stack: str) -
     assert mem["grads"] == pytest.approx(4.0 * PSI / SHARD)
     layers = 2 * 2.0 * LAYER + 4.0 * LAYER  # gathered layer + prefetched layer, one unsharded fp32 grad
     assert mem["comm_buffers"] == pytest.approx(layers + 2.0 * ROOT)  # + the root's bf16 parameters
+    # one rank: the same fp32 parameters, nothing sharded
+    lay, train = LayoutConfig(dp=1, fsdp="full"), TrainConfig(global_batch_seqs=1, stack=stack)
+    assert static_memory(PSI, LAYER, 32, lay, train, 1, 0.0, root_params=ROOT)["weights"] == 0.0
 
 
 def test_deepspeed_zero3_keeps_a_bf16_partition_beside_its_fp32_master() -> None:
