@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a field by dotted path, e.g. --set layout.tp=4 (repeatable)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON")
     sim.add_argument("--mode", choices=["symmetric", "full"], help="simulation mode (default: sim.mode)")
-    sim.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the step")
+    sim.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the step "
+                     "(gzip-compressed when FILE ends in .gz)")
     sim.add_argument("--timeline", action="store_true", help="include memory timelines in --json output")
     sim.add_argument("--error-table", metavar="FILE", help="measured-run errors behind the likely step-time range "
                      "(written by validate --error-table; default: simtrain's errors on the published runs)")
@@ -105,7 +106,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(args.config, args.overrides, mode=args.mode, trace=bool(args.trace),
                       error_table=args.error_table)
     if args.trace:
-        write_chrome_trace(args.trace, result.trace, result.stage_of)
+        write_chrome_trace(args.trace, result.trace, result.stage_of, result.memory)
     if args.json:
         print(json.dumps(result.to_dict(timeline=args.timeline), indent=2))
     else:
