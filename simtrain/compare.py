@@ -309,6 +309,10 @@ def render_text(c: Comparison) -> str:
     return "\n".join(lines)
 
 
+def _fields(n: int) -> str:
+    return f"{n} field" if n == 1 else f"{n} fields"
+
+
 def _md_cell(s: str) -> str:
     return s.replace("|", "\\|")
 
@@ -319,7 +323,7 @@ def render_markdown(c: Comparison, title: str = "simtrain compare") -> str:
     lines = [f"# {title}", "", f"- **A**: `{c.label_a}`", f"- **B**: `{c.label_b}`", "", "## Metrics", "",
              "| " + " | ".join(table[0]) + " |", "|---|---|" + "---:|" * 4]
     lines += ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in table[1:]]
-    lines += ["", f"## What differs ({len(c.diff)} fields)", ""]
+    lines += ["", f"## What differs ({_fields(len(c.diff))})", ""]
     if c.diff:
         lines += ["| field | A | B |", "|---|---|---|"]
         lines += [f"| `{d.path}` | {_md_cell(_diff_value(d.a))} | {_md_cell(_diff_value(d.b))} |" for d in c.diff]
@@ -385,7 +389,7 @@ def render_html(c: Comparison, title: str = "simtrain compare") -> str:
                    "</tr>")
     doc.append("</tbody></table>")
     doc.append("<h2>Step-time breakdown</h2>" + _bars(c))
-    doc.append(f"<h2>What differs ({len(c.diff)} fields)</h2>")
+    doc.append(f"<h2>What differs ({_fields(len(c.diff))})</h2>")
     if c.diff:
         doc.append("<table id='diff'><thead><tr><th>field</th><th class='l'>A</th><th class='l'>B</th></tr></thead><tbody>")
         doc += [f"<tr><td><code>{e(d.path)}</code></td><td class='l'>{e(_diff_value(d.a))}</td>"

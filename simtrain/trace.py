@@ -4,15 +4,18 @@ The output follows the Trace Event Format (Google, "Trace Event Format", the JSO
 ``traceEvents``; https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU):
 
 - ``"ph": "X"`` complete events, one per executed op (``ts``/``dur`` in microseconds), with ``args``:
-  category, micro-batch, bytes, kernels; a collective's ``group`` (axis, size, ranks) and
+  category, micro-batch, bytes (a collective's nccl-tests size, a send's payload), kernels; a
+  collective's ``collective`` kind, ``group`` (axis, size, ranks up to ``MAX_LISTED_RANKS``) and
   ``algorithm`` (as the planner chose it); a send's ``to_rank``, a waiting op's ``from_rank``;
-- ``"ph": "C"`` counter events, each stage's allocated memory over the step (GiB), on the process of
-  the stage's first simulated rank;
+- ``"ph": "C"`` counter events, each stage's allocated memory over the step (GiB, before the
+  fragmentation allowance), on the process of the stage's first simulated rank; it is the memory
+  timeline of ``StepResult.memory`` (in full mode the stage's busiest rank's);
 - ``"ph": "s"`` / ``"ph": "f"`` flow events (same ``id``), an arrow from each pipeline send to the op
-  of the next stage that waits for it; the finish binds to its enclosing slice (``"bp": "e"``);
+  of the peer stage that waits for it (forward activations and backward gradients alike); the
+  finish binds to its enclosing slice (``"bp": "e"``);
 - ``"ph": "M"`` metadata naming processes (ranks) and threads (streams).
 
-A path ending in ``.gz`` is written gzip-compressed (Perfetto and ``chrome://tracing`` open both).
+A path ending in ``.gz`` is written gzip-compressed (ui.perfetto.dev's trace processor reads gzip).
 """
 
 from __future__ import annotations
