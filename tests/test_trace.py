@@ -86,6 +86,7 @@ def check_result_trace(r: StepResult, data: dict[str, Any]) -> None:
     # microseconds: the last op ends at the step time
     assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(r.step_time_s * 1e6, rel=1e-9)
     # every send has exactly one flow starting inside it, finishing on the peer's process, one stage away
+    # (or on its own stage: DualPipeV's turn at the bottom of the V)
     sends = [e for e in spans if "to_rank" in e["args"]]
     starts, finishes = _events(data, "s"), {e["id"]: e for e in _events(data, "f")}
     assert sends and len(starts) == len(sends)
@@ -93,8 +94,8 @@ def check_result_trace(r: StepResult, data: dict[str, Any]) -> None:
         send = next(x for x in sends if x["pid"] == s["pid"] and x["tid"] == s["tid"]
                     and x["ts"] <= s["ts"] <= x["ts"] + x["dur"])
         f = finishes[s["id"]]
-        assert f["pid"] == send["args"]["to_rank"]
-        assert abs(r.stage_of[f["pid"]] - r.stage_of[s["pid"]]) == 1
+        assert f["pid"] == send["args"]["to_rank"] and r.stage_of[f["pid"]] == send["args"]["to_stage"]
+        assert abs(r.stage_of[f["pid"]] - r.stage_of[s["pid"]]) <= 1
         recv = next(x for x in spans if x["pid"] == f["pid"] and x["tid"] == f["tid"]
                     and x["ts"] <= f["ts"] <= x["ts"] + x["dur"])
         assert recv["args"]["from_rank"] == s["pid"]
@@ -145,6 +146,21 @@ def test_full_mode_trace_every_rank() -> None:
     for s in _events(data, "s"):
         f = next(e for e in _events(data, "f") if e["id"] == s["id"])
         assert f["pid"] - s["pid"] in (4, -4)  # pp is the outermost axis: tp 2 x dp 2 = 4 ranks per stage
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "dualpipe", "dualpipev"])
+def test_every_schedule_pairs_its_sends(schedule: str) -> None:
+    """Each pipeline schedule: every send's arrow ends at the op that waits for it."""
+    cfg = {**SMALL_PP, "model": {"preset": "llama3-8b", "n_layers": 8},
+           "layout": {**SMALL_PP["layout"], "schedule": schedule, "vpp": 2 if schedule == "interleaved_1f1b" else 1}}
+    r = simulate(cfg, trace=True)
+    data = to_chrome_trace(r.trace, r.stage_of, r.memory)
+    check_result_trace(r, data)
+    pairs = {(e["pid"], f["pid"]) for e in _events(data, "s") for f in _events(data, "f") if f["id"] == e["id"]}
+    # forward sends go down the pipeline and backward ones up; DualPipe(V) also the other way round
+    assert {(0, 4), (4, 0)} <= pairs
+    if schedule == "dualpipev":
+        assert (4, 4) in pairs  # the V turns on the last stage: a send to itself
 
 
 def test_moe_collectives_carry_metadata() -> None:
