@@ -223,6 +223,11 @@ def metric_rows(a: StepResult, b: StepResult) -> list[Row]:
                                                       b.global_batch_tokens),
             Row("micro-batches per step", "", a.microbatches, b.microbatches),
             Row("step time", "s", a.step_time_s, b.step_time_s, Better.LOWER),
+            # the likely measured step time (simtrain.uncertainty): whether a difference is within simtrain's error
+            Row("likely step time from", "s", a.error_band.low_s if a.error_band else None,
+                b.error_band.low_s if b.error_band else None, Better.LOWER),
+            Row("likely step time to", "s", a.error_band.high_s if a.error_band else None,
+                b.error_band.high_s if b.error_band else None, Better.LOWER),
             Row("throughput", "tokens/s", a.tokens_per_s, b.tokens_per_s, Better.HIGHER),
             Row("throughput per GPU", "tokens/s/GPU", a.tokens_per_s_per_gpu, b.tokens_per_s_per_gpu, Better.HIGHER),
             Row("MFU", "%", 100 * a.mfu, 100 * b.mfu, Better.HIGHER),

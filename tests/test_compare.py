@@ -52,6 +52,7 @@ def test_rows_are_the_two_simulations(pp2_vs_pp4: Any) -> None:
     for metric in ("throughput", "throughput per GPU", "MFU"):
         assert row(c, metric).ratio == pytest.approx(1 / st.ratio, rel=1e-12)
     assert row(c, "throughput").a == pytest.approx(a.global_batch_tokens / a.step_time_s)
+    assert a.error_band is not None and row(c, "likely step time to").a == a.error_band.high_s
     # the breakdown rows are every component: they add up to each side's step time
     for side, res in (("a", a), ("b", b)):
         assert sum(getattr(row(c, m), side) for m in BREAKDOWN) == pytest.approx(res.step_time_s, rel=1e-9)
