@@ -381,7 +381,7 @@ def render_html(c: Comparison, title: str = "simtrain compare") -> str:
     doc = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>",
            f"<style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>",
            f"<p><b>A</b>: <code>{e(c.label_a)}</code><br><b>B</b>: <code>{e(c.label_b)}</code></p>",
-           "<h2>Metrics</h2><table id='metrics'><thead><tr><th>metric</th><th>unit</th><th>A</th><th>B</th>"
+           "<h2>Metrics</h2><table id='metrics'><thead><tr><th>metric</th><th class='l'>unit</th><th>A</th><th>B</th>"
            "<th>B-A</th><th>B/A</th></tr></thead><tbody>"]
     section = ""
     for r in c.rows:
