@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from simtrain.config import RunConfig, load_config
 from simtrain.engine import AXES
-from simtrain.errors import ConfigError, InfeasibleLayout, Problem
+from simtrain.errors import ConfigError, InfeasibleLayout, Problem, problem
 from simtrain.results import StepResult
 
 if TYPE_CHECKING:
@@ -159,6 +159,8 @@ def compare(a: RunConfig | dict[str, Any] | str | Path, b: RunConfig | dict[str,
 
     b_source = a if b is None else b
     problems: list[Problem] = []
+    if mode not in (None, "symmetric", "full"):
+        problems.append(problem("mode", mode, "'symmetric' or 'full' (or None: each config's sim.mode)"))
     runs: list[RunConfig] = []
     for which, src, ov in (("A", a, overrides_a), ("B", b_source, overrides_b)):
         try:

@@ -106,6 +106,8 @@ def test_errors_name_the_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         compare(BASE, None, ["layout.tp=3"], ["layout.pp=5"])
     paths = [p.path for p in exc.value.problems]
     assert any(p.startswith("A: layout.tp") for p in paths) and any(p.startswith("B: layout") for p in paths)
+    with pytest.raises(ConfigError, match="mode: 'fast' is not valid"):
+        compare(BASE, None, [], ["layout.pp=4"], mode="fast")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(BASE))
     assert main(["compare", str(cfg)]) == 2  # one file and no override sets: nothing to compare
