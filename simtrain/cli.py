@@ -1,4 +1,4 @@
-"""Command line: ``simtrain simulate | validate | models | hardware``.
+"""Command line: ``simtrain simulate | compare | validate | models | hardware`` (and simtrain.cli_run's).
 
 Bad input prints every problem with its dotted path and exits with code 2; never a traceback.
 """
@@ -14,7 +14,7 @@ from simtrain import cli_calibrate
 from simtrain.cli_run import COMMANDS as RUN_COMMANDS
 from simtrain.cli_run import add_parsers as add_run_parsers
 from simtrain.cli_run import run_command
-from simtrain.errors import ConfigError, InfeasibleLayout, problem
+from simtrain.errors import ConfigError, InfeasibleLayout, Problem, problem
 from simtrain.results import StepResult
 
 GiB = 1024.0**3
@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a field by dotted path, e.g. --set layout.tp=4 (repeatable)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON")
     sim.add_argument("--mode", choices=["symmetric", "full"], help="simulation mode (default: sim.mode)")
-    sim.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the step")
+    sim.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the step "
+                     "(gzip-compressed when FILE ends in .gz)")
     sim.add_argument("--timeline", action="store_true", help="include memory timelines in --json output")
     sim.add_argument("--error-table", metavar="FILE", help="measured-run errors behind the likely step-time range "
                      "(written by validate --error-table; default: simtrain's errors on the published runs)")
@@ -44,6 +45,19 @@ def _parser() -> argparse.ArgumentParser:
                      "the table simulate --error-table reads for its likely step-time range")
     val.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; 1 = in-process)")
     add_run_parsers(sub)  # run, sweep, search, report (simtrain/cli_run.py)
+    cmp = sub.add_parser("compare", help="simulate two configs (or one with two --set sets) side by side")
+    cmp.add_argument("config_a", metavar="A", help="path to a run config (YAML or JSON)")
+    cmp.add_argument("config_b", metavar="B", nargs="?", help="second config (default: A again, with --set-b)")
+    cmp.add_argument("--set-a", dest="set_a", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field of A by dotted path (repeatable)")
+    cmp.add_argument("--set-b", dest="set_b", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field of B by dotted path (repeatable)")
+    cmp.add_argument("--set", dest="set_both", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field of both (applied before --set-a/--set-b; repeatable)")
+    cmp.add_argument("--mode", choices=["symmetric", "full"], help="simulation mode of both (default: sim.mode)")
+    cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cmp.add_argument("--markdown", metavar="FILE", help="write the comparison as Markdown")
+    cmp.add_argument("--html", metavar="FILE", help="write the comparison as a self-contained HTML page")
     cli_calibrate.add_parser(sub)  # calibrate: the torch suite in calibration/ (simtrain/cli_calibrate.py)
     return p
 
@@ -105,13 +119,31 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(args.config, args.overrides, mode=args.mode, trace=bool(args.trace),
                       error_table=args.error_table)
     if args.trace:
-        write_chrome_trace(args.trace, result.trace, result.stage_of)
+        write_chrome_trace(args.trace, result.trace, result.stage_of, result.memory)
     if args.json:
         print(json.dumps(result.to_dict(timeline=args.timeline), indent=2))
     else:
         print(render_summary(result))
         if args.trace:
             print(f"  trace written to {args.trace}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from simtrain.compare import compare, render_text, write_outputs
+
+    if args.config_b is None and not (args.set_a or args.set_b):
+        raise ConfigError(Problem("B", "missing: give a second config, or --set-a/--set-b overrides that make "
+                                  "two configs of A"))
+    c = compare(args.config_a, args.config_b, args.set_both + args.set_a, args.set_both + args.set_b,
+                mode=args.mode)
+    written = write_outputs(c, args.markdown, args.html)
+    if args.json:
+        print(json.dumps(c.to_dict(), indent=2))
+    else:
+        print(render_text(c))
+        for path in written:
+            print(f"  wrote {path}")
     return 0
 
 
@@ -172,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_simulate(args)
         if args.command == "validate":
             return _cmd_validate(args)
+        if args.command == "compare":
+            return _cmd_compare(args)
         if args.command == "models":
             return _cmd_models()
         if args.command in RUN_COMMANDS:

@@ -109,6 +109,12 @@ class TraceEvent:
     start_s: float
     end_s: float
     op: Op
+    peer: int = -1
+    """A pipeline send's destination rank, or the rank whose send this op waits for (``op.remote``); else -1."""
+    group: tuple[int, ...] = ()
+    """A collective's process group (ranks); empty for other ops."""
+    algorithm: str = ""
+    """A collective's algorithm/protocol as the planner chose it (e.g. "ring/simple"); "" if unknown."""
 
 
 @dataclass(slots=True)
@@ -740,12 +746,28 @@ class Engine:
         if op.mem_end:
             self.ledgers[rank].apply(end, op.mem_end)
         if self.keep_trace:
-            self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op))
+            self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
+                                         *self._trace_links(rank, op)))
         self.executed += 1
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
             stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
+
+    def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
+        """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""
+        if op.kind == OpKind.SEND:
+            return self._remote_rank(rank, op.peer_stage), (), ""
+        if op.remote is not None:
+            return self._remote_rank(rank, op.remote[0]), (), ""
+        if op.kind != OpKind.COLLECTIVE:
+            return -1, (), ""
+        group = self.grid.group(op.axis, rank)
+        plans = self.planner.plans
+        # a symmetric stage translated from stage 0 (CommPlanner._translation) runs stage 0's plan
+        plan = (plans.get((op.coll, group, op.comm_bytes))
+                or plans.get((op.coll, self.grid.group(op.axis, self.grid.representative(0)), op.comm_bytes)))
+        return -1, group, f"{plan.algorithm}/{plan.protocol}" if plan is not None else ""
 
     def _slowdown(self, rank: int) -> float:
         active = self.active_comm[rank]
