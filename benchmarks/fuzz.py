@@ -61,6 +61,10 @@ def _worker(conn: Connection, seed: int, share: float, mem_gib: float) -> None:
     if mem_gib > 0:
         limit = int(mem_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    import simtrain.cli  # noqa: F401 - imported before the first case so its wall time is the case's own
+    import simtrain.fidelity  # noqa: F401
+    import simtrain.simulate  # noqa: F401
+
     work = Path(tempfile.mkdtemp(prefix="simtrain-fuzz-"))
     while True:
         index = conn.recv()
@@ -110,7 +114,8 @@ def campaign(n: int, seed: int, out: Path, workers: int, timeout: float, mem_gib
         def record(index: int, result: dict[str, Any]) -> None:
             nonlocal finished
             case = make_case(seed, index, share)
-            row = {"index": index, "seed": seed, "kind": case["kind"], "label": case.get("label", "")} | result
+            row = {"index": index, "seed": seed, "share": share, "kind": case["kind"],
+                   "label": case.get("label", "")} | result
             if row["outcome"] in FAILURES:
                 row["known"] = known_bug(case, f"{row['outcome']}: {row.get('detail', '')}")
                 row["repro"] = write_reproducer(case, out)
@@ -186,6 +191,15 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def reclassify(rows: list[dict[str, Any]], share: float) -> list[dict[str, Any]]:
+    """Match every failure against today's KNOWN_OPEN and FOUND_BY_FUZZ (lines come and go between runs)."""
+    for r in rows:
+        if r["outcome"] in FAILURES:
+            case = make_case(r["seed"], r["index"], r.get("share", share))
+            r["known"] = known_bug(case, f"{r['outcome']}: {r.get('detail', '')}")
+    return rows
+
+
 def summary(rows: list[dict[str, Any]], slow_s: float = CASE_TIMEOUT_S) -> str:
     """Counts per outcome, new and known failures with reproducers, the slowest cases."""
     counts = Counter(r["outcome"] for r in rows)
@@ -197,12 +211,13 @@ def summary(rows: list[dict[str, Any]], slow_s: float = CASE_TIMEOUT_S) -> str:
     lines = [f"{len(rows)} cases ({kinds['config']} configs, {kinds['cli']} malformed command lines): "
              f"{counts['ok']} ok, {counts['refused']} refused cleanly, {counts['crash']} crashes, "
              f"{counts['invariant']} invariant breaks, {counts['timeout']} timeouts; {over} over {slow_s:g} s",
-             f"new failures: {len(new)}; known (issue 31, KNOWN_OPEN): {sum(known.values())}"]
+             f"new failures: {len(new)}; known: {sum(known.values())} (issue 31's KNOWN_OPEN, and FOUND_BY_FUZZ "
+             "marked [fuzz])"]
     if walls:
         walls.sort()
         lines.append(f"time per case: mean {sum(walls) / len(walls):.3f} s, median {walls[len(walls) // 2]:.3f} s, "
                      f"max {walls[-1]:.2f} s")
-    for name, k in known.most_common():
+    for name, k in sorted(known.items(), key=lambda kv: (kv[0].startswith("[fuzz]"), -kv[1])):
         lines.append(f"  known x{k}: {name}")
     for r in new:
         lines.append(f"  NEW {r['outcome']} case {r['index']} ({r['kind']} {r.get('label', '')}): "
@@ -228,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", type=int, help="run one case in this process and print it and its outcome")
     args = p.parse_args(argv)
     if args.summary:
-        print(summary(read_results(args.summary)))
+        print(summary(reclassify(read_results(args.summary), args.malformed_share)))
         return 0
     if args.case is not None:
         case = make_case(args.seed, args.case, args.malformed_share)

@@ -55,7 +55,7 @@ def _check(case: dict[str, Any], result: dict[str, Any]) -> None:
             pytest.fail(f"new fuzz failure on {shown}:\n{failure}")
 
 
-@settings(FUZZ, max_examples=160)
+@settings(FUZZ, max_examples=220)
 @given(rng=st.randoms(use_true_random=False), check_twice=st.integers(0, 11))
 def test_random_configs_are_refused_cleanly_or_hold_invariants(rng: Any, check_twice: int) -> None:
     case = {"kind": "config", "config": fc.random_config(rng)}
