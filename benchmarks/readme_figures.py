@@ -234,6 +234,14 @@ def _out_of_sample_row(gpus: tuple[str, ...] | None, moe: bool | None) -> Callab
     return compute
 
 
+def _row_errors(**run_ids: str) -> Callable[[], dict[str, float]]:
+    """Signed step-time errors (%) of published runs by ``run_id`` (simtrain/data/published_errors.csv)."""
+    def compute() -> dict[str, float]:
+        df = _error_frame(False).set_index("run_id")["step_time_error_pct"]
+        return {name: float(df[run_id]) for name, run_id in run_ids.items()}
+    return compute
+
+
 IN_SAMPLE = (("Korthikanti 2022 (A100, Megatron-LM)", "Korthikanti 2022"),
              ("MosaicML llm-foundry (A100, FSDP)", "MosaicML llm-foundry"), ("NeMo 24.07 (H100, FP8)", "NeMo 24.07"),
              ("Megatron-LM H100 (2024)", "Megatron-LM H100 (2024)"), ("torchtitan (H100 500 W, H200)", "torchtitan"),
@@ -263,6 +271,18 @@ FIGURES: tuple[Figure, ...] = (
            _signed_published),
     *(Figure(README, f"| {label} | {{n:d}} | {{med:.1f}} | {{mean:.1f}} | {{p90:.1f}} | {{signed:+.1f}} |",
              _out_of_sample_row(gpus, moe), tol=0.01) for label, gpus, moe in OUT_OF_SAMPLE),
+    Figure(README, "Megatron-LM's TP8 32B {e:+.0f} %", _row_errors(e="mlm-h100-32B"), tol=0.01),
+    Figure(README, "its 1.7B is {e:.0f} %", _row_errors(e="mlm-h100-1.7B"), tol=0.01),
+    Figure(README, "torchtitan's CP2 row {cp2:+.0f} % while its CP4 / CP8 rows are {cp4:.0f} / {cp8:.0f} %",
+           _row_errors(cp2="torchtitan-T2-4", cp4="torchtitan-T2-5", cp8="torchtitan-T2-6"), tol=0.01),
+    Figure(README, "interleaved 1F1B {e:.1f} % (its 1F1B twin", _row_errors(e="torchtitan-T5-13"), tol=0.01),
+    Figure(README, "Megatron-LM's 70B {e:+.1f} %", _row_errors(e="mlm-h100-70B"), tol=0.01),
+    Figure(README, "async TP in BF16 {bf16:.1f} % (FP8 {fp8:.1f} %;",
+           _row_errors(bf16="torchtitan-asynctp-llama3-8b-bf16-asyncTP", fp8="torchtitan-asynctp-llama3-8b-fp8-asyncTP"),
+           tol=0.01),
+    Figure(README, "torchtitan's CP8 8B {e:.1f} %", _row_errors(e="torchtitan-T2-6"), tol=0.01),
+    Figure(README, "Megatron-LM's 7.1B {e:.1f} %", _row_errors(e="mlm-h100-7.1B"), tol=0.01),
+    Figure(README, "MPT-70B at micro-batch 2 is {e:.1f} %", _row_errors(e="mpt-a100_80gb-70b-s2048-g32-bf16"), tol=0.01),
     Figure(README, "2,048 A100: ~{days:.1f} days, ~{gpuh_m:.2f}M GPU-hours", _llama65b_run, slow=True),
     Figure(README, "predicts {days:.1f} days and {gpuh:,.0f} GPU-hours ({mfu:.1f} % MFU)", _llama65b_run, slow=True),
     Figure(README, "stack's bf16 gradient reduction ({vs:+.1f} %;", _llama65b_run, slow=True),
