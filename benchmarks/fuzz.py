@@ -9,7 +9,7 @@ alone, so a run is resumable (indices already in ``--out`` are skipped) and any 
 address-space limit (``--mem-gib``): a case over either is killed and recorded, never waited on. Every
 failure (crash, invariant break, timeout) gets a reproducer: its config or files are written under
 ``OUT.cases/`` and the summary prints the ``simtrain`` command line that replays it. Failures that a
-line of ``fuzz_cases.KNOWN_OPEN`` matches (bugs issue 31 already reports) are counted apart.
+line of ``KNOWN_OPEN`` or ``FOUND_BY_FUZZ`` (``benchmarks/fuzz_known.py``) matches are counted apart.
 """
 
 from __future__ import annotations
