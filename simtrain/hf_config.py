@@ -98,7 +98,9 @@ def _require(cfg: Mapping[str, Any], keys: list[str]) -> None:
         raise ConfigError(missing)
 
 
-def _expert_count(cfg: Mapping[str, Any], family: str, keys: tuple[str, ...] = EXPERT_COUNT_FIELDS[:2]) -> int:
+def _expert_count(
+    cfg: Mapping[str, Any], family: str, keys: tuple[str, ...] = EXPERT_COUNT_FIELDS[:2]
+) -> int:
     """The routed-expert count of an MoE config under one of ``keys``; ConfigError naming them if absent."""
     for key in keys:
         value = cfg.get(key)
@@ -117,7 +119,9 @@ def _top_k(cfg: Mapping[str, Any]) -> Any:
     for key in _TOP_K_FIELDS:
         if cfg.get(key) is not None:
             return cfg[key]
-    raise ConfigError(Problem(f"{_HF_PATH}.num_experts_per_tok", "required field is missing (experts per token)"))
+    raise ConfigError(
+        Problem(f"{_HF_PATH}.num_experts_per_tok", "required field is missing (experts per token)")
+    )
 
 
 def _check_dense(cfg: Mapping[str, Any], family: str) -> None:
@@ -149,7 +153,9 @@ def _llama_fields(cfg: Mapping[str, Any], family: str) -> dict[str, Any]:
     # Qwen2Config: sliding window only with use_sliding_window, on layers >= max_window_layers (4), or as
     # layer_types names them (5). Llama/Mistral keep full attention here as before (Mistral's
     # sliding_window of 4096 equals its trained context).
-    window = _attention_fields(cfg, cfg["num_hidden_layers"], window_everywhere=False) if family == "qwen2" else {}
+    window = (
+        _attention_fields(cfg, cfg["num_hidden_layers"], window_everywhere=False) if family == "qwen2" else {}
+    )
     return {
         **window,
         "n_layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
@@ -337,7 +343,9 @@ def _gpt_oss_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     window on the layers ``layer_types`` names (default: even layers). MoE on every layer: router
     weight + bias, experts with gate_up/down biases, width ``intermediate_size``.
     """
-    _require(cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"])
+    _require(
+        cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
+    )
     n_experts, top_k = _expert_count(cfg, "gpt_oss"), _top_k(cfg)
     n_layers = cfg["num_hidden_layers"]
     attn_bias = bool(cfg.get("attention_bias", True))
@@ -470,5 +478,11 @@ def resolve_hf_source(text: str | Path, path: str = "--hf-config") -> Path:
             if found is not None:
                 return found
     where = ", ".join(str(c) for c in caches)
-    raise ConfigError(problem(path, str(text), "a directory holding config.json, a config.json file, or a model "
-                              f"id (org/name) already in the local Hugging Face cache (searched {where})"))
+    raise ConfigError(
+        problem(
+            path,
+            str(text),
+            "a directory holding config.json, a config.json file, or a model "
+            f"id (org/name) already in the local Hugging Face cache (searched {where})",
+        )
+    )

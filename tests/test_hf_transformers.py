@@ -125,8 +125,9 @@ def test_qwen3_30b_a3b_written_by_transformers_5_is_the_moe_model(tmp_path: Path
     [("mixtral-8x7b", "num_local_experts"), ("qwen3-30b-a3b", "num_local_experts"),
      ("deepseek-v3", "n_routed_experts"), ("gpt-oss-120b", "num_local_experts")],
 )  # fmt: skip
-def test_moe_config_without_expert_count_is_an_error_naming_the_field(case: str, field: str,
-                                                                      tmp_path: Path) -> None:
+def test_moe_config_without_expert_count_is_an_error_naming_the_field(
+    case: str, field: str, tmp_path: Path
+) -> None:
     model_type, kwargs = CASES[case]
     data = transformers.AutoConfig.for_model(model_type, **kwargs).to_dict()
     for key in ("num_local_experts", "num_experts", "n_routed_experts"):
