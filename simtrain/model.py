@@ -52,7 +52,7 @@ class MoESpec(BaseModel):
     layers use the model's ``ffn_hidden``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     n_experts: int = Field(gt=0)
     """Routed experts per MoE layer E (HF n_routed_experts / num_local_experts / num_experts)."""
@@ -101,7 +101,7 @@ class MoESpec(BaseModel):
 class MLASpec(BaseModel):
     """DeepSeek multi-head latent attention dims (DeepSeek-V2 §2.1; DeepSeek-V3 report §2.1.1)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     q_lora_rank: int | None = Field(gt=0)
     """Query compression rank d_c' (1536 in V3); None: plain q_proj h→a·d_qk (DeepSeek-V2-Lite)."""
@@ -137,7 +137,7 @@ class ModelSpec(BaseModel):
     - ``param_count()``: the main model (DeepSeek's 671B); MTP modules are ``mtp_params()``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     name: str
     """Human-readable name, e.g. ``llama3-8b``."""
