@@ -189,7 +189,7 @@ def _recompute(t: _Toml, layout: dict[str, Any], n_layers: int | None, notes: li
         layout["recompute"] = "full" if period == 1 or chunk else "none"
         if period > 1 and chunk:
             layout["recompute_layers"] = math.ceil(chunk / period)
-            notes.append(f"activation_checkpoint selective_ac_option {option!r} (every {period}th layer): simulated "
+            notes.append(f"activation_checkpoint selective_ac_option {option!r} (one layer in {period}): simulated "
                          f"as full recompute of {layout['recompute_layers']} of each stage chunk's {chunk} layers")
     elif mode != "none":
         t.problems.append(problem(f"{a}.mode", f"{mode}/{option}", "none, full, or selective with "
