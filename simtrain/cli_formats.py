@@ -129,6 +129,7 @@ def config_yaml(run: RunConfig) -> str:
     from simtrain.model import list_presets, preset
 
     data = run.model_dump(mode="json", exclude_defaults=True)
+    data["hardware"] = {"node": run.hardware.node, **data.get("hardware", {})}  # say which node, even the default
     mine = run.model.model_dump(exclude={"name"})
     for name in list_presets():
         if preset(name).model_dump(exclude={"name"}) == mine:

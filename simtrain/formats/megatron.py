@@ -417,8 +417,10 @@ def read_megatron(text: str, *, base: RunConfig | dict[str, Any] | str | Path | 
 
 
 def read_megatron_file(path: str | Path, **kwargs: Any) -> Imported:
-    """``read_megatron`` of a file's text."""
-    text, _ = read_text(path, "megatron")
+    """``read_megatron`` of a file's text; without a name or base the run is named after the file."""
+    text, stem = read_text(path, "megatron")
+    if kwargs.get("name") is None and kwargs.get("base") is None:
+        kwargs["name"] = stem
     return read_megatron(text, **kwargs)
 
 

@@ -278,7 +278,7 @@ def read_torchtitan(text: str, *, base: RunConfig | dict[str, Any] | str | Path 
 
 def read_torchtitan_file(path: str | Path, **kwargs: Any) -> Imported:
     """``read_torchtitan`` of a file; a relative ``hf_assets_path`` starts at the file's folder."""
-    text, _ = read_text(path, "torchtitan")
+    text, _ = read_text(path, "torchtitan")  # named by [job] description, else the base's
     return read_torchtitan(text, source_dir=Path(path).resolve().parent, **kwargs)
 
 
