@@ -7,7 +7,8 @@ Face ``config.json`` models are ``simtrain.hf_config``.
 """
 
 from simtrain.formats.common import Imported
-from simtrain.formats.megatron import read_megatron, read_megatron_file, write_megatron
+from simtrain.formats.megatron import read_megatron, read_megatron_file
+from simtrain.formats.megatron_export import write_megatron
 from simtrain.formats.torchtitan import read_torchtitan, read_torchtitan_file, write_torchtitan
 
 __all__ = ["Imported", "read_megatron", "read_megatron_file", "read_torchtitan", "read_torchtitan_file",

@@ -113,6 +113,23 @@ def finish(data: dict[str, Any], unknown: list[str], ignored: list[str], notes: 
     return Imported(run, tuple(dict.fromkeys(unknown)), tuple(dict.fromkeys(ignored)), tuple(dict.fromkeys(notes)))
 
 
+def model_layers(model: Any) -> int | None:
+    """Transformer blocks of a model as a config may give it: a preset name, ``{preset: ...}``,
+    ``{hf_config: path}``, field dict or ModelSpec (None when it cannot tell)."""
+    from simtrain.hf_config import from_hf_config
+    from simtrain.model import preset
+
+    if isinstance(model, str):
+        return preset(model).n_layers
+    if isinstance(model, dict):
+        if "hf_config" in model:
+            return from_hf_config(model["hf_config"]).n_layers
+        if "n_layers" in model:
+            return int(model["n_layers"])
+        return preset(str(model["preset"])).n_layers if "preset" in model else None
+    return getattr(model, "n_layers", None)
+
+
 def read_text(source: str | Path, what: str) -> tuple[str, str]:
     """(text, stem) of a file; ConfigError naming ``what`` if it cannot be read."""
     p = Path(source)

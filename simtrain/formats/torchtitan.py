@@ -35,6 +35,7 @@ from simtrain.formats.common import (
     finish,
     hardware_data,
     merge,
+    model_layers,
     read_text,
     world_size,
 )
@@ -122,14 +123,6 @@ def _model(t: _Toml, base_model: Any, source_dir: Path | None, notes: list[str])
     t.problems.append(problem("model.flavor", f"{name}/{flavor}", f"a mapped flavor ({known}), a [model] "
                               "hf_assets_path holding config.json, or a model given with --hf-config/--model"))
     return None
-
-
-def _n_layers(model: Any) -> int | None:
-    if isinstance(model, dict) and "hf_config" in model:
-        from simtrain.hf_config import from_hf_config
-
-        return from_hf_config(model["hf_config"]).n_layers
-    return model.get("n_layers") if isinstance(model, dict) else getattr(model, "n_layers", None)
 
 
 def _layout(t: _Toml, world: int, n_layers: int | None, notes: list[str]) -> dict[str, Any]:
@@ -255,7 +248,7 @@ def read_torchtitan(text: str, *, base: RunConfig | dict[str, Any] | str | Path 
     chosen = model if model is not None else _model(t, data.get("model"), source_dir, notes)
     if t.problems:
         raise ConfigError(t.problems)
-    layout = _layout(t, world_size(hw), _n_layers(chosen), notes)
+    layout = _layout(t, world_size(hw), model_layers(chosen), notes)
     train = _train(t, layout["dp"], layout["pp"], notes)
     if t.problems:
         raise ConfigError(t.problems)
