@@ -80,9 +80,12 @@ def test_megatron_defaults_follow_arguments_py() -> None:
     overlaps off and dropout on unless given."""
     text = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --swiglu --normalization RMSNorm "
             "--position-embedding-type rope --vocab-size 50257 --tensor-model-parallel-size 2 --seq-length 2048 "
-            "--micro-batch-size 2")  # fmt: skip
+            "--micro-batch-size 2 --kv-channels 64 --num-query-groups 4")  # fmt: skip
     imported = read_megatron(text, node="dgx-h100")
     run = imported.config
+    # --kv-channels equal to hidden / heads is the default; --num-query-groups needs --group-query-attention
+    assert run.model.head_dim is None and run.model.n_kv_heads is None
+    assert imported.unknown == () and imported.ignored == ()
     assert run.model.ffn_hidden == int(4 * 1024 * 2 / 3 / 64) * 64 == 2688
     assert run.model.vocab == 50432  # next multiple of 256 above 50257
     assert any("padded to 50432" in n for n in imported.notes)

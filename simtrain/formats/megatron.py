@@ -226,10 +226,13 @@ def _model(args: _Args, base_model: Any, tp: int, notes: list[str]) -> Any:
     if norm not in ("LayerNorm", "RMSNorm"):
         args.problems.append(problem("--normalization", norm, "LayerNorm or RMSNorm"))
     seq = args.num("--seq-length")
+    groups = args.num("--num-query-groups")  # used only with --group-query-attention (arguments.py)
+    kv_channels = args.num("--kv-channels")  # default hidden / heads: stored as head_dim None
     model: dict[str, Any] = {
         "name": "megatron", "n_layers": n_layers, "hidden": hidden, "n_heads": heads, "ffn_hidden": ffn,
-        "n_kv_heads": args.num("--num-query-groups") if args.has("--group-query-attention") else None,
-        "head_dim": args.num("--kv-channels"), "activation": "swiglu" if swiglu else "gelu",
+        "n_kv_heads": groups if args.has("--group-query-attention") else None,
+        "head_dim": None if kv_channels == hidden // heads else kv_channels,
+        "activation": "swiglu" if swiglu else "gelu",
         "norm": "rmsnorm" if norm == "RMSNorm" else "layernorm", "position": positions[position],
         "vocab": padded, "max_position": args.num("--max-position-embeddings") or seq or 4096,
         "tied_embeddings": not args.has("--untie-embeddings-and-output-weights"),
