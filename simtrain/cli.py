@@ -1,4 +1,4 @@
-"""Command line: ``simtrain simulate | compare | validate | models | hardware`` (and simtrain.cli_run's).
+"""Command line: ``simtrain simulate | compare | validate | models | hardware`` (and the subcommands of cli_run, cli_formats).
 
 Bad input prints every problem with its dotted path and exits with code 2; never a traceback.
 """
@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from simtrain import cli_calibrate
+from simtrain import cli_calibrate, cli_formats
 from simtrain.cli_run import COMMANDS as RUN_COMMANDS
 from simtrain.cli_run import add_parsers as add_run_parsers
 from simtrain.cli_run import run_command
@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--timeline", action="store_true", help="include memory timelines in --json output")
     sim.add_argument("--error-table", metavar="FILE", help="measured-run errors behind the likely step-time range "
                      "(written by validate --error-table; default: simtrain's errors on the published runs)")
+    cli_formats.add_source_options(sim)  # --hf-config, --format (simtrain/cli_formats.py)
     sub.add_parser("models", help="list model presets")
     sub.add_parser("hardware", help="list GPU and node profiles")
     val = sub.add_parser("validate", help="predict the measured runs of a CSV and report the error")
@@ -58,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cmp.add_argument("--markdown", metavar="FILE", help="write the comparison as Markdown")
     cmp.add_argument("--html", metavar="FILE", help="write the comparison as a self-contained HTML page")
+    cli_formats.add_parsers(sub)  # import, export, schema (simtrain/cli_formats.py)
     cli_calibrate.add_parser(sub)  # calibrate: the torch suite in calibration/ (simtrain/cli_calibrate.py)
     return p
 
@@ -116,7 +118,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from simtrain.simulate import simulate
     from simtrain.trace import write_chrome_trace
 
-    result = simulate(args.config, args.overrides, mode=args.mode, trace=bool(args.trace),
+    result = simulate(cli_formats.config_source(args), args.overrides, mode=args.mode, trace=bool(args.trace),
                       error_table=args.error_table)
     if args.trace:
         write_chrome_trace(args.trace, result.trace, result.stage_of, result.memory)
@@ -210,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_models()
         if args.command in RUN_COMMANDS:
             return run_command(args)
+        if args.command in cli_formats.COMMANDS:
+            return cli_formats.run_command(args)
         return _cmd_hardware()
     except ConfigError as exc:
         print(f"simtrain: {exc}", file=sys.stderr)

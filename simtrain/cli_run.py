@@ -12,6 +12,7 @@ import math
 import sys
 from typing import Any
 
+from simtrain.cli_formats import FORMATS, add_source_options, best_config, config_source, export_config
 from simtrain.errors import ConfigError, Problem
 
 COMMANDS = ("run", "sweep", "search", "report")
@@ -51,6 +52,8 @@ def add_parsers(sub: Any) -> None:
                          "(default: auto; MoE models auto,dualpipe,dualpipev)")
     se.add_argument("--recompute", metavar="KIND,...", help="restrict the memory levers to none,selective,full,offload (offload: CPU activation offloading, pp 1)")
     se.add_argument("--out", help="write every candidate as a table (.parquet or .csv)")
+    se.add_argument("--export-best", nargs=2, metavar=("FORMAT", "FILE"),
+                    help=f"write the best layout's config as {' or '.join(FORMATS)} (or simtrain: YAML) to FILE")
     _workers(se)
 
     rep = sub.add_parser("report", help="HTML report with plots, Markdown/CSV tables, from a sweep/search table")
@@ -66,6 +69,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field by dotted path (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_source_options(p)  # --hf-config, --format (simtrain/cli_formats.py)
 
 
 def _workers(p: argparse.ArgumentParser) -> None:
@@ -115,7 +119,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _cmd_whatif(args, overrides)
     from simtrain.run import render_run, simulate_run
 
-    result = simulate_run(args.config, overrides, mode=args.mode)
+    result = simulate_run(config_source(args), overrides, mode=args.mode)
     if args.out:
         import pandas as pd
 
@@ -143,7 +147,7 @@ def _cmd_whatif(args: argparse.Namespace, overrides: list[str]) -> int:
 
     batches = [int(_count(b, "--whatif-batches")) for b in args.whatif_batches.split(",") if b.strip()]
     noise = _count(args.noise_scale_tokens, "--noise-scale-tokens") if args.noise_scale_tokens else None
-    rows, info = batch_whatif(args.config, batches, overrides, b_noise_tokens=noise, target_loss=args.target_loss)
+    rows, info = batch_whatif(config_source(args), batches, overrides, b_noise_tokens=noise, target_loss=args.target_loss)
     for row in rows:
         row["deepseek_b_opt_tokens"] = info["deepseek_b_opt_tokens"]
     if args.out:
@@ -175,7 +179,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from simtrain.report import markdown_table, summary_table
     from simtrain.sweep import sweep, write_table
 
-    df = sweep(args.config, args.grid, args.overrides, workers=args.workers, scheduler=args.scheduler,
+    df = sweep(config_source(args), args.grid, args.overrides, workers=args.workers, scheduler=args.scheduler,
                progress=_progress(args))
     if args.out:
         write_table(df, args.out)
@@ -216,7 +220,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
                         cp=_ints(args.cp, "--cp"), micro_batch_size=_ints(args.mbs, "--mbs") or MICRO_BATCHES,
                         zero_stage=zero, recompute=rec, ep=_ints(args.ep, "--ep"), etp=_ints(args.etp, "--etp"),
                         schedule=schedules)
-    result = run_search(args.config, gpus=args.gpus, space=space, top_k=args.top,
+    if args.export_best and args.export_best[0] not in (*FORMATS, "simtrain"):
+        raise ConfigError(Problem("--export-best", f"{args.export_best[0]!r} is not valid; use "
+                                                   f"{', '.join(FORMATS)} or simtrain"))
+    source = config_source(args)
+    result = run_search(source, gpus=args.gpus, space=space, top_k=args.top,
                         budget_units=args.budget or DEFAULT_BUDGET_UNITS, overrides=args.overrides,
                         workers=args.workers, scheduler=args.scheduler, progress=_progress(args))
     if args.out:
@@ -229,7 +237,23 @@ def _cmd_search(args: argparse.Namespace) -> int:
         print(render_search(result, args.show))
         if args.out:
             print(f"  all {len(result.candidates)} candidates written to {args.out}")
+    if args.export_best:
+        _export_best(source, args, result)
     return 0
+
+
+def _export_best(source: Any, args: argparse.Namespace, result: Any) -> None:
+    """Write the best layout's config (simtrain YAML, Megatron arguments or torchtitan TOML)."""
+    fmt, path = args.export_best
+    best = best_config(source, args.overrides, result)
+    if fmt == "simtrain":
+        from simtrain.cli_formats import config_yaml
+        from simtrain.trace import write_atomic
+
+        write_atomic(path, config_yaml(best))
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        export_config(best, fmt, path)
 
 
 def _json_default(obj: Any) -> Any:

@@ -19,7 +19,8 @@ from simtrain.batch import RunSpec, parse_count
 from simtrain.errors import ConfigError, Problem, pydantic_problems
 from simtrain.model import ModelSpec, from_hf_config, preset
 
-_STRICT = ConfigDict(frozen=True, extra="forbid")
+# use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 
@@ -33,16 +34,20 @@ class HardwareConfig(BaseModel):
     gpu: str | None = None
     """GPU preset overriding the node's own GPU."""
     n_nodes: int = Field(1, gt=0)
+    """Number of nodes in the cluster."""
     gpus_per_node: int | None = Field(None, gt=0)
     """GPUs used in each node, when fewer than the node preset has: a job on part of a node, or on whole
     trays of a rack-scale NVLink domain (64 GPUs of a GB200 NVL72 rack); NICs scale with it."""
     nics_per_node: int | None = Field(None, gt=0)
+    """Scale-out NICs per node, replacing the node profile's (None: the profile's)."""
     nic_Gbps: float | None = Field(None, gt=0)
     """Bandwidth of one NIC in Gbit/s (as sold)."""
     oversubscription: float = Field(1.0, ge=1.0)
     """Leaf-to-spine oversubscription ratio (1 = non-blocking)."""
     nodes_per_leaf: int | None = Field(None, gt=0)
+    """Nodes under one leaf switch of the fat tree (None: the node profile's)."""
     net_hop_latency_us: float | None = Field(None, ge=0)
+    """Latency of one network switch hop, microseconds (None: the node profile's)."""
     host_copy_GBps: float | None = Field(None, gt=0)
     """Copy rate between one GPU and host memory per direction, GB/s, replacing the node profile's (CPU
     activation offloading; e.g. 128 for a PCIe Gen6 x16 what-if)."""
@@ -55,17 +60,26 @@ class LayoutConfig(BaseModel):
 
     model_config = _STRICT
     dp: int = Field(1, gt=0)
+    """Data-parallel degree (model replicas, or FSDP/ZeRO shards)."""
     tp: int = Field(1, gt=0)
+    """Tensor-parallel degree (Megatron ``--tensor-model-parallel-size``)."""
     pp: int = Field(1, gt=0)
+    """Pipeline-parallel degree: pipeline stages."""
     cp: int = Field(1, gt=0)
+    """Context-parallel degree: ranks splitting each sequence."""
     ep: int = Field(1, gt=0)
+    """Expert-parallel degree (MoE): ranks the routed experts are spread over; folds over dp x cp x tp."""
     vpp: int = Field(1, gt=0)
     """Virtual pipeline stages (model chunks) per pipeline rank; > 1 means interleaved 1F1B."""
     sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout run on sequence shards of the TP group (needs tp > 1)."""
     zero_stage: Literal[0, 1, 2, 3] = 0
+    """ZeRO stage: 1 shards the optimizer state over dp (Megatron's distributed optimizer), 2 also the
+    gradients, 3 also the parameters."""
     fsdp: Literal["none", "full", "hybrid"] = "none"
     """FSDP sharding: ``full`` is ZeRO-3 over all of dp; ``hybrid`` shards within ``fsdp_shard_size``."""
     fsdp_shard_size: int | None = Field(None, gt=0)
+    """With ``fsdp: hybrid``: ranks each parameter is sharded over (replicated across the rest of dp)."""
     order: tuple[Axis, ...] = ("tp", "cp", "ep", "dp", "pp")
     """Rank-grid axes from innermost (fastest-varying rank) to outermost; TP innermost lands on NVLink."""
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "dualpipev"] = "auto"
@@ -91,10 +105,15 @@ class LayoutConfig(BaseModel):
     backward, on copy streams beside compute (``simtrain.offload``). Megatron-core allows it only with
     pp = 1, no recompute and fewer layers than the model has."""
     overlap_grad_reduce: bool = True
+    """Overlap the data-parallel gradient reduction with backward (Megatron ``--overlap-grad-reduce``)."""
     overlap_param_gather: bool = True
+    """Overlap the ZeRO/distributed-optimizer parameter all-gather with forward (``--overlap-param-gather``)."""
     tp_comm_overlap: bool = False
+    """Overlap TP collectives with GEMMs (Megatron ``--tp-comm-overlap``; torchtitan async TP)."""
     grad_bucket_MiB: float = Field(40.0, gt=0)
+    """Gradient bucket size of the data-parallel reduction, MiB."""
     fsdp_prefetch_layers: int = Field(1, ge=0)
+    """FSDP: layers whose parameters are all-gathered ahead of use."""
     cp_comm: Literal["p2p", "all_gather", "a2a"] = "p2p"
     """Context-parallel attention (Megatron ``--cp-comm-type``): ``p2p`` ring attention (KV blocks
     passed around the CP ring, overlapped with attention blocks), ``all_gather`` of K and V before
@@ -156,13 +175,17 @@ class TrainConfig(BaseModel):
 
     model_config = _STRICT
     seq_len: int = Field(4096, gt=0)
+    """Sequence length, tokens."""
     micro_batch_size: int = Field(1, gt=0)
+    """Sequences per micro-batch on each data-parallel rank."""
     global_batch_tokens: int | None = Field(None, gt=0)
     """Tokens per optimizer step: an integer, or a number with a decimal (K, M, G: 10^3, 10^6, 10^9) or
     binary (Ki, Mi, Gi: 2^10, 2^20, 2^30) suffix, e.g. "4M" = 4,000,000 or "4Mi" = 4,194,304 (the
     "4M-token batch" of the Llama papers); ``simtrain.batch.parse_count``."""
     global_batch_seqs: int | None = Field(None, gt=0)
+    """Sequences per optimizer step (give this or ``global_batch_tokens``)."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    """Optimizer, for its state memory and step time (Adam/AdamW: two fp32 moments per parameter)."""
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     """Dtype of the linear-layer GEMMs; ``fp8`` keeps attention, norms and the optimizer in BF16."""
     fp8_recipe: Literal["delayed", "current", "blockwise"] = "delayed"
@@ -180,6 +203,7 @@ class TrainConfig(BaseModel):
     (``SoftwareStack.grad_dtype``: bf16 for NeMo / Megatron-Bridge performance recipes, fp32 for
     Megatron-LM's main_grad and the others)."""
     attention_kernel: Literal["flash", "unfused"] = "flash"
+    """Attention kernel: fused FlashAttention (no score matrix in memory) or unfused softmax(QK^T)V."""
     dropout: bool | None = None
     """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
     stack: str = "megatron-te"
@@ -236,9 +260,11 @@ class SimConfig(BaseModel):
 
     model_config = _STRICT
     mode: Literal["symmetric", "full"] = "symmetric"
+    """``symmetric``: one rank per pipeline stage stands for its peers; ``full``: every rank is simulated."""
     fragmentation_ratio: float = Field(0.05, ge=0, le=1)
     """Allocator slack as a fraction of the allocated peak (playbook: a few % to ~15 %)."""
     seed: int = 0
+    """Random seed (reserved: the simulation draws no random numbers yet)."""
     steady_state: bool = True
     """Long gradient accumulation: simulate three short runs a pipeline period apart and extend the
     last by the identical periods it lacks (``simtrain.steady``; checked, else every micro-batch is
@@ -250,11 +276,18 @@ class RunConfig(BaseModel):
 
     model_config = _STRICT
     name: str = "run"
+    """Run name, shown in results."""
     model: ModelSpec
+    """The model: a preset name (``simtrain models``), ``{preset: name, ...field overrides}``,
+    ``{hf_config: path}`` (a Hugging Face config.json or its folder), or every ModelSpec field."""
     hardware: HardwareConfig = HardwareConfig()
+    """The cluster."""
     layout: LayoutConfig = LayoutConfig()
+    """The parallel layout."""
     train: TrainConfig = TrainConfig()
+    """The batch, precision and software stack."""
     sim: SimConfig = SimConfig()
+    """How to simulate."""
     run: RunSpec | None = None
     """Whole run: token budget, batch-size schedule, price (``simtrain run``; see ``simtrain.batch``)."""
 

@@ -1,4 +1,6 @@
-"""Model specification: decoder-only transformers (dense and MoE), parameter counts, presets, HF loading.
+"""Model specification: decoder-only transformers (dense and MoE), parameter counts, presets.
+
+Hugging Face ``config.json`` loading is ``simtrain.hf_config`` (``from_hf_config`` is re-exported here).
 
 All sizes are element counts (parameters, dimensions), not bytes. Dense parameter counters follow
 Megatron-LM ``megatron/training/theoretical_memory_usage.py`` (``compute_weight_and_optimizer_memory``,
@@ -18,16 +20,15 @@ the DeepSeek-V3 report §2.2) holds block index ``n_layers + k - 1`` (HF ``model
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simtrain.errors import ConfigError, Problem, problem
+from simtrain.errors import ConfigError, problem
 
 __all__ = [
     "MLASpec",
@@ -51,7 +52,7 @@ class MoESpec(BaseModel):
     layers use the model's ``ffn_hidden``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     n_experts: int = Field(gt=0)
     """Routed experts per MoE layer E (HF n_routed_experts / num_local_experts / num_experts)."""
@@ -100,7 +101,7 @@ class MoESpec(BaseModel):
 class MLASpec(BaseModel):
     """DeepSeek multi-head latent attention dims (DeepSeek-V2 §2.1; DeepSeek-V3 report §2.1.1)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     q_lora_rank: int | None = Field(gt=0)
     """Query compression rank d_c' (1536 in V3); None: plain q_proj h→a·d_qk (DeepSeek-V2-Lite)."""
@@ -136,7 +137,7 @@ class ModelSpec(BaseModel):
     - ``param_count()``: the main model (DeepSeek's 671B); MTP modules are ``mtp_params()``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     name: str
     """Human-readable name, e.g. ``llama3-8b``."""
@@ -682,337 +683,12 @@ def preset_table() -> list[dict[str, Any]]:
     return rows
 
 
-# ---- Hugging Face config.json ------------------------------------------------------------------
-
-_HF_PATH = "model.hf_config"
-_LLAMA_LIKE = ("llama", "mistral", "qwen2")
-_FAMILIES = (
-    *_LLAMA_LIKE,
-    "gpt2",
-    "gpt_neox",
-    "mixtral",
-    "qwen3",
-    "qwen3_moe",
-    "deepseek_v2",
-    "deepseek_v3",
-    "gpt_oss",
-)
-
-
-def _read_hf(source: str | Path) -> dict[str, Any]:
-    """Read ``config.json`` from a file or a directory containing one."""
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ConfigError(problem(_HF_PATH, str(path), "expected an existing config.json file"))
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(Problem(_HF_PATH, f"cannot read {path} as JSON: {exc}")) from exc
-    if not isinstance(data, dict):
-        raise ConfigError(problem(_HF_PATH, type(data).__name__, "expected a JSON object"))
-    return data
-
-
-def _family(cfg: Mapping[str, Any]) -> str:
-    """Dispatch on ``model_type``, else on ``architectures``; one of ``_FAMILIES``."""
-    known = _FAMILIES
-    mtype = str(cfg.get("model_type", "")).lower()
-    if mtype in known:
-        return mtype
-    prefixes = {
-        "Llama": "llama",
-        "Mistral": "mistral",
-        "Qwen2": "qwen2",
-        "GPT2": "gpt2",
-        "GPTNeoX": "gpt_neox",
-        "Mixtral": "mixtral",
-        "Qwen3": "qwen3",
-        "Qwen3Moe": "qwen3_moe",
-        "DeepseekV2": "deepseek_v2",
-        "DeepseekV3": "deepseek_v3",
-        "GptOss": "gpt_oss",
-    }
-    for arch in cfg.get("architectures") or []:
-        for prefix, fam in prefixes.items():
-            if str(arch).startswith(prefix) and not str(arch).startswith(prefix + "Moe"):
-                return fam
-    raise ConfigError(
-        problem(f"{_HF_PATH}.model_type", cfg.get("model_type"), f"supported model types: {', '.join(known)}")
-    )
-
-
-def _require(cfg: Mapping[str, Any], keys: list[str]) -> None:
-    missing = [Problem(f"{_HF_PATH}.{k}", "required field is missing") for k in keys if cfg.get(k) is None]
-    if missing:
-        raise ConfigError(missing)
-
-
-def _activation(act: Any, path: str) -> Literal["gelu", "swiglu"]:
-    act = str(act).lower()
-    if act in ("silu", "swish"):
-        return "swiglu"  # Llama-family gated MLP: act_fn(gate(x)) * up(x)
-    if act.startswith("gelu"):
-        return "gelu"
-    raise ConfigError(problem(path, act, "supported: silu/swish (SwiGLU) or gelu*"))
-
-
-def _llama_fields(cfg: Mapping[str, Any], family: str) -> dict[str, Any]:
-    """Llama / Mistral / Qwen2 (transformers ``LlamaConfig`` and friends)."""
-    _require(
-        cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
-    )
-    attn_bias = bool(cfg.get("attention_bias", False))
-    mlp_bias = bool(cfg.get("mlp_bias", False))
-    return {
-        "n_layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
-        "n_heads": cfg["num_attention_heads"], "n_kv_heads": cfg.get("num_key_value_heads"),
-        "head_dim": cfg.get("head_dim"), "ffn_hidden": cfg["intermediate_size"],
-        "activation": _activation(cfg.get("hidden_act", "silu"), f"{_HF_PATH}.hidden_act"),
-        "norm": "rmsnorm", "position": "rope", "vocab": cfg["vocab_size"],
-        "max_position": cfg.get("max_position_embeddings", 4096),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        # attention_bias sets q/k/v/o biases in HF Llama; with mlp_bias it is GPT-style linear_bias.
-        "linear_bias": attn_bias and mlp_bias,
-        # Qwen2Attention hard-codes bias=True on q/k/v_proj (transformers modeling_qwen2.py).
-        "qkv_bias": family == "qwen2" or attn_bias,
-        "attn_out_bias": attn_bias,  # LlamaAttention o_proj bias=config.attention_bias
-    }  # fmt: skip
-
-
-def _gpt2_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """GPT-2 (transformers ``GPT2Config``): tied, biases, LayerNorm, learned positions."""
-    _require(cfg, ["n_embd", "n_layer", "n_head", "vocab_size"])
-    hidden = cfg["n_embd"]
-    return {
-        "n_layers": cfg["n_layer"], "hidden": hidden, "n_heads": cfg["n_head"],
-        "ffn_hidden": cfg.get("n_inner") or 4 * hidden,
-        "activation": _activation(cfg.get("activation_function", "gelu_new"), f"{_HF_PATH}.activation_function"),
-        "norm": "layernorm", "position": "learned", "vocab": cfg["vocab_size"],
-        "max_position": cfg.get("n_positions", 1024),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)), "linear_bias": True,
-    }  # fmt: skip
-
-
-def _neox_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """GPT-NeoX / Pythia (transformers ``GPTNeoXConfig``): LayerNorm, GELU, rotary, biases, untied.
-
-    ``rotary_pct`` (partial rotary) and ``use_parallel_residual`` change no parameter count: both
-    layouts keep two LayerNorms per block.
-    """
-    _require(
-        cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
-    )
-    return {
-        "n_layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
-        "n_heads": cfg["num_attention_heads"], "ffn_hidden": cfg["intermediate_size"],
-        "activation": _activation(cfg.get("hidden_act", "gelu"), f"{_HF_PATH}.hidden_act"),
-        "norm": "layernorm", "position": "rope", "vocab": cfg["vocab_size"],
-        "max_position": cfg.get("max_position_embeddings", 2048),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "linear_bias": True,
-    }  # fmt: skip
-
-
-def _attention_fields(cfg: Mapping[str, Any], n_layers: int, window_everywhere: bool) -> dict[str, Any]:
-    """``sliding_window`` and ``attention_pattern`` from HF ``layer_types``/``sliding_window``.
-
-    ``layer_types`` (GPT-OSS, newer Qwen3/Mixtral configs) names each layer's attention; without it
-    a Qwen config slides on layers ``>= max_window_layers`` when ``use_sliding_window`` (HF
-    configuration_qwen3.py), and a Mixtral one on every layer when ``sliding_window`` is set
-    (``window_everywhere``; modeling_mixtral.py). The per-layer list is stored as its shortest period.
-    """
-    window = cfg.get("sliding_window")
-    types = cfg.get("layer_types")
-    if types is not None:
-        if not isinstance(types, list) or len(types) != n_layers:
-            raise ConfigError(
-                problem(f"{_HF_PATH}.layer_types", types, f"expected a list of {n_layers} entries")
-            )
-        kinds = ["sliding" if "sliding" in str(t) else "full" for t in types]
-    elif window is not None and window_everywhere:
-        kinds = ["sliding"] * n_layers
-    elif window is not None and cfg.get("use_sliding_window"):
-        first = int(cfg.get("max_window_layers", n_layers))
-        kinds = ["sliding" if i >= first else "full" for i in range(n_layers)]
-    else:
-        kinds = ["full"]
-    if "sliding" not in kinds:
-        return {"sliding_window": None, "attention_pattern": ("full",)}
-    if window is None:
-        raise ConfigError(Problem(f"{_HF_PATH}.sliding_window", "required field is missing"))
-    period = next(p for p in range(1, len(kinds) + 1) if all(k == kinds[i % p] for i, k in enumerate(kinds)))
-    return {"sliding_window": window, "attention_pattern": tuple(kinds[:period])}
-
-
-def _mixtral_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Mixtral (transformers ``MixtralConfig``): Mistral attention, every MLP an 8-expert top-2 MoE."""
-    _require(cfg, ["num_local_experts", "num_experts_per_tok"])
-    fields = _llama_fields(cfg, "mixtral")
-    # modeling_mixtral.py MixtralSparseMoeBlock: gate Linear(h, E, bias=False); experts of width
-    # intermediate_size, no biases.
-    moe = dict(n_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
-                  ffn_hidden=cfg["intermediate_size"])  # fmt: skip
-    return {**fields, **_attention_fields(cfg, fields["n_layers"], window_everywhere=True), "moe": moe}
-
-
-def _qwen3_fields(cfg: Mapping[str, Any], family: str) -> dict[str, Any]:
-    """Qwen3 dense and Qwen3-MoE (transformers ``Qwen3Config``/``Qwen3MoeConfig``).
-
-    Attention: q/k/v/o biases only with ``attention_bias`` (default False), q_norm/k_norm RMSNorm
-    over head_dim (default 128; modeling_qwen3.py). MoE: layer i is MoE iff i is not in
-    ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0 (modeling_qwen3_moe.py
-    Qwen3MoeDecoderLayer); the others are dense MLPs of width ``intermediate_size``.
-    """
-    _require(
-        cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
-    )
-    attn_bias = bool(cfg.get("attention_bias", False))
-    n_layers = cfg["num_hidden_layers"]
-    fields: dict[str, Any] = {
-        "n_layers": n_layers, "hidden": cfg["hidden_size"], "n_heads": cfg["num_attention_heads"],
-        "n_kv_heads": cfg.get("num_key_value_heads"), "head_dim": cfg.get("head_dim", 128),
-        "ffn_hidden": cfg["intermediate_size"],
-        "activation": _activation(cfg.get("hidden_act", "silu"), f"{_HF_PATH}.hidden_act"),
-        "norm": "rmsnorm", "position": "rope", "vocab": cfg["vocab_size"],
-        "max_position": cfg.get("max_position_embeddings", 32768),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "linear_bias": False,
-        "qkv_bias": attn_bias, "attn_out_bias": attn_bias, "qk_norm": True,
-        **_attention_fields(cfg, n_layers, window_everywhere=False),
-    }  # fmt: skip
-    if family == "qwen3_moe" and cfg.get("num_experts"):
-        _require(cfg, ["num_experts_per_tok", "moe_intermediate_size"])
-        step = int(cfg.get("decoder_sparse_step", 1))
-        only = {int(i) for i in cfg.get("mlp_only_layers") or []}
-        dense = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
-        fields["moe"] = dict(
-            n_experts=cfg["num_experts"], top_k=cfg["num_experts_per_tok"],
-            ffn_hidden=cfg["moe_intermediate_size"], dense_layers=dense,
-        )  # fmt: skip
-    return fields
-
-
-def _deepseek_fields(cfg: Mapping[str, Any], family: str) -> dict[str, Any]:
-    """DeepSeek-V2/V3 (``modeling_deepseek.py``; transformers ``DeepseekV3Config``): MLA + DeepSeekMoE + MTP.
-
-    Layer i is MoE iff ``n_routed_experts`` is set, i >= ``first_k_dense_replace`` and
-    i % ``moe_layer_freq`` == 0; the shared experts form one MLP of width
-    ``n_shared_experts × moe_intermediate_size``. The router's ``e_score_correction_bias`` exists for
-    ``topk_method == "noaux_tc"`` (every V3 checkpoint).
-    """
-    _require(cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                   "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"])  # fmt: skip
-    if cfg.get("attention_bias"):
-        raise ConfigError(
-            problem(f"{_HF_PATH}.attention_bias", True, "MLA with attention biases is not modelled")
-        )
-    mla = dict(
-        q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=cfg["kv_lora_rank"],
-        qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
-        v_head_dim=cfg["v_head_dim"],
-    )  # fmt: skip
-    fields: dict[str, Any] = {
-        "n_layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
-        "n_heads": cfg["num_attention_heads"], "n_kv_heads": cfg.get("num_key_value_heads"),
-        "ffn_hidden": cfg["intermediate_size"],
-        "activation": _activation(cfg.get("hidden_act", "silu"), f"{_HF_PATH}.hidden_act"),
-        "norm": "rmsnorm", "position": "rope", "vocab": cfg["vocab_size"],
-        "max_position": cfg.get("max_position_embeddings", 4096),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "linear_bias": False,
-        "mla": mla, "mtp_depth": int(cfg.get("num_nextn_predict_layers") or 0),
-    }  # fmt: skip
-    if cfg.get("n_routed_experts"):
-        _require(cfg, ["num_experts_per_tok", "moe_intermediate_size"])
-        fields["moe"] = dict(
-            n_experts=cfg["n_routed_experts"], top_k=cfg["num_experts_per_tok"],
-            ffn_hidden=cfg["moe_intermediate_size"], n_shared_experts=cfg.get("n_shared_experts") or 0,
-            first_k_dense=cfg.get("first_k_dense_replace") or 0, layer_freq=cfg.get("moe_layer_freq") or 1,
-            router_bias=family == "deepseek_v3" or cfg.get("topk_method") == "noaux_tc",
-            n_group=cfg.get("n_group") or 1, topk_group=cfg.get("topk_group") or 1,
-        )  # fmt: skip
-    return fields
-
-
-def _gpt_oss_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """GPT-OSS (transformers ``GptOssConfig``, modeling_gpt_oss.py).
-
-    Attention: q/k/v/o with ``attention_bias`` (default True), per-head sinks, head_dim, sliding
-    window on the layers ``layer_types`` names (default: even layers). MoE on every layer: router
-    weight + bias, experts with gate_up/down biases, width ``intermediate_size``.
-    """
-    _require(cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                   "num_local_experts"])  # fmt: skip
-    top_k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
-    if top_k is None:
-        raise ConfigError(Problem(f"{_HF_PATH}.num_experts_per_tok", "required field is missing"))
-    n_layers = cfg["num_hidden_layers"]
-    attn_bias = bool(cfg.get("attention_bias", True))
-    layer_cfg = dict(cfg)
-    if layer_cfg.get("layer_types") is None:  # GptOssConfig default: sliding on even layers
-        layer_cfg["layer_types"] = [
-            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)
-        ]
-    layer_cfg.setdefault("sliding_window", 128)
-    return {
-        "n_layers": n_layers, "hidden": cfg["hidden_size"], "n_heads": cfg["num_attention_heads"],
-        "n_kv_heads": cfg.get("num_key_value_heads"), "head_dim": cfg.get("head_dim", 64),
-        "ffn_hidden": cfg["intermediate_size"], "activation": "swiglu",  # clamped SwiGLU, 3 matrices
-        "norm": "rmsnorm", "position": "rope", "vocab": cfg["vocab_size"],
-        "max_position": cfg.get("max_position_embeddings", 131072),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)), "linear_bias": False,
-        "qkv_bias": attn_bias, "attn_out_bias": attn_bias, "attn_sinks": True,
-        **_attention_fields(layer_cfg, n_layers, window_everywhere=False),
-        "moe": dict(n_experts=cfg["num_local_experts"], top_k=top_k, ffn_hidden=cfg["intermediate_size"],
-                       router_bias=True, expert_bias=True),
-    }  # fmt: skip
-
-
-def _default_name(cfg: Mapping[str, Any], source: str | Path | dict[str, Any], family: str) -> str:
-    if cfg.get("_name_or_path"):
-        return str(cfg["_name_or_path"])
-    if not isinstance(source, dict):
-        path = Path(source)
-        return (path if path.is_dir() or path.name != "config.json" else path.parent).name or family
-    return family
-
-
-def _to_config_error(exc: ValidationError) -> ConfigError:
-    probs = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        probs.append(Problem(f"model.{loc}" if loc else "model", f"{err['msg']} (from {_HF_PATH})"))
-    return ConfigError(probs)
-
-
 def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face ``config.json`` (path, directory, or parsed dict).
+    """Build a ModelSpec from a Hugging Face ``config.json``; see ``simtrain.hf_config.from_hf_config``.
 
-    Supports ``model_type`` llama, mistral, qwen2, gpt2, gpt_neox, mixtral, qwen3, qwen3_moe,
-    deepseek_v2, deepseek_v3 and gpt_oss (or a matching ``architectures`` entry). Every problem is
-    raised as ``ConfigError`` with a ``model.hf_config.*`` path (missing file, malformed JSON,
-    missing field, unsupported type).
+    Kept here so ``simtrain.model.from_hf_config`` still works; the reader lives in ``simtrain.hf_config``
+    (imported on call: that module imports this one).
     """
-    cfg = dict(source) if isinstance(source, dict) else _read_hf(source)
-    family = _family(cfg)
-    try:
-        fields = _family_fields(cfg, family)
-        return ModelSpec(name=name or _default_name(cfg, source, family), **fields)
-    except ValidationError as exc:
-        raise _to_config_error(exc) from exc
+    from simtrain.hf_config import from_hf_config as read
 
-
-def _family_fields(cfg: Mapping[str, Any], family: str) -> dict[str, Any]:
-    """The ModelSpec fields of a config of ``family`` (raises ConfigError or ValidationError)."""
-    if family in _LLAMA_LIKE:
-        return _llama_fields(cfg, family)
-    if family == "gpt2":
-        return _gpt2_fields(cfg)
-    if family == "gpt_neox":
-        return _neox_fields(cfg)
-    if family == "mixtral":
-        return _mixtral_fields(cfg)
-    if family in ("qwen3", "qwen3_moe"):
-        return _qwen3_fields(cfg, family)
-    if family in ("deepseek_v2", "deepseek_v3"):
-        return _deepseek_fields(cfg, family)
-    return _gpt_oss_fields(cfg)
+    return read(source, name=name)
