@@ -216,8 +216,17 @@ def checkpoint_cost(run: RunConfig, steps: list[StepResult], spec: CheckpointSpe
     ranks_per_stage = run.layout.world_size // run.layout.pp
     gpu = max(_state_share(m.components, run) for s in steps for m in s.memory)
     total = max(sum(_state_share(m.components, run) for m in s.memory) * ranks_per_stage for s in steps)
-    per_node = min(cluster.gpus_per_node, run.layout.world_size)
-    node = gpu * per_node
+    model = run.model
+    if model.tied_embeddings and run.layout.pp > 1:
+        # the last stage holds a copy of the tied embedding for the LM head, which the checkpoint stores
+        # once: Megatron-core LanguageModule.tie_embeddings_and_output_weights_state_dict marks it a replica
+        # of the first stage's (megatron/core/models/common/language_module/language_module.py)
+        n = model.param_count()
+        total *= n / (n + model.embedding_params())
+    n_nodes = max(1, run.layout.world_size // cluster.gpus_per_node)
+    # pp is the outermost rank axis in the default layout.order (simtrain.layout): a node's GPUs belong to one stage unless a stage
+    # has fewer ranks than a node has GPUs, when each node holds a slice of every stage
+    node = gpu * cluster.gpus_per_node if ranks_per_stage >= cluster.gpus_per_node else total / n_nodes
     write_bps = spec.write_GBps_per_node * GB
     read_bps = (spec.read_GBps_per_node or spec.write_GBps_per_node) * GB
     return CheckpointCost(total_bytes=total, node_bytes=node, gpu_bytes=gpu, write_s=node / write_bps,
