@@ -385,13 +385,15 @@ def goodput(inp: GoodputInputs, assumptions: list[str] | None = None) -> Goodput
 
 
 def interval_sweep(inp: GoodputInputs, points: int = 13, span: float = 16.0) -> list[dict[str, Any]]:
-    """Goodput over checkpoint intervals spaced geometrically from optimum / span to optimum x span.
+    """Goodput over checkpoint intervals spaced geometrically from optimum / span to optimum x span, each
+    in whole steps.
 
-    Returns one row per interval (unit-suffixed keys), the optimum's row marked ``optimum`` True.
+    Returns one row per interval (unit-suffixed keys), the (Daly) optimum's row marked ``optimum`` True.
     """
-    opt = auto_interval(inp)[0]
+    opt = whole_steps(inp, auto_interval(inp)[0])
     lo, hi = opt / span, min(opt * span, inp.failure_free_s)
-    taus = sorted({opt, *(lo * (hi / lo) ** (i / (points - 1)) for i in range(points))}) if hi > lo else [opt]
+    grid = (lo * (hi / lo) ** (i / (points - 1)) for i in range(points)) if hi > lo else ()
+    taus = sorted({opt, *(whole_steps(inp, t) for t in grid)})
     rows = []
     for tau in taus:
         try:
