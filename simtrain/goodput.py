@@ -5,19 +5,20 @@ process at ``per_gpu_hour`` failures per GPU-hour has a mean time between failur
 seconds. It saves a checkpoint every ``tau`` seconds of training, each stalling training ``delta`` seconds;
 each failure costs a restart ``R`` (detect, reschedule, re-initialise), a reload of the last checkpoint
 ``L`` and the work done since that checkpoint. Expected wall time (Daly 2006, "A higher order estimate of
-the optimum checkpoint interval for restart dumps", Future Gener. Comput. Syst. 22:303-312, eq. 13, exact
+the optimum checkpoint interval for restart dumps", Future Gener. Comput. Syst. 22:303-312, exact
 for exponential failures that may also strike during restarts and saves)::
 
     T_w(tau) = M exp((R + L) / M) (exp((tau + delta) / M) - 1) T_s / tau
 
 and the interval that minimises it, Young (1974, "A first order approximation to the optimum checkpoint
-interval", CACM 17(9):530) ``tau = sqrt(2 delta M)`` and Daly's higher-order form (ibid. eq. 37)::
+interval", CACM 17(9):530) ``tau = sqrt(2 delta M)`` and Daly's higher-order form (Daly 2006)::
 
     tau_opt = sqrt(2 delta M) [1 + sqrt(delta / (2M)) / 3 + (delta / (2M)) / 9] - delta   (delta < 2M)
     tau_opt = M                                                                              (delta >= 2M)
 
 Goodput is ``T_s / T_w``: the productive share of wall time. To first order each failure loses half a
-segment ``(tau + delta) / 2`` of work plus ``R + L``.
+segment ``(tau + delta) / 2`` of work plus ``R + L``. Checkpoints are taken between optimizer steps, so
+every interval (given in seconds, or ``auto``: Daly's) is rounded to whole steps, at least one.
 
 Checkpoint bytes come from the simulated step's static memory (``StepResult.memory`` components
 ``weights`` and ``optimizer``: bf16 weights and Adam's fp32 master + m + v, as Megatron's distributed
@@ -239,7 +240,7 @@ def young_interval(delta_s: float, mtbf_s: float) -> float:
 
 
 def daly_interval(delta_s: float, mtbf_s: float) -> float:
-    """Daly's higher-order optimum checkpoint interval (Daly 2006 eq. 37), s; M when delta >= 2M."""
+    """Daly's higher-order optimum checkpoint interval (Daly 2006), s; M when delta >= 2M."""
     if math.isinf(mtbf_s):
         return math.inf
     if delta_s >= 2.0 * mtbf_s:
