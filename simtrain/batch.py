@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from simtrain.errors import Problem
+from simtrain.goodput import CheckpointSpec, FailureSpec
 
 if TYPE_CHECKING:
     from simtrain.config import RunConfig
@@ -122,6 +123,10 @@ class RunSpec(BaseModel):
     price_per_gpu_hour: float | None = Field(None, ge=0)
     """Price of one GPU-hour, in ``currency`` (None: no cost is reported)."""
     currency: str = "USD"
+    failures: FailureSpec | None = None
+    """Failures (``simtrain.goodput``); with ``checkpoint`` or this, ``simtrain run`` reports goodput."""
+    checkpoint: CheckpointSpec | None = None
+    """Checkpointing: interval (s, steps or ``auto``), storage bandwidth, sync/async (``simtrain.goodput``)."""
 
     @field_validator("tokens", mode="before")
     @classmethod

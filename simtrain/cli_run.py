@@ -29,7 +29,9 @@ def add_parsers(sub: Any) -> None:
                      help="convergence what-if: time to the target loss at these global batches (tokens, e.g. 2M,4M)")
     run.add_argument("--noise-scale-tokens", help="gradient noise scale B_noise in tokens (what-if)")
     run.add_argument("--target-loss", type=float, help="target loss in nats, to estimate B_noise (what-if)")
-    run.add_argument("--out", help="write the phases (or the what-if table) as .parquet or .csv")
+    run.add_argument("--checkpoint-sweep", action="store_true",
+                     help="goodput against the checkpoint interval (run.failures/run.checkpoint, or their defaults)")
+    run.add_argument("--out", help="write the phases (or the what-if table, or the checkpoint sweep) as .parquet or .csv")
 
     sw = sub.add_parser("sweep", help="simulate a config over a grid of field values; one table row per point")
     _common(sw)
@@ -119,7 +121,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _cmd_whatif(args, overrides)
     from simtrain.run import render_run, simulate_run
 
-    result = simulate_run(config_source(args), overrides, mode=args.mode)
+    result = simulate_run(config_source(args), overrides, mode=args.mode, goodput=args.checkpoint_sweep)
+    if args.checkpoint_sweep:
+        return _checkpoint_sweep(args, result)
     if args.out:
         import pandas as pd
 
@@ -132,6 +136,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(render_run(result))
         if args.out:
             print(f"  phases written to {args.out}")
+    return 0
+
+
+def _checkpoint_sweep(args: argparse.Namespace, result: Any) -> int:
+    """Print (and with ``--out`` write) goodput against the checkpoint interval."""
+    from simtrain.goodput import interval_sweep
+    from simtrain.run import render_run
+
+    assert result.goodput_inputs is not None
+    rows = interval_sweep(result.goodput_inputs)
+    if args.out:
+        import pandas as pd
+
+        from simtrain.sweep import write_table
+
+        write_table(pd.DataFrame(rows), args.out)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "checkpoint_sweep": rows}, indent=2))
+        return 0
+    print(render_run(result))
+    print(f"  checkpoint sweep ({result.goodput.mode} saving):")
+    print(f"    {'interval (min)':>14} {'steps':>9} {'goodput %':>10} {'days':>8} {'GPU-hours':>14} {'ckpt (h)':>9}"
+          f" {'restart (h)':>11} {'re-done (h)':>11}")
+    for r in rows:
+        print(f"    {r['interval_s'] / 60:>14,.1f} {r['interval_steps']:>9,.0f} {100 * r['goodput']:>10.2f} "
+              f"{r['time_to_train_s'] / 86400:>8,.2f} {r['gpu_hours']:>14,.0f} {r['checkpoint_s'] / 3600:>9,.1f} "
+              f"{r['restart_s'] / 3600:>11,.1f} {r['lost_work_s'] / 3600:>11,.1f}" + ("  <- optimum" if r["optimum"] else ""))
+    if args.out:
+        print(f"  sweep written to {args.out}")
     return 0
 
 

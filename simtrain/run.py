@@ -9,20 +9,23 @@ share one simulation, through a cache keyed by the config's JSON), and adds them
     cost          = GPU-hours x price per GPU-hour
 
 Every step of a phase is taken to last as long as the simulated one (the simulation is
-deterministic and has no noise); checkpointing, evaluation, restarts and failures are not counted.
+deterministic and has no noise); evaluation is not counted. With ``run.failures`` or ``run.checkpoint``
+the result also has the goodput under failures, checkpoints and restarts (``simtrain.goodput``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from simtrain.batch import Phase, resolve_phases
 from simtrain.config import RunConfig, load_config
 from simtrain.errors import ConfigError, Problem
+from simtrain.goodput import GoodputInputs, GoodputResult, build_inputs, check_spec, render_goodput
+from simtrain.goodput import goodput as goodput_of
 from simtrain.results import StepResult
 from simtrain.uncertainty import ErrorBand
 
@@ -80,6 +83,10 @@ class RunResult:
     time_to_train_range_s: tuple[float, float] | None = None
     range_basis: str | None = None
     range_coverage: float | None = None
+    goodput: GoodputResult | None = None
+    """Under failures and checkpoints (``run.failures``/``run.checkpoint``; None without them)."""
+    goodput_inputs: GoodputInputs | None = field(default=None, repr=False)
+    """What ``simtrain.goodput.interval_sweep`` needs (not in ``to_dict``)."""
 
     @property
     def time_to_train_days(self) -> float:
@@ -88,8 +95,11 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``time_to_train_s``, ``gpu_hours``, ``cost``, ``phases``, ..."""
-        out = asdict(self)
+        out = asdict(replace(self, goodput=None, goodput_inputs=None))
+        del out["goodput"], out["goodput_inputs"]
         out["time_to_train_days"] = self.time_to_train_days
+        if self.goodput is not None:
+            out["goodput"] = self.goodput.to_dict()
         return out
 
 
@@ -122,7 +132,7 @@ def _simulate_phase(cfg: RunConfig, phase: Phase, sim: SimulateFn, cache: dict[s
 
 def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None,
                  mode: str | None = None, simulate_fn: SimulateFn | None = None,
-                 cache: dict[str, StepResult] | None = None) -> RunResult:
+                 cache: dict[str, StepResult] | None = None, goodput: bool = False) -> RunResult:
     """Simulate a whole run: every distinct phase once, then steps x step time summed over phases.
 
     Args:
@@ -131,6 +141,7 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
         mode: "symmetric" or "full" (default: the config's ``sim.mode``).
         simulate_fn: replaces ``simtrain.simulate`` (tests, or a caller's own cache).
         cache: StepResults by resolved-config JSON, shared across calls (e.g. by a sweep).
+        goodput: compute the goodput even without ``run.failures``/``run.checkpoint`` (their defaults).
 
     Raises:
         ConfigError: invalid input or no ``run`` section (each problem with its dotted path).
@@ -139,11 +150,13 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
     run = load_config(config, overrides)
     phases = resolve_phases(run)
     assert run.run is not None
+    check_spec(run.run.checkpoint)
     sim = simulate_fn or _default_simulate(mode)
     cache = {} if cache is None else cache
     keys: set[str] = set()
     out: list[PhaseResult] = []
     bands: list[ErrorBand | None] = []
+    steps: list[StepResult] = []
     for ph in phases:
         cfg = phase_config(run, ph)
         key = cfg.model_dump_json()
@@ -153,7 +166,12 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
                                ph.steps, r.microbatches, r.step_time_s, ph.steps * r.step_time_s, r.tokens_per_s,
                                r.mfu, r.fits))
         bands.append(r.error_band)
+        steps.append(r)
     result = _summarise(run, out, len(keys))
+    built = build_inputs(run, steps, result.time_to_train_s, result.steps, result.n_gpus, force=goodput)
+    if built is not None:
+        result.goodput_inputs = built[0]
+        result.goodput = goodput_of(*built)
     known = [b for b in bands if b is not None]
     if out and len(known) == len(out):
         result.time_to_train_range_s = (sum(p.steps * b.low_s for p, b in zip(out, known, strict=True)),
@@ -201,6 +219,8 @@ def render_run(r: RunResult) -> str:
         lines.append(f"    {p.index:>3} {p.start_tokens:>16,.0f} {p.batch_seqs:>11,} {p.batch_tokens:>13,} {p.seq_len:>6} "
                      f"{p.steps:>10,} {p.microbatches:>9} {p.step_time_s:>10.3f} {p.time_s / S_PER_HOUR:>10,.1f} "
                      f"{100 * p.mfu:>6.1f}  {'yes' if p.fits else 'NO'}")
+    if r.goodput is not None:
+        lines += render_goodput(r.goodput)
     if not r.fits:
         lines.append("  warning: at least one phase does not fit in GPU memory")
     return "\n".join(lines)
