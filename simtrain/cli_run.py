@@ -190,16 +190,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 # -- search -----------------------------------------------------------------------------------------
 def _cmd_search(args: argparse.Namespace) -> int:
-    from simtrain.search import (
-        DEFAULT_BUDGET_UNITS,
-        MICRO_BATCHES,
-        RECOMPUTE,
-        SEARCH_SCHEDULES,
-        ZERO_STAGES,
-        SearchSpace,
-        render_search,
-    )
+    from simtrain.search import DEFAULT_BUDGET_UNITS
     from simtrain.search import search as run_search
+    from simtrain.search_render import render_search
+    from simtrain.search_space import MICRO_BATCHES, RECOMPUTE, SEARCH_SCHEDULES, ZERO_STAGES, SearchSpace
 
     rec = tuple(r.strip() for r in args.recompute.split(",")) if args.recompute else RECOMPUTE
     bad = [r for r in rec if r not in RECOMPUTE]
