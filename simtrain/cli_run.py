@@ -173,7 +173,7 @@ def _cmd_whatif(args: argparse.Namespace, overrides: list[str]) -> int:
 # -- sweep ------------------------------------------------------------------------------------------
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from simtrain.report import markdown_table, summary_table
-    from simtrain.sweep import sweep, write_table
+    from simtrain.sweep import parse_grid, sweep, write_table
 
     df = sweep(args.config, args.grid, args.overrides, workers=args.workers, scheduler=args.scheduler,
                progress=_progress(args))
@@ -182,9 +182,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(df.drop(columns=["memory_json"], errors="ignore").to_json(orient="records", indent=2))
         return 0
-    errors = int(df["error"].notna().sum())
-    print(f"simtrain sweep: {len(df)} points, {errors} failed" + (f"; table written to {args.out}" if args.out else ""))
+    failed = df[df["error"].notna()]
+    print(f"simtrain sweep: {len(df)} points, {len(failed)} failed" + (f"; table written to {args.out}" if args.out else ""))
     print(markdown_table(summary_table(df, 10)), end="")
+    if len(failed):
+        print(f"failed points ({len(failed)}):")
+        grid = [c for c in df.columns if c in set(parse_grid(args.grid))]
+        for _, row in failed.iterrows():
+            values = ", ".join(f"{k}={row[k]}" for k in grid)
+            print(f"  point {row['point']} ({values}): " + str(row["error"]).replace("\n", "\n    "))
     return 0
 
 
@@ -234,10 +240,11 @@ def _json_default(obj: Any) -> Any:
 
 # -- report -----------------------------------------------------------------------------------------
 def _cmd_report(args: argparse.Namespace) -> int:
-    from simtrain.report import render_markdown, write_report
+    from simtrain.report import check_table, render_markdown, write_report
     from simtrain.sweep import read_table
 
     df = read_table(args.table)
+    check_table(df, args.table)
     if not (args.html or args.md or args.csv):
         print(render_markdown(df, args.title, args.table), end="")
         return 0

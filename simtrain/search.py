@@ -159,6 +159,7 @@ class SearchResult:
                                    "train.micro_batch_size": c.micro_batch_size}
             if c.row:
                 row.update({k: v for k, v in c.row.items() if k != "point"})
+            row.setdefault("capacity_bytes", self.capacity_bytes)
             row.update({"microbatches": c.microbatches, "est_step_time_s": c.est_step_time_s,
                         "est_mfu": c.est_mfu, "est_peak_memory_bytes": c.est_peak_bytes, "status": c.status,
                         "lost_to": c.lost_to, "reason": c.reason})
