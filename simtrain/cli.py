@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--error-table", metavar="FILE", help="write the simulated runs' signed step-time errors, "
                      "the table simulate --error-table reads for its likely step-time range")
     val.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; 1 = in-process)")
+    val.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_run_parsers(sub)  # run, sweep, search, report (simtrain/cli_run.py)
     cli_calibrate.add_parser(sub)  # calibrate: the torch suite in calibration/ (simtrain/cli_calibrate.py)
     return p
@@ -147,7 +148,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(problem("--workers", args.workers, "a positive number of processes"))
-    frame, summary = validate_runs(args.runs_csv, workers=args.workers)
+    from simtrain.progress import wanted
+
+    frame, summary = validate_runs(args.runs_csv, workers=args.workers, progress=wanted(args.json, args.no_progress))
     if args.out:
         write_atomic(args.out, to_csv_text(frame))
     if args.report:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import Any
 
 from simtrain.errors import ConfigError, Problem
@@ -29,6 +28,7 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--noise-scale-tokens", help="gradient noise scale B_noise in tokens (what-if)")
     run.add_argument("--target-loss", type=float, help="target loss in nats, to estimate B_noise (what-if)")
     run.add_argument("--out", help="write the phases (or the what-if table) as .parquet or .csv")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sw = sub.add_parser("sweep", help="simulate a config over a grid of field values; one table row per point")
     _common(sw)
@@ -80,7 +80,10 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _progress(args: argparse.Namespace) -> bool:
-    return not args.no_progress and sys.stderr.isatty()
+    """A progress bar on stderr: only on a terminal, never with --json or --no-progress."""
+    from simtrain.progress import wanted
+
+    return wanted(args.json, args.no_progress)
 
 
 def _count(text: str, path: str) -> float:
@@ -115,7 +118,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _cmd_whatif(args, overrides)
     from simtrain.run import render_run, simulate_run
 
-    result = simulate_run(args.config, overrides, mode=args.mode)
+    result = simulate_run(args.config, overrides, mode=args.mode, progress=_progress(args))
     if args.out:
         import pandas as pd
 

@@ -250,24 +250,32 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None,
-                  workers: int | None = 1) -> tuple[pd.DataFrame, dict[str, Any]]:
+                  workers: int | None = 1, progress: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every row of a runs CSV; return (one row per run with ``ROW_KEYS``, summary dict).
 
     ``workers``: rows simulated in that many local processes (None: the CPUs; 1: in this process, as
     with a custom ``simulate_fn``). The rows keep the file's order whatever the worker count.
+    ``progress``: a bar with its ETA on stderr (``simtrain.progress``), one unit per row.
 
     Raises:
         ConfigError: the file is missing, unreadable, or lacks the ``run_id`` column.
     """
+    from simtrain.progress import progress_bar
     from simtrain.sweep import default_workers
 
     cells = read_rows(path)
     n = min(workers or default_workers(), max(len(cells), 1))
-    if n <= 1 or simulate_fn is not None:
-        rows = [evaluate_row(r, simulate_fn) for r in cells]
-    else:
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            rows = list(pool.map(evaluate_row, cells))
+    rows: list[dict[str, Any]] = []
+    with progress_bar("validating runs", len(cells), enabled=progress) as advance:
+        if n <= 1 or simulate_fn is not None:
+            for r in cells:
+                rows.append(evaluate_row(r, simulate_fn))
+                advance(1)
+        else:
+            with ProcessPoolExecutor(max_workers=n) as pool:
+                for row in pool.map(evaluate_row, cells):  # in the file's order, as each is done
+                    rows.append(row)
+                    advance(1)
     frame = pd.DataFrame(rows, columns=list(ROW_KEYS))
     return frame, summarize(frame)
 

@@ -12,9 +12,11 @@ moving average of the recent completion rate).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TextIO, TypeVar
+
+T = TypeVar("T")
 
 Advance = Callable[[int], None]
 """Callback that marks ``n`` more units of work done."""
@@ -25,6 +27,13 @@ def wanted(json_output: bool = False, no_progress: bool = False, stream: TextIO 
     when ``stream`` (default stderr) is a terminal."""
     out = sys.stderr if stream is None else stream
     return not json_output and not no_progress and out.isatty()
+
+
+def ticking(items: Iterable[T], advance: Advance) -> Iterator[T]:
+    """The items, calling ``advance(1)`` after the loop body has done with each."""
+    for item in items:
+        yield item
+        advance(1)
 
 
 def _ignore(n: int) -> None:

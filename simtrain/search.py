@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ from simtrain.config import LayoutConfig, RunConfig, TrainConfig, load_config
 from simtrain.errors import ConfigError, Problem
 from simtrain.estimate import Estimate, Estimator
 from simtrain.labels import layout_label
+from simtrain.progress import progress_bar, ticking
 from simtrain.search_space import SearchSpace, enumerate_layouts, explain_empty
 from simtrain.simulate import cluster_of
 
@@ -224,7 +226,7 @@ def _layout_dict(lay: LayoutConfig) -> dict[str, Any]:
     return {k: getattr(lay, k) for k in keys}
 
 
-def _estimate_all(est: Estimator, layouts: list[tuple[LayoutConfig, TrainConfig]]) -> list[tuple[Candidate, LayoutConfig]]:
+def _estimate_all(est: Estimator, layouts: Iterable[tuple[LayoutConfig, TrainConfig]]) -> list[tuple[Candidate, LayoutConfig]]:
     """Memory-check and estimate every layout; full recompute gets its fewest fitting layers."""
     out: list[tuple[Candidate, LayoutConfig]] = []
     fits_without: set[tuple[Any, ...]] = set()
@@ -370,7 +372,8 @@ def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = N
     if not layouts:
         raise ConfigError(explain_empty(run, cluster.n_gpus, space))
     est = Estimator(run.model, cluster, run.sim.fragmentation_ratio)
-    cands = [c for c, _ in _estimate_all(est, layouts)]
+    with progress_bar("estimating layouts", len(layouts), enabled=progress) as advance:
+        cands = [c for c, _ in _estimate_all(est, ticking(layouts, advance))]
     _simulate_best(run, cands, top_k, budget_units, workers, scheduler, progress)
     ranked = _rank(cands)
     _explain(ranked)

@@ -393,3 +393,13 @@ def test_candidate_label_names_every_axis() -> None:
     moe = Candidate({**cand.layout, "ep": 8, "etp": 1, "schedule": "dualpipev", "recompute": "full",
                      "recompute_layers": 2}, 2, 8)
     assert moe.label() == "tp4 cp2 ep8 etp1 pp2 vpp8 dp4 zero1 mbs2 full(2) dualpipev"
+
+
+def test_search_progress_on_request_only(capsys: pytest.CaptureFixture[str]) -> None:
+    space = SearchSpace(tp=(1,), pp=(1,), cp=(1,), micro_batch_size=(1,), zero_stage=(1,), recompute=("none",))
+    r = search(SMALL, space=space, top_k=1, workers=1)
+    assert capsys.readouterr().err == ""
+    search(SMALL, space=space, top_k=1, workers=1, progress=True)
+    err = capsys.readouterr().err
+    assert "estimating layouts" in err and f"{r.n_enumerated}/{r.n_enumerated}" in err
+    assert "simulating best layouts" in err and "1/1" in err
