@@ -210,3 +210,31 @@ def test_fidelity_page_sorts_in_a_browser(small_csv: Path, tmp_path: Path) -> No
     unknown = frame[frame["step_time_error_pct"].isna()]["run_id"].tolist()
     assert up == known.sort_values("step_time_error_pct")["run_id"].tolist() + unknown
     assert down == known.sort_values("step_time_error_pct", ascending=False)["run_id"].tolist() + unknown
+
+
+def test_validate_progress_on_request_quiet_under_json(small_csv: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """validate_runs draws a bar with an ETA, one unit per row, only when asked; on a terminal the CLI
+    shows it, under --json not."""
+    validate_runs(small_csv, progress=True)
+    err = capsys.readouterr().err
+    assert "validating runs" in err and "5/5" in err and "ETA" in err
+
+    class Tty:
+        text = ""
+
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, s: str) -> int:
+            Tty.text += s
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Tty())
+    assert main(["validate", str(small_csv), "--json", "--workers", "1"]) == 0
+    assert Tty.text == ""
+    assert main(["validate", str(small_csv), "--workers", "1"]) == 0
+    assert "validating runs" in Tty.text
