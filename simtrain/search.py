@@ -43,6 +43,7 @@ from simtrain.errors import ConfigError, Problem
 from simtrain.estimate import Estimate, Estimator
 from simtrain.labels import layout_label
 from simtrain.progress import progress_bar, ticking
+from simtrain.search_render import render_search as render_search  # the text report, re-exported
 from simtrain.search_space import SearchSpace, enumerate_layouts, explain_empty
 from simtrain.simulate import cluster_of
 

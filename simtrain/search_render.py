@@ -7,7 +7,10 @@ layouts that do not fit with how far over the GPU's memory they are (GiB and %).
 
 from __future__ import annotations
 
-from simtrain.search import Candidate, SearchResult
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: simtrain.search re-exports render_search
+    from simtrain.search import Candidate, SearchResult
 
 GiB = 1024.0**3
 NOT_FITTING_SHOWN = 5  # layouts over capacity listed, the closest to fitting first
