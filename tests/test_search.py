@@ -403,3 +403,13 @@ def test_search_progress_on_request_only(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert "estimating layouts" in err and f"{r.n_enumerated}/{r.n_enumerated}" in err
     assert "simulating best layouts" in err and "1/1" in err
+
+
+def test_cli_search_fsdp_example_explains_an_offload_loser(capsys: pytest.CaptureFixture[str]) -> None:
+    """The documented command on the shipped example, restricted to a few layouts: a loser whose excess
+    is mostly CPU-offload waits is explained (this crashed with KeyError: 'CPU offload')."""
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_h100_fsdp.yaml")
+    assert main(["search", example, "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1,3", "--mbs", "1,2",
+                 "--top", "4", "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "vs best: CPU offload +" in out and "layouts do not fit in memory; the closest:" in out
