@@ -378,7 +378,7 @@ def _plot_png(frame: pd.DataFrame) -> bytes:
 
 #: The fidelity page's table: (row key, header, format; "" for text), the columns a reader needs.
 PAGE_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("run_id", "run", ""), ("source", "source", ""), ("gpu_type", "GPU", ""), ("n_gpus", "GPUs", "d"),
+    ("run_id", "run", ""), ("source", "source", ""), ("gpu_type", "GPU", ""), ("n_gpus", "GPUs", ".0f"),
     ("model", "model", ""), ("layout", "layout", ""), ("stack", "stack", ""),
     ("measured_step_time_s", "measured step s", ".3f"), ("predicted_step_time_s", "predicted step s", ".3f"),
     ("step_time_error_pct", "step error %", "+.1f"), ("measured_peak_mem_gib", "measured peak GiB", ".1f"),
@@ -413,11 +413,12 @@ document.querySelectorAll('table.sortable th').forEach(function (th, col) {
 
 
 def _cell(value: Any, fmt: str) -> tuple[str, str]:
-    """(sort key, shown text) of a table cell; ('', '-') when empty."""
+    """(sort key, shown text) of a table cell; ('', '-') when empty. Numbers are formatted as floats: a
+    column with an empty cell (a GPU count a row lacks) comes out of pandas as floats."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "", "-"
     if fmt:
-        return repr(float(value)), format(value, fmt)
+        return repr(float(value)), format(float(value), fmt)
     return str(value), str(value)
 
 

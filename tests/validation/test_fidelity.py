@@ -179,6 +179,10 @@ def test_fidelity_page_is_a_curated_sortable_table(small_csv: Path) -> None:
     assert fsdp[col["model"]][1] == ok["model"]
     missing = rows[3]  # tiny-no-layers: nothing predicted
     assert missing[col["predicted_step_time_s"]] == ("", "-")
+    assert fsdp[col["n_gpus"]] == ("8.0", "8")
+    # a run without a GPU count makes the column floats (pandas): the page still renders it
+    gaps = frame.assign(n_gpus=[8, None, 8, 8, 8])
+    assert [r[col["n_gpus"]] for r in _page_rows(render_html(gaps, summary))][:2] == [("8.0", "8"), ("", "-")]
     assert "data:image/png;base64," in page and "<script>" in page and "aria-sort" in page
     assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)
 
