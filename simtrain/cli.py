@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--error-table", metavar="FILE", help="write the simulated runs' signed step-time errors, "
                      "the table simulate --error-table reads for its likely step-time range")
     val.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; 1 = in-process)")
+    val.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_run_parsers(sub)  # run, sweep, search, report (simtrain/cli_run.py)
     cmp = sub.add_parser("compare", help="simulate two configs (or one with two --set sets) side by side")
     cmp.add_argument("config_a", metavar="A", help="path to a run config (YAML or JSON)")
@@ -181,7 +182,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(problem("--workers", args.workers, "a positive number of processes"))
-    frame, summary = validate_runs(args.runs_csv, workers=args.workers)
+    from simtrain.progress import wanted
+
+    frame, summary = validate_runs(args.runs_csv, workers=args.workers, progress=wanted(args.json, args.no_progress))
     if args.out:
         write_atomic(args.out, to_csv_text(frame))
     if args.report:

@@ -32,6 +32,7 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--checkpoint-sweep", action="store_true",
                      help="goodput against the checkpoint interval (run.failures/run.checkpoint, or their defaults)")
     run.add_argument("--out", help="write the phases (or the what-if table, or the checkpoint sweep) as .parquet or .csv")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sw = sub.add_parser("sweep", help="simulate a config over a grid of field values; one table row per point")
     _common(sw)
@@ -86,7 +87,10 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _progress(args: argparse.Namespace) -> bool:
-    return not args.no_progress and sys.stderr.isatty()
+    """A progress bar on stderr: only on a terminal, never with --json or --no-progress."""
+    from simtrain.progress import wanted
+
+    return wanted(args.json, args.no_progress)
 
 
 def _count(text: str, path: str) -> float:
@@ -121,7 +125,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _cmd_whatif(args, overrides)
     from simtrain.run import render_run, simulate_run
 
-    result = simulate_run(config_source(args), overrides, mode=args.mode, goodput=args.checkpoint_sweep)
+    result = simulate_run(config_source(args), overrides, mode=args.mode, goodput=args.checkpoint_sweep,
+                          progress=_progress(args))
     if args.checkpoint_sweep:
         return _checkpoint_sweep(args, result)
     if args.out:
@@ -210,7 +215,7 @@ def _cmd_whatif(args: argparse.Namespace, overrides: list[str]) -> int:
 # -- sweep ------------------------------------------------------------------------------------------
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from simtrain.report import markdown_table, summary_table
-    from simtrain.sweep import sweep, write_table
+    from simtrain.sweep import parse_grid, sweep, write_table
 
     df = sweep(config_source(args), args.grid, args.overrides, workers=args.workers, scheduler=args.scheduler,
                progress=_progress(args))
@@ -219,24 +224,24 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(df.drop(columns=["memory_json"], errors="ignore").to_json(orient="records", indent=2))
         return 0
-    errors = int(df["error"].notna().sum())
-    print(f"simtrain sweep: {len(df)} points, {errors} failed" + (f"; table written to {args.out}" if args.out else ""))
+    failed = df[df["error"].notna()]
+    print(f"simtrain sweep: {len(df)} points, {len(failed)} failed" + (f"; table written to {args.out}" if args.out else ""))
     print(markdown_table(summary_table(df, 10)), end="")
+    if len(failed):
+        print(f"failed points ({len(failed)}):")
+        grid = [c for c in df.columns if c in set(parse_grid(args.grid))]
+        for _, row in failed.iterrows():
+            values = ", ".join(f"{k}={row[k]}" for k in grid)
+            print(f"  point {row['point']} ({values}): " + str(row["error"]).replace("\n", "\n    "))
     return 0
 
 
 # -- search -----------------------------------------------------------------------------------------
 def _cmd_search(args: argparse.Namespace) -> int:
-    from simtrain.search import (
-        DEFAULT_BUDGET_UNITS,
-        MICRO_BATCHES,
-        RECOMPUTE,
-        SEARCH_SCHEDULES,
-        ZERO_STAGES,
-        SearchSpace,
-        render_search,
-    )
+    from simtrain.search import DEFAULT_BUDGET_UNITS
     from simtrain.search import search as run_search
+    from simtrain.search_render import render_search
+    from simtrain.search_space import MICRO_BATCHES, RECOMPUTE, SEARCH_SCHEDULES, ZERO_STAGES, SearchSpace
 
     rec = tuple(r.strip() for r in args.recompute.split(",")) if args.recompute else RECOMPUTE
     bad = [r for r in rec if r not in RECOMPUTE]
@@ -297,10 +302,11 @@ def _json_default(obj: Any) -> Any:
 
 # -- report -----------------------------------------------------------------------------------------
 def _cmd_report(args: argparse.Namespace) -> int:
-    from simtrain.report import render_markdown, write_report
+    from simtrain.report import check_table, render_markdown, write_report
     from simtrain.sweep import read_table
 
     df = read_table(args.table)
+    check_table(df, args.table)
     if not (args.html or args.md or args.csv):
         print(render_markdown(df, args.title, args.table), end="")
         return 0

@@ -31,6 +31,7 @@ import pandas as pd
 from simtrain.csv_runs import ParsedRow, parse_row, read_rows
 from simtrain.errors import SimtrainError
 from simtrain.flops import attention_keys_per_query, model_flops_per_token
+from simtrain.labels import layout_label
 from simtrain.model import ModelSpec
 from simtrain.results import AXES, StepResult
 from simtrain.uncertainty import error_rows, leave_one_out
@@ -39,7 +40,7 @@ GiB = 1024.0**3
 
 #: Row keys, in output order (the names the issue and README document).
 ROW_KEYS = (
-    "run_id", "source", "gpu_type", "n_gpus", "stack", "moe", "visible", "status",
+    "run_id", "source", "gpu_type", "n_gpus", "model", "layout", "stack", "moe", "visible", "status",
     "predicted_step_time_s", "measured_step_time_s", "step_time_error_pct",
     "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
     "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct", "predicted_fits",
@@ -151,6 +152,8 @@ def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | N
     out.update(run_id=p.run_id, source=p.source, gpu_type=p.gpu_type, n_gpus=p.n_gpus, visible=p.visible,
                status=p.status, mfu_convention=conv, source_mfu_pct=_source_mfu(p, conv),
                stack=p.run.train.stack if p.run is not None else None,
+               model=p.run.model.name if p.run is not None else (row.get("model") or None),
+               layout=_layout_of(p, row),
                moe=p.run.model.is_moe if p.run is not None else None)
     if p.run is not None:
         try:
@@ -170,6 +173,15 @@ def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | N
     out["peak_mem_error_pct"] = _pct(out["predicted_peak_mem_gib"], out["measured_peak_mem_gib"])
     out["assumptions"] = list(p.assumptions) + _overflow_note(out)
     return out
+
+
+def _layout_of(p: ParsedRow, row: dict[str, str]) -> str | None:
+    """The row's layout label (``simtrain.labels``): of its config, else of the CSV's degrees."""
+    if p.run is not None:
+        return layout_label(p.run.layout.model_dump(), micro_batch_size=p.run.train.micro_batch_size)
+    cells = {k: int(row[c]) for k, c in (("tp", "tp"), ("cp", "cp"), ("ep", "ep"), ("pp", "pp"), ("vpp", "vp"),
+                                          ("dp", "dp")) if (row.get(c) or "").strip().isdigit()}
+    return layout_label(cells, micro_batch_size=row.get("micro_batch") or None) or None
 
 
 def _overflow_note(out: dict[str, Any]) -> list[str]:
@@ -250,24 +262,32 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None,
-                  workers: int | None = 1) -> tuple[pd.DataFrame, dict[str, Any]]:
+                  workers: int | None = 1, progress: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every row of a runs CSV; return (one row per run with ``ROW_KEYS``, summary dict).
 
     ``workers``: rows simulated in that many local processes (None: the CPUs; 1: in this process, as
     with a custom ``simulate_fn``). The rows keep the file's order whatever the worker count.
+    ``progress``: a bar with its ETA on stderr (``simtrain.progress``), one unit per row.
 
     Raises:
         ConfigError: the file is missing, unreadable, or lacks the ``run_id`` column.
     """
+    from simtrain.progress import progress_bar
     from simtrain.sweep import default_workers
 
     cells = read_rows(path)
     n = min(workers or default_workers(), max(len(cells), 1))
-    if n <= 1 or simulate_fn is not None:
-        rows = [evaluate_row(r, simulate_fn) for r in cells]
-    else:
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            rows = list(pool.map(evaluate_row, cells))
+    rows: list[dict[str, Any]] = []
+    with progress_bar("validating runs", len(cells), enabled=progress) as advance:
+        if n <= 1 or simulate_fn is not None:
+            for r in cells:
+                rows.append(evaluate_row(r, simulate_fn))
+                advance(1)
+        else:
+            with ProcessPoolExecutor(max_workers=n) as pool:
+                for row in pool.map(evaluate_row, cells):  # in the file's order, as each is done
+                    rows.append(row)
+                    advance(1)
     frame = pd.DataFrame(rows, columns=list(ROW_KEYS))
     return frame, summarize(frame)
 
@@ -356,16 +376,85 @@ def _plot_png(frame: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
+#: The fidelity page's table: (row key, header, format; "" for text), the columns a reader needs.
+PAGE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("run_id", "run", ""), ("source", "source", ""), ("gpu_type", "GPU", ""), ("n_gpus", "GPUs", ".0f"),
+    ("model", "model", ""), ("layout", "layout", ""), ("stack", "stack", ""),
+    ("measured_step_time_s", "measured step s", ".3f"), ("predicted_step_time_s", "predicted step s", ".3f"),
+    ("step_time_error_pct", "step error %", "+.1f"), ("measured_peak_mem_gib", "measured peak GiB", ".1f"),
+    ("predicted_peak_mem_gib", "predicted peak GiB", ".1f"), ("peak_mem_error_pct", "memory error %", "+.1f"),
+    ("source_mfu_pct", "source MFU %", ".1f"), ("predicted_mfu_pct_source_convention", "predicted MFU %", ".1f"),
+    ("status", "status", ""),
+)
+
+# Sorts a table.sortable by the clicked column (again: the other way), by each cell's data-v, numbers as
+# numbers; cells without a value stay last whichever way. Plain DOM, no library: the page is offline.
+_SORT_JS = """
+document.querySelectorAll('table.sortable th').forEach(function (th, col) {
+  th.addEventListener('click', function () {
+    var table = th.closest('table'), body = table.tBodies[0];
+    var asc = th.getAttribute('aria-sort') !== 'ascending';
+    table.querySelectorAll('th').forEach(function (h) { h.removeAttribute('aria-sort'); });
+    th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = a.cells[col].getAttribute('data-v'), y = b.cells[col].getAttribute('data-v');
+      if (x === y) return 0;
+      if (x === '') return 1;
+      if (y === '') return -1;
+      var nx = Number(x), ny = Number(y);
+      var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+      return asc ? c : -c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+"""
+
+
+def _cell(value: Any, fmt: str) -> tuple[str, str]:
+    """(sort key, shown text) of a table cell; ('', '-') when empty. Numbers are formatted as floats: a
+    column with an empty cell (a GPU count a row lacks) comes out of pandas as floats."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "", "-"
+    if fmt:
+        return repr(float(value)), format(float(value), fmt)
+    return str(value), str(value)
+
+
+def page_table(frame: pd.DataFrame) -> str:
+    """The fidelity page's sortable table (``PAGE_COLUMNS``): one row per run, a run predicted not to
+    fit its GPU flagged in its status."""
+    head = "".join(f"<th title='click to sort'>{html.escape(h)}</th>" for _, h, _ in PAGE_COLUMNS)
+    body = []
+    for rec in frame.astype(object).where(frame.notna(), None).to_dict(orient="records"):
+        cells = []
+        for key, _, fmt in PAGE_COLUMNS:
+            sort, text = _cell(rec.get(key), fmt)
+            if key == "status" and rec.get("predicted_fits") is False:
+                text += " (predicted peak does not fit)"
+            cells.append(f"<td data-v='{html.escape(sort, quote=True)}'>{html.escape(text)}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return (f"<table class='sortable'><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body)
+            + "\n</tbody></table>")
+
+
 def render_html(frame: pd.DataFrame, summary: dict[str, Any]) -> str:
-    """A self-contained HTML page: summary, predicted-vs-measured plot (inline PNG), the rows."""
+    """A self-contained HTML page: summary, predicted-vs-measured plot (inline PNG), and a table of the
+    columns a reader needs, sortable by clicking a header (inline script). Every column, assumptions
+    included, is in ``validate --out``'s CSV."""
     png = base64.b64encode(_plot_png(frame)).decode("ascii")
-    shown = frame.copy()
-    shown["assumptions"] = shown["assumptions"].map(lambda a: "; ".join(a) if isinstance(a, list) else a)
-    table = shown.to_html(index=False, na_rep="-", float_format=lambda x: f"{x:.3g}", escape=True)
     summary_text = html.escape("\n".join(render_summary(summary)))
-    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>simtrain fidelity</title>"
-            "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;font-size:12px}"
-            "td,th{border:1px solid #ccc;padding:2px 4px;vertical-align:top}</style></head><body>"
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>simtrain fidelity</title>"
+            "<style>body{font-family:sans-serif;margin:2em;color:#222} table{border-collapse:collapse;font-size:12px}"
+            "td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top;text-align:right}"
+            "td:nth-child(-n+7),td:last-child{text-align:left} th{background:#f0f0f0;cursor:pointer}"
+            "th[aria-sort=ascending]::after{content:' \\25B2'} th[aria-sort=descending]::after{content:' \\25BC'}"
+            "</style></head><body>"
             "<h1>simtrain: predicted vs measured training runs</h1>"
             f"<pre>{summary_text}</pre><img alt='predicted vs measured step time' "
-            f"src='data:image/png;base64,{png}'/><h2>Rows</h2>{table}</body></html>\n")
+            f"src='data:image/png;base64,{png}'/><h2>Runs</h2>"
+            "<p>Errors are (predicted - measured) / measured. Click a header to sort. Every column (the "
+            "step-time breakdown, the assumptions behind each row) is in the CSV of <code>simtrain validate "
+            "--out</code>.</p>"
+            f"{page_table(frame)}<script>{_SORT_JS}</script></body></html>\n")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simtrain.errors import ConfigError, Problem
+from simtrain.labels import layout_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,6 +42,8 @@ BREAKDOWN = (("compute_s", "compute"), ("bubble_s", "bubble"), ("stage_imbalance
 MEMORY_PARTS = ("weights", "grads", "optimizer", "fp8_weights", "activations", "comm_buffers", "pp_buffers",
                 "workspace", "context", "fragmentation")
 TABLE_ROWS = 20
+RESULT_COLUMNS = ("step_time_s", "mfu", "time_to_train_s", "time_to_target_s")
+"""A table to report on has at least one of these (sweep, search, run --out and what-if tables do)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +63,13 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     if "error" in out:
         out = out[out["error"].isna()]
     if "fits" in out:
-        out = out[out["fits"].astype(bool)]
+        out = out[_fits(out)]
     return out
+
+
+def _fits(df: pd.DataFrame) -> pd.Series:
+    """The ``fits`` column as booleans, an empty cell (a layout not simulated) as False."""
+    return df["fits"].map(lambda v: v is not None and v == v and bool(v)).astype(bool)
 
 
 def best_row(df: pd.DataFrame) -> pd.Series | None:
@@ -84,27 +92,30 @@ def _get(row: Any, key: str, default: Any = None) -> Any:
 
 
 def label(row: Any, with_model: bool = False) -> str:
-    """Short layout label of a row: tp/pp/vpp/dp, ZeRO, micro-batch, recompute, FSDP, CPU offload (and
-    batch, model)."""
+    """Short layout label of a row with every parallel axis (``simtrain.labels``): tp cp (ep etp) pp
+    vpp dp, ZeRO or FSDP, micro-batch, recompute or CPU offload, schedule (and model x GPUs)."""
     parts = []
     if with_model and _get(row, "model.name"):
         parts.append(f"{_get(row, 'model.name')} x{_get(row, 'n_gpus', '?')}")
-    for key, short in (("layout.tp", "tp"), ("layout.pp", "pp"), ("layout.vpp", "vpp"), ("layout.dp", "dp"),
-                       ("layout.zero_stage", "zero"), ("train.micro_batch_size", "mbs")):
-        v = _get(row, key)
-        if v is not None:
-            parts.append(f"{short}{int(v) if isinstance(v, int | float) else v}")
-    rec = _get(row, "layout.recompute")
-    if rec and rec != "none":
-        layers = _get(row, "layout.recompute_layers")
-        parts.append(f"{rec}({int(layers)})" if isinstance(layers, int | float) and layers else str(rec))
-    fsdp = _get(row, "layout.fsdp")
-    if fsdp and fsdp != "none":
-        parts.append(f"fsdp-{fsdp}")
-    offload = _get(row, "layout.offload_activation_layers")
-    if isinstance(offload, int | float) and offload:
-        parts.append(f"offload({int(offload)})")
+    values = row if hasattr(row, "get") else {}
+    lay = layout_label(values, prefix="layout.", micro_batch_size=_get(row, "train.micro_batch_size"))
+    if lay:
+        parts.append(lay)
     return " ".join(parts) or f"point {_get(row, 'point', '?')}"
+
+
+def check_table(df: pd.DataFrame, source: str = "table") -> None:
+    """Raise unless ``df`` has rows and a result column to report on.
+
+    Raises:
+        ConfigError: at ``source`` (the file): no rows, or none of ``RESULT_COLUMNS``.
+    """
+    if not any(c in df.columns for c in RESULT_COLUMNS):
+        raise ConfigError(Problem(source, f"no result column: it needs one of {', '.join(RESULT_COLUMNS)} "
+                                          f"(it has {', '.join(map(str, df.columns)) or 'none'}); report reads the "
+                                          "tables sweep, search and run --out write"))
+    if df.empty:
+        raise ConfigError(Problem(source, "the table has a header but no rows: nothing to report"))
 
 
 # -- plots ------------------------------------------------------------------------------------------
@@ -327,6 +338,28 @@ def summary_table(df: pd.DataFrame, n: int = TABLE_ROWS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def not_fitting_table(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """The ``n`` rows whose peak memory is over capacity by the least: layout, peak GiB, and how far over
+    (GiB and % of the capacity). The peak is the simulated one, else the search's closed-form estimate
+    (``est_peak_memory_bytes``); rows without both a peak and a capacity are left out."""
+    import pandas as pd
+
+    if "capacity_bytes" not in df or not ({"peak_memory_bytes", "est_peak_memory_bytes"} & set(df.columns)):
+        return pd.DataFrame()
+    ok = df[df["error"].isna()] if "error" in df else df
+    peak = ok["peak_memory_bytes"] if "peak_memory_bytes" in ok else pd.Series(float("nan"), index=ok.index)
+    if "est_peak_memory_bytes" in ok:
+        peak = peak.fillna(ok["est_peak_memory_bytes"])
+    cap = ok["capacity_bytes"].astype(float)
+    over = (peak.astype(float) - cap)
+    rows = ok[over > 0].assign(_over=over[over > 0], _peak=peak[over > 0], _cap=cap[over > 0])
+    many = "model.name" in ok and ok["model.name"].nunique() > 1
+    return pd.DataFrame([{"layout": label(r, many), "peak GiB": round(r["_peak"] / GiB, 1),
+                          "capacity GiB": round(r["_cap"] / GiB, 1), "over GiB": round(r["_over"] / GiB, 1),
+                          "over %": round(100.0 * r["_over"] / r["_cap"], 1)}
+                         for _, r in rows.sort_values("_over").head(n).iterrows()])
+
+
 def markdown_table(df: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table (no extra dependency)."""
     if df.empty:
@@ -338,11 +371,33 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counts(df: pd.DataFrame) -> dict[str, int]:
+    """Rows by outcome: ``simulated`` (a step time, no error) split into ``fit`` and ``do_not_fit``,
+    ``failed`` (an error), and for a search table ``pruned_memory`` (over HBM by the closed form, not
+    simulated) and ``estimated_only`` (fit by the estimate, not simulated)."""
+    import pandas as pd
+
+    failed = df["error"].notna() if "error" in df else pd.Series(False, index=df.index)
+    simulated = ~failed & (df["step_time_s"].notna() if "step_time_s" in df else True)
+    fits = _fits(df) if "fits" in df else simulated
+    out = {"rows": len(df), "simulated": int(simulated.sum()), "fit": int((simulated & fits).sum()),
+           "do_not_fit": int((simulated & ~fits).sum()), "failed": int(failed.sum())}
+    if "status" in df:  # a search table: what became of the layouts that were not simulated
+        status = df["status"].astype(str)
+        out["pruned_memory"] = int(((status == "memory") & ~simulated).sum())
+        out["estimated_only"] = int((status == "estimated").sum())
+        out["dominated"] = int((status == "dominated").sum())
+    return out
+
+
 def _counts(df: pd.DataFrame) -> str:
-    n = len(df)
-    errors = int(df["error"].notna().sum()) if "error" in df else 0
-    nofit = int((~df["fits"].astype(bool)).sum()) - errors if "fits" in df else 0
-    return f"{n} rows: {len(ok_rows(df))} fit, {max(nofit, 0)} do not fit in memory, {errors} failed"
+    c = counts(df)
+    text = (f"{c['rows']} rows: {c['simulated']} simulated ({c['fit']} fit, {c['do_not_fit']} do not fit in memory), "
+            f"{c['failed']} failed")
+    if "pruned_memory" in c:
+        text += (f"; not simulated: {c['pruned_memory']} pruned for memory, {c['dominated']} dominated, "
+                 f"{c['estimated_only']} estimated only")
+    return text
 
 
 # -- documents --------------------------------------------------------------------------------------
@@ -365,6 +420,10 @@ def render_html(df: pd.DataFrame, title: str = "simtrain report", source: str = 
                      f"<figcaption>{html.escape(p.caption)}</figcaption></figure>")
     parts.append("<h2>Best layouts</h2>")
     parts.append(summary_table(df).to_html(index=False, border=0, escape=True))
+    over = not_fitting_table(df)
+    if not over.empty:
+        parts.append(f"<h2>Closest layouts that do not fit ({counts_over(df)} over capacity)</h2>")
+        parts.append(over.to_html(index=False, border=0, escape=True))
     errs = df[df["error"].notna()] if "error" in df else df.iloc[0:0]
     if not errs.empty:
         parts.append(f"<h2>Failed points ({len(errs)})</h2><ul>")
@@ -375,8 +434,19 @@ def render_html(df: pd.DataFrame, title: str = "simtrain report", source: str = 
 
 
 def render_markdown(df: pd.DataFrame, title: str = "simtrain report", source: str = "") -> str:
-    """Markdown: title, counts and the best-layouts table."""
-    return f"# {title}\n\n{source} {_counts(df)}.\n\n## Best layouts\n\n{markdown_table(summary_table(df))}"
+    """Markdown: title, counts, the best-layouts table and the layouts closest to fitting among those
+    that do not (how far over capacity, GiB and %)."""
+    text = f"# {title}\n\n{source} {_counts(df)}.\n\n## Best layouts\n\n{markdown_table(summary_table(df))}"
+    over = not_fitting_table(df)
+    if not over.empty:
+        text += (f"\n## Closest layouts that do not fit ({counts_over(df)} over capacity)\n\n"
+                 f"{markdown_table(over)}")
+    return text
+
+
+def counts_over(df: pd.DataFrame) -> int:
+    """How many rows' peak memory is over capacity (``not_fitting_table``'s rule)."""
+    return len(not_fitting_table(df, len(df)))
 
 
 def write_report(df: pd.DataFrame, html_path: str | Path | None = None, md_path: str | Path | None = None,

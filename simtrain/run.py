@@ -132,7 +132,8 @@ def _simulate_phase(cfg: RunConfig, phase: Phase, sim: SimulateFn, cache: dict[s
 
 def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None,
                  mode: str | None = None, simulate_fn: SimulateFn | None = None,
-                 cache: dict[str, StepResult] | None = None, goodput: bool = False) -> RunResult:
+                 cache: dict[str, StepResult] | None = None, goodput: bool = False,
+                 progress: bool = False) -> RunResult:
     """Simulate a whole run: every distinct phase once, then steps x step time summed over phases.
 
     Args:
@@ -142,6 +143,7 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
         simulate_fn: replaces ``simtrain.simulate`` (tests, or a caller's own cache).
         cache: StepResults by resolved-config JSON, shared across calls (e.g. by a sweep).
         goodput: compute the goodput even without ``run.failures``/``run.checkpoint`` (their defaults).
+        progress: a bar with its ETA on stderr (``simtrain.progress``), one unit per phase.
 
     Raises:
         ConfigError: invalid input or no ``run`` section (each problem with its dotted path).
@@ -157,16 +159,20 @@ def simulate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
     out: list[PhaseResult] = []
     bands: list[ErrorBand | None] = []
     steps: list[StepResult] = []
-    for ph in phases:
-        cfg = phase_config(run, ph)
-        key = cfg.model_dump_json()
-        keys.add(key)
-        r = _simulate_phase(cfg, ph, sim, cache, key)
-        out.append(PhaseResult(ph.index, ph.start_tokens, ph.tokens, ph.batch_seqs, ph.batch_tokens, ph.seq_len,
-                               ph.steps, r.microbatches, r.step_time_s, ph.steps * r.step_time_s, r.tokens_per_s,
-                               r.mfu, r.fits))
-        bands.append(r.error_band)
-        steps.append(r)
+    from simtrain.progress import progress_bar
+
+    with progress_bar("simulating phases", len(phases), enabled=progress) as advance:
+        for ph in phases:
+            cfg = phase_config(run, ph)
+            key = cfg.model_dump_json()
+            keys.add(key)
+            r = _simulate_phase(cfg, ph, sim, cache, key)
+            out.append(PhaseResult(ph.index, ph.start_tokens, ph.tokens, ph.batch_seqs, ph.batch_tokens, ph.seq_len,
+                                   ph.steps, r.microbatches, r.step_time_s, ph.steps * r.step_time_s,
+                                   r.tokens_per_s, r.mfu, r.fits))
+            bands.append(r.error_band)
+            steps.append(r)
+            advance(1)
     result = _summarise(run, out, len(keys))
     built = build_inputs(run, steps, result.time_to_train_s, result.steps, result.n_gpus, force=goodput)
     if built is not None:

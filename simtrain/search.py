@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,18 +41,16 @@ from typing import TYPE_CHECKING, Any
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig, load_config
 from simtrain.errors import ConfigError, Problem
 from simtrain.estimate import Estimate, Estimator
+from simtrain.labels import layout_label
+from simtrain.progress import progress_bar, ticking
+from simtrain.search_render import render_search as render_search  # the text report, re-exported
+from simtrain.search_space import SearchSpace, enumerate_layouts, explain_empty
 from simtrain.simulate import cluster_of
 
 if TYPE_CHECKING:
     import pandas as pd
 
 GiB = 1024.0**3
-ZERO_STAGES = (0, 1, 2, 3)
-MICRO_BATCHES = (1, 2, 4, 8)
-RECOMPUTE = ("none", "selective", "full", "offload")
-"""Memory levers tried per layout: no recompute, selective or full recompute, or (pp = 1) CPU activation
-offloading of the fewest layers that fit (``layout.offload_activation_layers``, recompute none)."""
-SEARCH_SCHEDULES = ("auto", "dualpipe", "dualpipev", "zb_h1")
 # Simulation budget of a search, micro-batches x layers summed over the simulated layouts: about 40 s
 # of CPU on this project's 2-core machine with today's engine (Llama 3.1 405B, 16 micro-batches x 126
 # layers = 2,016 units, simulates in ~0.7 s).
@@ -61,27 +60,7 @@ CAUSE = {"compute": "compute", "bubble": "bubble", "stage imbalance": "bubble", 
          "tp comm": "communication",
          "tp/cp comm": "communication",
          "dp comm": "communication", "pp comm": "communication", "cp comm": "communication",
-         "ep comm": "communication", "other": "other"}
-
-
-@dataclass(frozen=True, slots=True)
-class SearchSpace:
-    """Values to try per knob; None means every valid value (see the module docstring)."""
-
-    tp: tuple[int, ...] | None = None
-    pp: tuple[int, ...] | None = None
-    vpp: tuple[int, ...] | None = None
-    micro_batch_size: tuple[int, ...] = MICRO_BATCHES
-    zero_stage: tuple[int, ...] = ZERO_STAGES
-    recompute: tuple[str, ...] = RECOMPUTE
-    cp: tuple[int, ...] | None = None
-    ep: tuple[int, ...] | None = None
-    """Expert-parallel degrees (MoE models; dense models always 1)."""
-    etp: tuple[int, ...] | None = None
-    """Expert tensor-parallel degrees (MoE models): default 1 and tp."""
-    schedule: tuple[str, ...] | None = None
-    """Pipeline schedules: ``auto`` (1F1B, interleaved when vpp > 1), ``dualpipe``, ``dualpipev``,
-    ``zb_h1``; default ``auto`` for dense models, ``auto``, ``dualpipe`` and ``dualpipev`` for MoE models."""
+         "ep comm": "communication", "CPU offload": "CPU offload", "other": "other"}
 
 
 @dataclass(slots=True)
@@ -102,22 +81,23 @@ class Candidate:
     status: str = "enumerated"
     """best, simulated, estimated (not simulated), memory, dominated or error."""
     lost_to: str | None = None
-    """memory, bubble, communication, compute, optimizer, or None for the best."""
+    """memory, bubble, communication, compute, CPU offload, optimizer, or None for the best."""
     reason: str = ""
     rank: int = 0
     row: dict[str, Any] | None = field(default=None, repr=False)
 
     def label(self) -> str:
-        """Short layout label: tp/pp/vpp/dp, ZeRO, micro-batch, recompute (or CPU offload)."""
-        lay = self.layout
-        rec = lay["recompute"] + (f"({lay['recompute_layers']})" if lay.get("recompute_layers") else "")
-        if lay.get("offload_activation_layers"):
-            rec = f"offload({lay['offload_activation_layers']})"
-        cp = f" cp{lay['cp']}" if lay.get("cp", 1) > 1 else ""
-        ep = f" ep{lay['ep']} etp{lay['etp']}" if lay.get("etp") is not None else ""
-        sched = f" {lay['schedule']}" if lay.get("schedule", "auto") != "auto" else ""
-        return (f"tp{lay['tp']} pp{lay['pp']} vpp{lay['vpp']} dp{lay['dp']}{cp}{ep} zero{lay['zero_stage']} "
-                f"mbs{self.micro_batch_size} {rec}{sched}")
+        """Short layout label with every parallel axis (``simtrain.labels``): tp cp (ep etp) pp vpp dp,
+        ZeRO, micro-batch, recompute or CPU offload, schedule."""
+        return layout_label(self.layout, micro_batch_size=self.micro_batch_size)
+
+    def over_capacity_bytes(self, capacity: float) -> float | None:
+        """How far the (simulated, else estimated) peak is over ``capacity`` bytes; None when it fits or
+        has no peak."""
+        peak = self.peak_memory_bytes if self.peak_memory_bytes is not None else self.est_peak_bytes
+        if peak is None or peak <= capacity:
+            return None
+        return peak - capacity
 
 
 @dataclass(slots=True)
@@ -132,18 +112,44 @@ class SearchResult:
     n_memory: int
     n_simulated: int
     elapsed_s: float
+    capacity_bytes: float = 0.0
+    """HBM per GPU, bytes (what a layout's peak must fit in)."""
 
     @property
     def best(self) -> Candidate | None:
         """The fastest simulated layout that fits, if any."""
         return next((c for c in self.candidates if c.status == "best"), None)
 
+    def counts(self) -> dict[str, int]:
+        """What became of the enumerated layouts; ``simulated`` splits into ``fit`` and ``do_not_fit``:
+
+        ``pruned_memory`` (the closed form's peak is over HBM even with the most recompute or offload),
+        ``dominated`` (a memory lever the layout does not need), ``infeasible`` (the simulation refused
+        it), ``simulated``, ``estimated_only`` (fit by the estimate, not simulated: past ``top_k`` or the
+        budget).
+        """
+        cs = self.candidates
+        sim = [c for c in cs if c.row is not None and c.status != "error"]
+        return {"enumerated": self.n_enumerated,
+                "pruned_memory": sum(1 for c in cs if c.status == "memory" and c.row is None),
+                "dominated": sum(1 for c in cs if c.status == "dominated"),
+                "infeasible": sum(1 for c in cs if c.status == "error"),
+                "simulated": len(sim), "fit": sum(1 for c in sim if c.fits),
+                "do_not_fit": sum(1 for c in sim if not c.fits),
+                "estimated_only": sum(1 for c in cs if c.status == "estimated")}
+
+    def not_fitting(self) -> list[Candidate]:
+        """Layouts whose (simulated, else estimated) peak is over HBM, closest to fitting first."""
+        over = [c for c in self.candidates if c.over_capacity_bytes(self.capacity_bytes) is not None]
+        return sorted(over, key=lambda c: c.over_capacity_bytes(self.capacity_bytes) or 0.0)
+
     def to_dict(self, limit: int | None = None) -> dict[str, Any]:
         """JSON-ready dict; ``limit`` keeps the first candidates only."""
         cands = self.candidates if limit is None else self.candidates[:limit]
         return {"model": self.model, "n_gpus": self.n_gpus, "global_batch_tokens": self.global_batch_tokens,
                 "n_enumerated": self.n_enumerated, "n_memory": self.n_memory, "n_simulated": self.n_simulated,
-                "elapsed_s": self.elapsed_s, "best": None if self.best is None else _cand_dict(self.best),
+                "elapsed_s": self.elapsed_s, "capacity_bytes": self.capacity_bytes, "counts": self.counts(),
+                "best": None if self.best is None else _cand_dict(self.best),
                 "candidates": [_cand_dict(c) for c in cands]}
 
     def to_frame(self) -> pd.DataFrame:
@@ -156,6 +162,7 @@ class SearchResult:
                                    "train.micro_batch_size": c.micro_batch_size}
             if c.row:
                 row.update({k: v for k, v in c.row.items() if k != "point"})
+            row.setdefault("capacity_bytes", self.capacity_bytes)
             row.update({"microbatches": c.microbatches, "est_step_time_s": c.est_step_time_s,
                         "est_mfu": c.est_mfu, "est_peak_memory_bytes": c.est_peak_bytes, "status": c.status,
                         "lost_to": c.lost_to, "reason": c.reason})
@@ -168,124 +175,6 @@ def _cand_dict(c: Candidate) -> dict[str, Any]:
     d.pop("row")
     d["label"] = c.label()
     return d
-
-
-# -- enumeration ------------------------------------------------------------------------------------
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _tp_ok(run: RunConfig, tp: int) -> bool:
-    """TP divides heads, KV heads (or is a multiple of them), FFN and vocab, as ``validate`` demands."""
-    m = run.model
-    kv_ok = m.kv_heads % tp == 0 or tp % m.kv_heads == 0
-    dims_ok = m.n_heads % tp == 0 and kv_ok and m.ffn_hidden % tp == 0 and m.vocab % tp == 0
-    # MoE with TP needs sequence parallelism (validate._expert_problems), so tp must divide the sequence
-    return dims_ok and (m.moe is None or tp == 1 or run.train.seq_len % tp == 0)
-
-
-def _expert_degrees(run: RunConfig, tp: int, plane: int, space: SearchSpace) -> list[tuple[int, int | None]]:
-    """(ep, etp) pairs of a stage of ``plane`` = tp x cp x dp ranks: ETP 1 or TP dividing the expert
-    width, EP dividing the routed experts with EP x ETP dividing the plane (validate._expert_problems).
-    A dense model gets (1, None)."""
-    moe = run.model.moe
-    if moe is None:
-        return [(1, None)]
-    etps = sorted({e for e in (space.etp or (1, tp)) if tp % e == 0 and moe.ffn_hidden % e == 0})
-    return [(ep, etp) for etp in etps for ep in _divisors(moe.n_experts)
-            if plane % (ep * etp) == 0 and (space.ep is None or ep in space.ep)]
-
-
-def _schedules(run: RunConfig, pp: int, vpp: int, microbatches: int, space: SearchSpace) -> list[str]:
-    """Schedules worth trying: ``auto`` (1F1B/interleaved); for MoE models DualPipe where it can run
-    (even pp, an even micro-batch count of at least 2 x pp, vpp 1: deepseek-ai/DualPipe's asserts,
-    validate._schedule_batch_problems) and DualPipeV where it can (at least 2 x pp micro-batches, the
-    assert of deepseek-ai/DualPipe ``dualpipev.py``; vpp 1, as it places its two chunks itself; at
-    least one layer on each of its 2 x pp stages); ZB-H1 when the space names it (vpp 1, pp > 1)."""
-    allowed = space.schedule or (("auto", "dualpipe", "dualpipev") if run.model.is_moe else ("auto",))
-    out = ["auto"] if "auto" in allowed else []
-    if vpp > 1 or pp == 1:
-        return out
-    if "dualpipe" in allowed and pp % 2 == 0 and microbatches % 2 == 0 and microbatches >= 2 * pp:
-        out.append("dualpipe")
-    if "dualpipev" in allowed and microbatches >= 2 * pp and run.model.n_layers >= 2 * pp:
-        out.append("dualpipev")
-    if "zb_h1" in allowed:
-        out.append("zb_h1")
-    return out
-
-
-def _recompute_choices(run: RunConfig, space: SearchSpace) -> list[str]:
-    """none, full, offload, and selective where it recomputes something (unfused attention, or modules
-    besides ``core_attn``)."""
-    tr, modules = run.train, run.layout.recompute_modules
-    useful = tr.attention_kernel != "flash" or any(mod != "core_attn" for mod in modules)
-    return [r for r in RECOMPUTE if r in space.recompute and (r != "selective" or useful)]
-
-
-def _base_layout(run: RunConfig) -> dict[str, Any]:
-    """The config's layout switches that the search keeps (overlaps, rank order, buckets)."""
-    keep = ("order", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "grad_bucket_MiB",
-            "fsdp_prefetch_layers", "cp_comm", "ep_comm_overlap", "recompute_modules")
-    dumped = run.layout.model_dump()
-    return {k: dumped[k] for k in keep}
-
-
-def enumerate_layouts(run: RunConfig, n_gpus: int, space: SearchSpace) -> list[tuple[LayoutConfig, TrainConfig]]:
-    """Every valid (layout, train) of the space on ``n_gpus`` GPUs for the config's batch.
-
-    Recompute ``full`` is listed once per layout with ``recompute_layers`` None (the search fills in the
-    fewest layers that fit).
-    """
-    m, tr = run.model, run.train
-    gpn = cluster_of(run).gpus_per_node
-    seqs = tr.global_batch_seqs_resolved
-    tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpn)
-    recompute = _recompute_choices(run, space)
-    zeros = list(space.zero_stage)
-    base = _base_layout(run)
-    out = []
-    for tp in (t for t in tps if n_gpus % t == 0 and _tp_ok(run, t)):
-        cps = space.cp or (1, 2, 4, 8)
-        for cp in (c for c in cps if (n_gpus // tp) % c == 0 and tr.seq_len % (2 * c if c > 1 else 1) == 0):
-            rest = n_gpus // (tp * cp)
-            pps = space.pp or tuple(_divisors(rest))
-            for pp in (p for p in pps if rest % p == 0 and p <= m.n_layers):
-                dp = rest // pp
-                for mbs in (b for b in space.micro_batch_size if seqs % (b * dp) == 0):
-                    mb = seqs // (mbs * dp)
-                    train = tr.model_copy(update={"micro_batch_size": mbs})
-                    for vpp in _vpps(m.n_layers, pp, mb, space.vpp):
-                        for ep, etp in _expert_degrees(run, tp, tp * cp * dp, space):
-                            for sched in _schedules(run, pp, vpp, mb, space):
-                                lay = {**base, "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "etp": etp,
-                                       "vpp": vpp, "sequence_parallel": tp > 1 and tr.seq_len % tp == 0,
-                                       "schedule": sched, "fsdp": "none", "fsdp_shard_size": None,
-                                       "recompute_layers": None}
-                                out += [(_with_lever(lay, zero, rec, m.n_layers), train)
-                                        for zero in zeros for rec in recompute
-                                        if rec != "offload" or (pp == 1 and m.n_layers > 1)]
-    return out
-
-
-def _with_lever(lay: dict[str, Any], zero: int, lever: str, n_layers: int) -> LayoutConfig:
-    """The layout with its ZeRO stage and memory lever (a recompute kind, or ``offload``: recompute none
-    and every layer but the last offloaded, which ``_fit_offload`` then cuts to the fewest that fit)."""
-    if lever == "offload":
-        return LayoutConfig(**{**lay, "zero_stage": zero, "recompute": "none",
-                               "offload_activation_layers": n_layers - 1})
-    return LayoutConfig(**{**lay, "zero_stage": zero, "recompute": lever})
-
-
-def _vpps(n_layers: int, pp: int, microbatches: int, allowed: tuple[int, ...] | None) -> list[int]:
-    """1, and the interleaving degrees that split the layers evenly with micro-batches a multiple of pp."""
-    out = [1] if allowed is None or 1 in allowed else []
-    if pp == 1 or microbatches % pp:
-        return out
-    per_stage, rem = divmod(n_layers, pp)
-    if rem:
-        return out
-    return out + [v for v in _divisors(per_stage)[1:] if allowed is None or v in allowed]
 
 
 # -- pruning ----------------------------------------------------------------------------------------
@@ -324,7 +213,12 @@ def _memory_reason(mem: tuple[float, ...], capacity: float, full: bool, offload:
     s = max(range(len(mem)), key=mem.__getitem__)
     tail = " even with full recompute of every layer" if full else ""
     tail = " even with every layer but the last offloaded to CPU memory" if offload else tail
-    return f"memory: stage {s} needs {mem[s] / GiB:.1f} GiB > {capacity / GiB:.1f} GiB HBM{tail}"
+    return f"memory: stage {s} needs {mem[s] / GiB:.1f} GiB > {capacity / GiB:.1f} GiB HBM ({_over(mem[s], capacity)}){tail}"
+
+
+def _over(peak: float, capacity: float) -> str:
+    """'+3.2 GiB, +4.0 %': how far ``peak`` bytes are over ``capacity``."""
+    return f"+{(peak - capacity) / GiB:.1f} GiB, +{100.0 * (peak / capacity - 1.0):.1f} %"
 
 
 def _layout_dict(lay: LayoutConfig) -> dict[str, Any]:
@@ -333,7 +227,7 @@ def _layout_dict(lay: LayoutConfig) -> dict[str, Any]:
     return {k: getattr(lay, k) for k in keys}
 
 
-def _estimate_all(est: Estimator, layouts: list[tuple[LayoutConfig, TrainConfig]]) -> list[tuple[Candidate, LayoutConfig]]:
+def _estimate_all(est: Estimator, layouts: Iterable[tuple[LayoutConfig, TrainConfig]]) -> list[tuple[Candidate, LayoutConfig]]:
     """Memory-check and estimate every layout; full recompute gets its fewest fitting layers."""
     out: list[tuple[Candidate, LayoutConfig]] = []
     fits_without: set[tuple[Any, ...]] = set()
@@ -394,7 +288,8 @@ def _sim_components(row: dict[str, Any]) -> dict[str, float]:
 def _why(mine: dict[str, float], best: dict[str, float], total: float, best_total: float, what: str) -> tuple[str, str]:
     """(cause, text): the excess over the best by component, largest first."""
     deltas = sorted(((mine.get(k, 0.0) - best.get(k, 0.0), k) for k in mine), reverse=True)
-    parts = [f"{k} {d:+.3g} s" for d, k in deltas[:2] if d > 0]
+    # differences below a nanosecond per second of step are float noise of equal sums, not causes
+    parts = [f"{k} {d:+.3g} s" for d, k in deltas[:2] if d > 1e-9 * max(total, best_total)]
     cause = CAUSE[deltas[0][1]] if deltas and deltas[0][0] > 0 else "other"
     pct = 100.0 * (total / best_total - 1.0) if best_total > 0 else 0.0
     return cause, f"{what} {total:.4g} s, +{pct:.1f} % vs best" + (f": {', '.join(parts)}" if parts else "")
@@ -433,7 +328,9 @@ def _explain(ranked: list[Candidate]) -> None:
                                        best.step_time_s or 0.0, "simulated")
         elif c.status == "simulated" and not c.fits:
             c.lost_to = "memory"
-            c.reason = f"memory (simulated): peak {(c.peak_memory_bytes or 0) / GiB:.1f} GiB does not fit"
+            peak, cap = c.peak_memory_bytes or 0.0, float((c.row or {}).get("capacity_bytes") or 0.0)
+            over = f" > {cap / GiB:.1f} GiB HBM ({_over(peak, cap)})" if cap else " does not fit"
+            c.reason = f"memory (simulated): peak {peak / GiB:.1f} GiB{over}"
         elif c.status == "estimated" and best_est is not None and not c.reason:
             c.lost_to, text = _why(c.est_components_s, best_est.est_components_s, c.est_step_time_s or 0.0,
                                    best_est.est_step_time_s or 0.0, "not simulated: estimated")
@@ -471,9 +368,13 @@ def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = N
         cluster = cluster_of(run)
     if top_k < 1:
         raise ConfigError(Problem("--top", f"{top_k} must be at least 1"))
-    layouts = enumerate_layouts(run, cluster.n_gpus, space or SearchSpace())
+    space = space or SearchSpace()
+    layouts = enumerate_layouts(run, cluster.n_gpus, space)
+    if not layouts:
+        raise ConfigError(explain_empty(run, cluster.n_gpus, space))
     est = Estimator(run.model, cluster, run.sim.fragmentation_ratio)
-    cands = [c for c, _ in _estimate_all(est, layouts)]
+    with progress_bar("estimating layouts", len(layouts), enabled=progress) as advance:
+        cands = [c for c, _ in _estimate_all(est, ticking(layouts, advance))]
     _simulate_best(run, cands, top_k, budget_units, workers, scheduler, progress)
     ranked = _rank(cands)
     _explain(ranked)
@@ -481,7 +382,8 @@ def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = N
     tokens = run.train.global_batch_seqs_resolved * run.train.seq_len
     return SearchResult(run.model.name, cluster.n_gpus, tokens, ranked, len(layouts),
                         sum(1 for c in cands if c.status == "memory"),
-                        sum(1 for c in cands if c.row is not None), time.perf_counter() - t0)
+                        sum(1 for c in cands if c.row is not None), time.perf_counter() - t0,
+                        cluster.gpu.hbm_bytes)
 
 
 def sim_cost_units(c: Candidate, n_layers: int) -> int:
@@ -530,34 +432,3 @@ def _simulate_best(run: RunConfig, cands: list[Candidate], top_k: int, budget_un
         c.status = "simulated"
         c.step_time_s, c.mfu, c.fits = row["step_time_s"], row["mfu"], bool(row["fits"])
         c.peak_memory_bytes = row["peak_memory_bytes"]
-
-
-def render_search(r: SearchResult, show: int = 15) -> str:
-    """Human-readable ranking: the best ``show`` candidates with why each lost, and the counts."""
-    by_status: dict[str, int] = {}
-    for c in r.candidates:
-        by_status[c.status] = by_status.get(c.status, 0) + 1
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
-    lines = [f"simtrain search: {r.model} on {r.n_gpus:,} GPUs, {r.global_batch_tokens:,} tokens per step",
-             f"  {r.n_enumerated} layouts enumerated ({counts}); {r.n_simulated} simulated; {r.elapsed_s:.1f} s",
-             f"  {'#':>4}  {'layout':<44}{'mbs/step':>9}{'est (s)':>10}{'sim (s)':>10}{'MFU %':>7}{'peak GiB':>10}  why"]
-    for c in r.candidates[:show]:
-        sim = f"{c.step_time_s:10.4g}" if c.step_time_s is not None else f"{'-':>10}"
-        est = f"{c.est_step_time_s:10.4g}" if c.est_step_time_s is not None else f"{'-':>10}"
-        mfu = c.mfu if c.mfu is not None else c.est_mfu
-        mfu_s = f"{100 * mfu:7.1f}" if mfu is not None else f"{'-':>7}"
-        peak = c.peak_memory_bytes or c.est_peak_bytes
-        peak_s = f"{peak / GiB:10.1f}" if peak else f"{'-':>10}"
-        lines.append(f"  {c.rank:>4}  {c.label():<44}{c.microbatches:>9}{est}{sim}{mfu_s}{peak_s}  {c.reason}")
-    if r.best is None:
-        lines.append("  no simulated layout fits in memory")
-    elif (band := _likely(r.best)) is not None:
-        lines.append(f"  best: {r.best.label()}, {r.best.step_time_s:.4g} s per step, likely measured "
-                     f"{band[0]:.4g} - {band[1]:.4g} s (simtrain.uncertainty)")
-    return "\n".join(lines)
-
-
-def _likely(c: Candidate) -> tuple[float, float] | None:
-    """The simulated candidate's likely measured step-time range (s), when its row has one."""
-    lo, hi = (c.row or {}).get("step_time_low_s"), (c.row or {}).get("step_time_high_s")
-    return (float(lo), float(hi)) if lo is not None and hi is not None else None

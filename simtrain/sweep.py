@@ -22,12 +22,14 @@ import itertools
 import json
 import os
 import tempfile
+import typing
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import BaseModel
 
 from simtrain.config import RunConfig, apply_overrides, load_config, read_config_file
 from simtrain.errors import ConfigError, InfeasibleLayout, Problem, SimtrainError
@@ -62,6 +64,61 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     if problems:
         raise ConfigError(problems)
     return grid
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``X``, ``X | None``), or None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (sub := _submodel(arg)) is not None:
+            return sub
+    return None
+
+
+def _free_form(annotation: Any) -> bool:
+    """Whether an annotation takes any keys below it (a mapping or Any)."""
+    if annotation is Any or annotation is dict:
+        return True
+    origin = typing.get_origin(annotation)
+    return origin is dict or any(_free_form(a) for a in typing.get_args(annotation) if origin is not dict)
+
+
+def key_problem(key: str) -> Problem | None:
+    """Why a dotted grid/override key names no field of the config schema (None when it does): the
+    part that is unknown and the fields valid at that level. ``model`` also takes ``preset`` and
+    ``hf_config`` (``RunConfig._resolve_model``)."""
+    from simtrain.config import RunConfig
+    from simtrain.model import ModelSpec
+
+    cls: type[BaseModel] | None = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or "the config"
+        if cls is None:
+            return Problem("--grid", f"{key!r}: {where} is a single value, it has no field {part!r}")
+        valid = list(cls.model_fields) + (["preset", "hf_config"] if cls is ModelSpec else [])
+        if part not in valid:
+            return Problem("--grid", f"{key!r}: {part!r} is not a field of {where}; valid: {', '.join(valid)}")
+        if part not in cls.model_fields:  # model.preset / model.hf_config: a string
+            cls = None
+            continue
+        annotation = cls.model_fields[part].annotation
+        if _free_form(annotation):
+            return None
+        cls = _submodel(annotation)
+    return None
+
+
+def check_grid(grid: dict[str, list[Any]]) -> None:
+    """Raise for grid keys that name no config field, before anything is simulated.
+
+    Raises:
+        ConfigError: each unknown key with the valid fields at the level it goes wrong.
+    """
+    problems = [p for p in (key_problem(k) for k in grid) if p is not None]
+    if problems:
+        raise ConfigError(problems)
 
 
 def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -234,25 +291,11 @@ Progress = Callable[[int], None]
 def run_points(base: dict[str, Any], points: list[dict[str, Any]], workers: int | None = None,
                scheduler: str | None = None, progress: bool = False, whole_run: bool = True,
                label: str = "simulating", connect_timeout_s: float = 10.0) -> list[Row]:
-    """Evaluate every point (locally in processes, or on Dask), rows returned in point order."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.progress import Progress as Bar
+    """Evaluate every point (locally in processes, or on Dask), rows returned in point order; with
+    ``progress``, a bar with its ETA on stderr (``simtrain.progress``)."""
+    from simtrain.progress import progress_bar
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn())
-    with Bar(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
-        task = bar.add_task(label, total=len(points))
-
-        def advance(n: int) -> None:
-            bar.advance(task, n)
-
+    with progress_bar(label, len(points), enabled=progress) as advance:
         if scheduler:
             rows = _run_dask(base, points, scheduler, whole_run, advance, connect_timeout_s)
         else:
@@ -324,10 +367,12 @@ def sweep(config: RunConfig | dict[str, Any] | str | Path, grid: dict[str, list[
         connect_timeout_s: how long to try reaching the Dask scheduler, seconds.
 
     Raises:
-        ConfigError: a malformed grid, a base file that cannot be read, or an unreachable scheduler.
+        ConfigError: a malformed grid, a grid key that names no config field, a base file that cannot be
+            read, or an unreachable scheduler.
     """
     if not isinstance(grid, dict):
         grid = parse_grid(grid)
+    check_grid(grid)
     base = base_data(config, overrides)
     rows = run_points(base, expand_grid(grid), workers, scheduler, progress, whole_run,
                       connect_timeout_s=connect_timeout_s)
@@ -408,7 +453,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
     """Read a table written by ``write_table`` (Parquet or CSV), with ``fits`` as booleans.
 
     Raises:
-        ConfigError: a missing file or an unknown format.
+        ConfigError: a missing, empty or unparsable file, or an unknown format.
     """
     import pandas as pd
 
@@ -418,9 +463,18 @@ def read_table(path: str | Path) -> pd.DataFrame:
     suffix = p.suffix.lower()
     if suffix in (".parquet", ".pq"):
         _need_pyarrow()
-        df = pd.read_parquet(p)
+        try:
+            df = pd.read_parquet(p)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise ConfigError(Problem(str(p), f"not a readable Parquet table: {exc}")) from None
     elif suffix == ".csv":
-        df = pd.read_csv(p)
+        try:
+            df = pd.read_csv(p)
+        except pd.errors.EmptyDataError:
+            raise ConfigError(Problem(str(p), "the file is empty (no header, no rows); write one with "
+                                              "sweep, search or run --out")) from None
+        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise ConfigError(Problem(str(p), f"not a readable CSV table: {exc}")) from None
     else:
         raise ConfigError(Problem("table", f"{str(p)!r}: unknown table format; use .parquet or .csv"))
     if "fits" in df:

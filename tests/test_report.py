@@ -123,3 +123,60 @@ def test_whatif_table_plots_time_vs_batch(tmp_path: Path, capsys: pytest.Capture
     from simtrain.sweep import read_table
 
     assert "fig-time-vs-batch" in images(render_html(read_table(out)))
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("", ["the file is empty"]),
+    ("point,layout.tp,step_time_s,fits\n", ["header but no rows"]),
+    ("a,b\n1,2\n", ["no result column", "step_time_s", "(it has a, b)"]),
+])
+def test_cli_report_refuses_tables_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                                  words: list[str]) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and all(w in err for w in words) and "Traceback" not in err
+
+
+def test_label_names_every_axis() -> None:
+    """A 64-GPU layout's label multiplies to 64 (it was "tp4 pp2 vpp8 dp4", cp dropped)."""
+    from simtrain.report import label
+
+    row = {"layout.tp": 4, "layout.cp": 2, "layout.ep": 1, "layout.etp": None, "layout.pp": 2, "layout.vpp": 8,
+           "layout.dp": 4, "layout.zero_stage": 1, "train.micro_batch_size": 1, "layout.recompute": "none",
+           "layout.fsdp": "none", "layout.schedule": "auto"}
+    assert label(row) == "tp4 cp2 pp2 vpp8 dp4 zero1 mbs1"
+    moe = {**row, "layout.ep": 8.0, "layout.etp": 1.0, "layout.recompute": "full", "layout.recompute_layers": 3.0,
+           "layout.schedule": "dualpipev", "layout.fsdp": "full"}  # floats: a CSV read back
+    assert label(moe) == "tp4 cp2 ep8 etp1 pp2 vpp8 dp4 fsdp-full mbs1 full(3) dualpipev"
+
+
+def test_search_table_counts_and_layouts_over_capacity(tmp_path: Path) -> None:
+    """A search table read back: counts by what became of each layout (not "N do not fit" for every layout
+    that was not simulated), and the layouts over HBM with how far over, the closest first."""
+    from simtrain.report import counts, not_fitting_table
+    from simtrain.search import SearchSpace, search
+    from simtrain.sweep import read_table
+
+    cfg = {**BASE, "model": {"preset": "llama3-8b", "n_layers": 16}, "hardware": {"node": "dgx-h100", "n_nodes": 2},
+           "layout": {"tp": 1, "dp": 16}, "train": {"seq_len": 8192, "global_batch_seqs": 64}, "run": None}
+    r = search(cfg, space=SearchSpace(tp=(1, 2), pp=(1, 2), micro_batch_size=(2,), zero_stage=(0,),
+                                      recompute=("none",)), top_k=2, workers=1)
+    path = tmp_path / "search.csv"
+    write_table(r.to_frame(), path)
+    df = read_table(path)
+    c, want = counts(df), r.counts()
+    assert (c["rows"], c["simulated"], c["fit"], c["pruned_memory"], c["estimated_only"]) == (
+        want["enumerated"], want["simulated"], want["fit"], want["pruned_memory"], want["estimated_only"])
+    md = render_markdown(df, "t")
+    assert (f"{want['enumerated']} rows: {want['simulated']} simulated ({want['fit']} fit, 0 do not fit in memory), "
+            f"0 failed; not simulated: {want['pruned_memory']} pruned for memory") in md
+    over = not_fitting_table(df)
+    cands = r.not_fitting()
+    assert len(over) == len(cands) == want["pruned_memory"] > 0
+    assert over["layout"].tolist() == [x.label() for x in cands]
+    gap = cands[0].over_capacity_bytes(r.capacity_bytes) or 0.0
+    assert over.iloc[0]["over GiB"] == round(gap / 1024**3, 1)
+    assert over.iloc[0]["over %"] == round(100 * gap / r.capacity_bytes, 1)
+    assert "## Closest layouts that do not fit" in md and "over %" in render_html(df, "t")

@@ -211,3 +211,41 @@ def test_llama1_example_time_to_train() -> None:
     assert r.n_gpus == 2048 and r.tokens >= 1.4e12
     assert r.time_to_train_days == pytest.approx(21, rel=0.15)
     assert r.gpu_hours == pytest.approx(1_022_362, rel=0.15)
+
+
+class _Tty:
+    """A stderr that says it is a terminal and keeps what is written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_run_progress_one_unit_per_phase_quiet_under_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """simulate_run draws a bar with an ETA when asked (one unit per phase) and nothing by default; on a
+    terminal the CLI shows it, under --json it does not."""
+    config = cfg({"tokens": "10M", "batch_schedule": {"kind": "step", "start_seqs": 32, "ramp_tokens": "1M"}})
+    simulate_run(config, simulate_fn=fake_step)
+    assert capsys.readouterr().err == ""
+    simulate_run(config, simulate_fn=fake_step, progress=True)
+    err = capsys.readouterr().err
+    assert "simulating phases" in err and "2/2" in err and "ETA" in err
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    tty = _Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    monkeypatch.setattr("simtrain.run._default_simulate", lambda mode: fake_step)
+    assert main(["run", str(path), "--json"]) == 0
+    assert tty.text == ""
+    assert main(["run", str(path)]) == 0
+    assert "simulating phases" in tty.text

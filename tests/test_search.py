@@ -14,7 +14,17 @@ from simtrain.errors import ConfigError
 from simtrain.estimate import Estimator, single_chunk_peak
 from simtrain.memory import ChunkMemory, closed_form_peak
 from simtrain.schedules import build_schedule
-from simtrain.search import SearchSpace, _point, enumerate_layouts, render_search, search
+from simtrain.search import (
+    CAUSE,
+    Candidate,
+    SearchSpace,
+    _point,
+    _sim_components,
+    _why,
+    enumerate_layouts,
+    search,
+)
+from simtrain.search_render import render_search
 from simtrain.simulate import cluster_of, simulate
 from simtrain.sweep import base_data, run_points
 
@@ -306,3 +316,100 @@ def test_search_offloads_the_fewest_layers_that_fit_where_offloading_beats_recom
     full = [c for c in r.candidates if c.layout["pp"] == 1 and c.layout["recompute"] == "full"]
     assert full and all((c.est_step_time_s or 0) > 1.1 * (best.est_step_time_s or 0) for c in full)
     assert all(c.layout["pp"] == 1 for c in r.candidates if c.layout.get("offload_activation_layers"))
+
+
+def test_every_time_component_has_a_cause() -> None:
+    """Each component "why it lost" can name (the simulation's and the estimate's) maps to a cause: the
+    CPU-offload waits had none, and search crashed explaining a loser whose excess was mostly offload
+    (``KeyError: 'CPU offload'`` on examples/llama3_8b_h100_fsdp.yaml)."""
+    zero = {k: 0.0 for k in ("compute_s", "bubble_s", "stage_imbalance_s", "exposed_tp_s", "exposed_dp_s",
+                             "exposed_pp_s", "exposed_cp_s", "exposed_ep_s", "optimizer_s", "other_s")}
+    best, mine = _sim_components({**zero, "offload_s": 0.0}), _sim_components({**zero, "offload_s": 0.5})
+    est = load_config(SMALL)
+    e = Estimator(est.model, cluster_of(est), est.sim.fragmentation_ratio).estimate(est.layout, est.train)
+    assert set(best) | set(e.components()) <= set(CAUSE)
+    cause, text = _why(mine, best, 10.5, 10.0, "simulated")
+    assert cause == "CPU offload" and "CPU offload +0.5 s" in text and "+5.0 % vs best" in text
+
+
+@pytest.mark.parametrize(("space", "path", "words"), [
+    (SearchSpace(tp=(3,)), "--tp", ["tp 3 divides neither the 16 GPUs nor the 32 attention heads"]),
+    (SearchSpace(tp=(3, 32)), "--tp", ["tp 3 divides neither", "tp 32 does not divide the 16 GPUs"]),
+    (SearchSpace(micro_batch_size=(3,)), "--mbs", ["64 sequences"]),
+    (SearchSpace(pp=(3,)), "--pp", ["pipeline"]),
+    (SearchSpace(recompute=("selective",)), "--recompute", ["selective"]),
+])
+def test_an_empty_space_says_why(space: SearchSpace, path: str, words: list[str]) -> None:
+    """A space that enumerates nothing is a ConfigError naming the knob and why, not "0 layouts
+    enumerated" blamed on memory."""
+    assert enumerate_layouts(load_config(SMALL), 16, space) == []
+    with pytest.raises(ConfigError) as err:
+        search(SMALL, space=space, workers=1)
+    (prob,) = err.value.problems
+    assert prob.path == path and all(w in prob.message for w in words), prob.message
+
+
+def test_cli_search_tp3_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_h100_fsdp.yaml")
+    assert main(["search", example, "--tp", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--tp" in err and "tp 3 divides neither the 8 GPUs nor" in err and "Traceback" not in err
+
+
+def test_search_report_counts_labels_and_overflow() -> None:
+    """Counts that add up to the layouts enumerated; every axis in the labels (tp x cp x pp x dp = GPUs);
+    the layouts over capacity with how far over, in GiB and %, the closest first."""
+    cfg = {**SMALL, "model": {"preset": "llama3-8b", "n_layers": 16}, "train": {"seq_len": 8192, "global_batch_seqs": 64}}
+    r = search(cfg, space=SearchSpace(tp=(1, 2), pp=(1, 2), micro_batch_size=(2,), zero_stage=(0,),
+                                      recompute=("none",)), top_k=2, workers=1)
+    c = r.counts()
+    assert c["pruned_memory"] + c["dominated"] + c["infeasible"] + c["simulated"] + c["estimated_only"] \
+        == c["enumerated"] == len(r.candidates)
+    assert c["pruned_memory"] > 0 and c["simulated"] == c["fit"] + c["do_not_fit"] == r.n_simulated == 2
+    for cand in r.candidates:
+        lay = cand.layout
+        words = cand.label().split()
+        assert {f"tp{lay['tp']}", f"cp{lay['cp']}", f"pp{lay['pp']}", f"vpp{lay['vpp']}", f"dp{lay['dp']}"} <= set(words)
+        assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 16
+    over = r.not_fitting()
+    assert len(over) == c["pruned_memory"] + c["do_not_fit"]
+    gaps = [o.over_capacity_bytes(r.capacity_bytes) or 0.0 for o in over]
+    assert gaps == sorted(gaps) and gaps[0] > 0 and r.capacity_bytes == 80 * 1024**3
+    text = render_search(r)
+    assert f"{c['enumerated']} layouts enumerated: {c['pruned_memory']} pruned for memory" in text
+    first = over[0]
+    peak = first.peak_memory_bytes or first.est_peak_bytes or 0.0
+    assert (f"{first.label():<52} peak {peak / 1024**3:.1f} GiB, +{gaps[0] / 1024**3:.1f} GiB "
+            f"(+{100 * gaps[0] / r.capacity_bytes:.1f} %) over 80.0 GiB") in text
+    assert "> 80.0 GiB HBM (+" in first.reason
+    assert r.to_dict()["counts"] == c
+
+
+def test_candidate_label_names_every_axis() -> None:
+    cand = Candidate({"tp": 4, "cp": 2, "ep": 1, "etp": None, "pp": 2, "vpp": 8, "dp": 4, "zero_stage": 1,
+                      "recompute": "none", "recompute_layers": None, "offload_activation_layers": 0,
+                      "schedule": "auto"}, 1, 8)
+    assert cand.label() == "tp4 cp2 pp2 vpp8 dp4 zero1 mbs1"
+    moe = Candidate({**cand.layout, "ep": 8, "etp": 1, "schedule": "dualpipev", "recompute": "full",
+                     "recompute_layers": 2}, 2, 8)
+    assert moe.label() == "tp4 cp2 ep8 etp1 pp2 vpp8 dp4 zero1 mbs2 full(2) dualpipev"
+
+
+def test_search_progress_on_request_only(capsys: pytest.CaptureFixture[str]) -> None:
+    space = SearchSpace(tp=(1,), pp=(1,), cp=(1,), micro_batch_size=(1,), zero_stage=(1,), recompute=("none",))
+    r = search(SMALL, space=space, top_k=1, workers=1)
+    assert capsys.readouterr().err == ""
+    search(SMALL, space=space, top_k=1, workers=1, progress=True)
+    err = capsys.readouterr().err
+    assert "estimating layouts" in err and f"{r.n_enumerated}/{r.n_enumerated}" in err
+    assert "simulating best layouts" in err and "1/1" in err
+
+
+def test_cli_search_fsdp_example_explains_an_offload_loser(capsys: pytest.CaptureFixture[str]) -> None:
+    """The documented command on the shipped example, restricted to a few layouts: a loser whose excess
+    is mostly CPU-offload waits is explained (this crashed with KeyError: 'CPU offload')."""
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3_8b_h100_fsdp.yaml")
+    assert main(["search", example, "--tp", "1", "--pp", "1", "--cp", "1", "--zero", "1,3", "--mbs", "1,2",
+                 "--top", "4", "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "vs best: CPU offload +" in out and "layouts do not fit in memory; the closest:" in out

@@ -114,3 +114,55 @@ def test_cli_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert len(read_table(out)) == 2
     assert main(["sweep", str(cfg), "--grid", "layout.tp"]) == 2
     assert "--grid" in capsys.readouterr().err
+
+
+def test_unknown_grid_key_is_a_config_error_up_front(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A grid key that names no config field fails before anything is simulated, naming the key and the
+    fields valid where it goes wrong (it used to be "2 points, 2 failed" with no reason)."""
+    with pytest.raises(ConfigError) as err:
+        sweep(BASE, {"layout.tpx": [1, 2], "model.preset": ["llama3-8b"], "train.seq_len.x": [1]}, workers=1)
+    first, second = err.value.problems
+    assert first.path == "--grid" and "'layout.tpx'" in first.message and "'tpx' is not a field of layout" in first.message
+    assert "valid: dp, tp, pp, cp" in first.message
+    assert "train.seq_len is a single value" in second.message
+    cfg = tmp_path / "base.json"
+    cfg.write_text(json.dumps(BASE))
+    assert main(["sweep", str(cfg), "--grid", "layout.tpx=1,2"]) == 2
+    out = capsys.readouterr()
+    assert "layout.tpx" in out.err and "Traceback" not in out.err and out.out == ""
+
+
+def test_cli_sweep_shows_why_points_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A point that fails for another reason stays a row with its reason, and the CLI prints it."""
+    cfg = tmp_path / "base.json"
+    cfg.write_text(json.dumps(BASE))
+    assert main(["sweep", str(cfg), "--grid", "layout.tp=1,3", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 points, 1 failed" in out and "failed points (1):" in out
+    assert "point 1 (layout.tp=3): invalid configuration" in out and "layout.tp: 3 does not divide model.n_heads=32" in out
+
+
+def test_progress_bar_with_eta_on_stderr_only_when_wanted(capsys: pytest.CaptureFixture[str]) -> None:
+    """The helper draws label, done/total and an ETA on stderr; disabled it draws nothing; the CLI wants
+    it only on a terminal and never with --json."""
+    import io
+
+    from simtrain.progress import progress_bar, wanted
+
+    with progress_bar("simulating", 3, enabled=True) as advance:
+        advance(2)
+        advance(1)
+    out = capsys.readouterr()
+    assert out.out == "" and "simulating" in out.err and "3/3" in out.err and "ETA" in out.err
+    with progress_bar("simulating", 3) as advance:
+        advance(3)
+    assert capsys.readouterr().err == ""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert wanted(stream=Tty()) and not wanted(json_output=True, stream=Tty())
+    assert not wanted(no_progress=True, stream=Tty()) and not wanted(stream=io.StringIO())
+    sweep(BASE, {"layout.tp": [1, 2]}, workers=1, progress=True)
+    assert "2/2" in capsys.readouterr().err

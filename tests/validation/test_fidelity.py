@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -144,3 +145,100 @@ def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row(tmp_path: 
     assert summary["not_fitting"] == 1
     table = render_table(frame, summary)
     assert "ok (predicted peak does not fit)" in table and "1 predicted not to fit their GPUs" in table
+
+
+def _page_rows(page: str) -> list[list[tuple[str, str]]]:
+    """The page table's body rows as (data-v, text) per cell."""
+    import re
+
+    body = page.split("<tbody>")[1].split("</tbody>")[0]
+    return [re.findall(r"<td data-v='([^']*)'>([^<]*)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_fidelity_page_is_a_curated_sortable_table(small_csv: Path) -> None:
+    """The page shows the columns a reader needs (not the 33-column dump), one row per run, each numeric
+    cell's sort key its exact value, with the plot and an inline sort script; nothing from the network."""
+    import re
+
+    from simtrain.fidelity import PAGE_COLUMNS, render_html
+
+    frame, summary = validate_runs(small_csv)
+    page = render_html(frame, summary)
+    headers = re.findall(r"<th title='click to sort'>([^<]*)</th>", page)
+    assert headers == [h for _, h, _ in PAGE_COLUMNS] and len(headers) < len(ROW_KEYS) // 2
+    assert {"run", "GPU", "model", "layout", "measured step s", "predicted step s", "step error %",
+            "memory error %"} <= set(headers)
+    rows = _page_rows(page)
+    assert [r[0][1] for r in rows] == frame["run_id"].tolist()
+    col = {key: i for i, (key, _, _) in enumerate(PAGE_COLUMNS)}
+    fsdp = rows[0]
+    ok = frame.iloc[0]
+    assert float(fsdp[col["predicted_step_time_s"]][0]) == ok["predicted_step_time_s"]
+    assert fsdp[col["step_time_error_pct"]][1] == format(ok["step_time_error_pct"], "+.1f")
+    assert fsdp[col["layout"]][1] == "tp1 cp1 pp1 vpp1 dp8 fsdp-full mbs1 full" == ok["layout"]
+    assert fsdp[col["model"]][1] == ok["model"]
+    missing = rows[3]  # tiny-no-layers: nothing predicted
+    assert missing[col["predicted_step_time_s"]] == ("", "-")
+    assert fsdp[col["n_gpus"]] == ("8.0", "8")
+    # a run without a GPU count makes the column floats (pandas): the page still renders it
+    gaps = frame.assign(n_gpus=[8, None, 8, 8, 8])
+    assert [r[col["n_gpus"]] for r in _page_rows(render_html(gaps, summary))][:2] == [("8.0", "8"), ("", "-")]
+    assert "data:image/png;base64," in page and "<script>" in page and "aria-sort" in page
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")
+def test_fidelity_page_sorts_in_a_browser(small_csv: Path, tmp_path: Path) -> None:
+    """Headless Chromium clicks "step error %" twice: ascending then descending, runs without an error
+    last both times."""
+    import re
+    import subprocess
+
+    from simtrain.fidelity import render_html
+
+    frame, summary = validate_runs(small_csv)
+    probe = ("<script>addEventListener('load', () => { const th = [...document.querySelectorAll('th')].find("
+             "h => h.textContent === 'step error %'); const ids = () => [...document.querySelectorAll('tbody tr')]"
+             ".map(r => r.cells[0].textContent).join(','); th.click(); const up = ids(); th.click(); "
+             "document.body.setAttribute('data-order', up + '|' + ids()); });</script></body>")
+    page = tmp_path / "page.html"
+    page.write_text(render_html(frame, summary).replace("</body>", probe))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom"]
+    run = subprocess.run([str(shutil.which("chromium")), *flags, page.as_uri()], capture_output=True, text=True,
+                         timeout=120, check=False)
+    found = re.search(r'data-order="([^"]*)"', run.stdout)
+    assert found is not None, run.stderr[-2000:]
+    up, down = (part.split(",") for part in found.group(1).split("|"))
+    known = frame[frame["step_time_error_pct"].notna()]
+    unknown = frame[frame["step_time_error_pct"].isna()]["run_id"].tolist()
+    assert up == known.sort_values("step_time_error_pct")["run_id"].tolist() + unknown
+    assert down == known.sort_values("step_time_error_pct", ascending=False)["run_id"].tolist() + unknown
+
+
+def test_validate_progress_on_request_quiet_under_json(small_csv: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """validate_runs draws a bar with an ETA, one unit per row, only when asked; on a terminal the CLI
+    shows it, under --json not."""
+    validate_runs(small_csv, progress=True)
+    err = capsys.readouterr().err
+    assert "validating runs" in err and "5/5" in err and "ETA" in err
+
+    class Tty:
+        text = ""
+
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, s: str) -> int:
+            Tty.text += s
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Tty())
+    assert main(["validate", str(small_csv), "--json", "--workers", "1"]) == 0
+    assert Tty.text == ""
+    assert main(["validate", str(small_csv), "--workers", "1"]) == 0
+    assert "validating runs" in Tty.text
