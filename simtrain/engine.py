@@ -19,7 +19,7 @@ every rank: collectives rendezvous across their group and every flow is on the n
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +48,9 @@ CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
 #: Rank end times this close (relative to the step) are a tie for the critical rank.
 TIE_REL_TOL = 1e-9
+
+#: Ops of each comm stream whose times ``Engine._attribute`` keeps to split a wait among their axes.
+RECENT_OPS = 256
 
 #: Link class of a pipeline send/recv: its interference with compute differs from a collective's.
 P2P_CLASS = "p2p"
@@ -367,6 +370,11 @@ def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...
     return net and any(topo.rail_of(place(r)) in rails for r in ranks)
 
 
+def _axis(op: Op) -> str:
+    """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``; no axis -> ``other``)."""
+    return op.axis.split("_")[0] if op.axis else "other"
+
+
 def _interference(gpu: GpuSpec, cls: str) -> float:
     """Fractional slowdown of compute while a communication of class ``cls`` is in flight on the GPU.
     A collective's NCCL kernel holds one SM per channel for its whole duration and never shares it
@@ -456,6 +464,9 @@ class Engine:
         """Per rank: ops each comm stream has finished."""
         self._waiting: dict[int, dict[Stream, Any]] = {r: {} for r in self.ranks}
         """What each comm stream of a rank waits for: an event, None while running, _FINISHED."""
+        self._recent: dict[int, dict[Stream, deque[tuple[float, float, str]]]] = {
+            r: defaultdict(lambda: deque(maxlen=RECENT_OPS)) for r in self.ranks}
+        """Per rank and comm stream: (start, end, axis) of its last ``RECENT_OPS`` ops (``_attribute``)."""
 
     def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         stage = self.stage[rank]
@@ -739,13 +750,15 @@ class Engine:
         and the rank's end time with the axis of its last op."""
         if op.mem_end:
             self.ledgers[rank].apply(end, op.mem_end)
+        if op.stream != Stream.COMPUTE:
+            self._recent[rank][op.stream].append((start, end, _axis(op)))
         if self.keep_trace:
             self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op))
         self.executed += 1
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
-            stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
+            stats.last_axis = _axis(op)
 
     def _slowdown(self, rank: int) -> float:
         active = self.active_comm[rank]
@@ -792,14 +805,38 @@ class Engine:
         prog = self.programs[self.stage[rank]]
         if kind == "dep":
             op = prog.ops[ref]
-            axis = op.axis.split("_")[0] if op.axis else "other"
-            stats.exposed[axis] += start - ready
+            axis = _axis(op)
+            if op.stream == Stream.COMPUTE:
+                stats.exposed[axis] += start - ready
+            else:
+                self._charge_stream(rank, op.stream, ready, start, axis)
             return
         src, idx = ref
         send_start = self.started.get((src, idx), start)
         bubble = max(0.0, min(send_start, start) - ready)
         stats.bubble_s += bubble
         stats.exposed["pp"] += (start - ready) - bubble
+
+    def _charge_stream(self, rank: int, stream: Stream, ready: float, start: float, axis: str) -> None:
+        """Charge the compute stream's wait from ``ready`` to ``start`` for an op of comm ``stream``
+        to the axes of the ops that stream ran meanwhile: an optimizer waiting for the embedding
+        all-reduce queued behind the data-parallel gradient reduction waited for both, each for its
+        own time. Time the stream ran none of them (it waited itself) goes to the earliest op's axis
+        in the window (``axis``, the awaited op's, if none)."""
+        exposed = self.stats[rank].exposed
+        covered = 0.0
+        first = axis
+        for s, e, ax in reversed(self._recent[rank][stream]):
+            if e <= ready:
+                break
+            part = min(e, start) - max(s, ready)
+            if part > 0:
+                exposed[ax] += part
+                covered += part
+                first = ax
+        rest = (start - ready) - covered
+        if rest > 0:
+            exposed[first] += rest
 
     def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);

@@ -33,3 +33,100 @@ def test_dualpipe_closed_form_peak_equals_the_ledger(kind: str, preset: str, pp:
     r = simulate(cfg, [f"layout.schedule={kind}", f"layout.pp={pp}", *extra])
     for m in r.memory:
         assert m.closed_form_peak_bytes == pytest.approx(m.peak_bytes, rel=1e-9)
+
+
+def test_turning_dp_overlap_off_moves_the_added_time_into_exposed_dp() -> None:
+    """GPT-3's tied embedding all-reduce queues behind the gradient reduction on the data-parallel
+    stream; the optimizer waits for both. Without overlap the whole reduction runs after the last
+    backward: the step grows by about the reduction's time, and that time is exposed dp, not pp (the
+    awaited all-reduce's axis, which took it all before)."""
+    cfg = {"name": "gpt3-tied", "model": {"preset": "gpt3-175b", "vocab": 51200, "n_layers": 8},
+           "hardware": {"node": "dgx-a100", "n_nodes": 8},
+           "layout": {"tp": 8, "pp": 4, "vpp": 2, "dp": 2, "recompute": "full"},
+           "train": {"seq_len": 2048, "micro_batch_size": 1, "global_batch_seqs": 32}}
+    on = simulate(cfg, ["layout.overlap_grad_reduce=true"])
+    off = simulate(cfg, ["layout.overlap_grad_reduce=false"])
+    added = off.step_time_s - on.step_time_s
+    dp_on, dp_off = on.breakdown_s["exposed_comm"]["dp"], off.breakdown_s["exposed_comm"]["dp"]
+    pp_on, pp_off = on.breakdown_s["exposed_comm"]["pp"], off.breakdown_s["exposed_comm"]["pp"]
+    assert added > 0.01 * on.step_time_s
+    assert dp_off - dp_on > 0.9 * added
+    assert pp_off < pp_on + 0.1 * added
+
+
+SMALL = _small("llama3-8b", 4, 1, 16)
+
+
+def test_every_example_meets_the_invariants() -> None:
+    """``simulate`` checks its result (``simtrain.invariants``); a small run passes with margin."""
+    from simtrain import invariants
+    r = simulate(SMALL, ["layout.pp=2", "layout.dp=4"])
+    assert invariants.violations(r, 1.0) == []
+    assert r.hfu >= r.mfu
+    assert all(m.closed_form_peak_bytes == pytest.approx(m.peak_bytes, rel=1e-9) for m in r.memory)
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("mfu", 1.5, "MFU"),
+    ("hfu", 0.01, "HFU"),
+    ("step_time_s", float("nan"), "step time"),
+    ("breakdown_s", None, "breakdown adds up"),
+    ("memory", None, "closed-form peak"),
+    ("components", None, "negative memory"),
+])
+def test_a_result_breaking_an_invariant_is_refused(field: str, value: Any, needle: str) -> None:
+    from dataclasses import replace
+
+    from simtrain import invariants
+    r = simulate(SMALL, ["layout.pp=2", "layout.dp=4"])
+    if field == "breakdown_s":
+        bd = dict(r.breakdown_s, compute=r.breakdown_s["compute"] + 0.5 * r.step_time_s)
+        bad = replace(r, breakdown_s=bd)
+    elif field == "memory":
+        bad = replace(r, memory=[replace(r.memory[0], closed_form_peak_bytes=0.5 * r.memory[0].peak_bytes)])
+    elif field == "components":
+        bad = replace(r, memory=[replace(r.memory[0], components={"activations": -1e9})])
+    else:
+        bad = replace(r, **{field: value})
+    found = invariants.violations(bad, 1.0)
+    assert any(needle in v for v in found), found
+    from simtrain.errors import SimulationInvariantError
+    with pytest.raises(SimulationInvariantError, match="robust") as exc:
+        invariants.check(bad, type("G", (), {"fp8_flops_per_s": 0.0, "bf16_flops_per_s": 1.0})(), "bf16")
+    assert exc.value.config == "robust"
+
+
+def test_fp8_runs_may_exceed_the_bf16_peak_but_not_the_fp8_one() -> None:
+    from simtrain import invariants
+    from simtrain.hardware import load_gpu
+    gpu = load_gpu("h100-sxm")
+    assert invariants.peak_ratio(gpu, "bf16") == 1.0
+    assert invariants.peak_ratio(gpu, "fp8") == pytest.approx(gpu.fp8_flops_per_s / gpu.bf16_flops_per_s)
+
+
+def test_simulate_raises_and_the_cli_exits_3_on_a_broken_result(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A simulator bug (here: a breakdown that loses half the compute) is an internal error naming the
+    config, exit code 3 (2 is bad input), never an answer."""
+    import importlib
+
+    import yaml
+
+    sim = importlib.import_module("simtrain.simulate")
+    from simtrain.cli import main
+    from simtrain.errors import SimulationInvariantError
+    real = sim._breakdown
+
+    def broken(*args: Any) -> dict[str, Any]:
+        out = real(*args)
+        out["compute"] *= 0.5
+        return out
+
+    monkeypatch.setattr(sim, "_breakdown", broken)
+    with pytest.raises(SimulationInvariantError, match="breakdown adds up"):
+        simulate(SMALL, ["layout.pp=2", "layout.dp=4"])
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    assert main(["simulate", str(path), "--set", "layout.pp=2", "--set", "layout.dp=4"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error" in err and "robust" in err and "Traceback" not in err
