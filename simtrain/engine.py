@@ -73,7 +73,9 @@ class Ledger:
     total: float = 0.0
     peak: float = 0.0
     at_peak: dict[str, float] = field(default_factory=dict)
-    timeline: list[tuple[float, float]] = field(default_factory=list)
+    timeline: Sequence[tuple[float, float]] = field(default_factory=list)
+    """(time s, bytes) after each change: a list an engine run appends to; a steady-state extension
+    stores its repeating periods once (``steady.PeriodicTimeline``)."""
     min_total: float = 0.0
 
     def apply(self, now: float, deltas: tuple[tuple[str, float], ...]) -> None:
@@ -82,7 +84,7 @@ class Ledger:
             self.current[tag] += nbytes
             self.total += nbytes
         self.min_total = min(self.min_total, self.total)
-        self.timeline.append((now, self.total))
+        self.timeline.append((now, self.total))  # type: ignore[attr-defined]  # a run's ledger holds a list
         if self.total > self.peak:
             self.peak = self.total
             self.at_peak = dict(self.current)
