@@ -372,9 +372,18 @@ def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...
     return net and any(topo.rail_of(place(r)) in rails for r in ranks)
 
 
+#: Breakdown axis of the group axes that are not their own (``StepResult.breakdown_s`` lists AXES):
+#: the expert-data-parallel gradient reduction is data parallelism, expert TP is tensor parallelism.
+_BREAKDOWN_AXIS = {"edp": "dp", "etp": "tp"}
+
+
 def _axis(op: Op) -> str:
-    """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``; no axis -> ``other``)."""
-    return op.axis.split("_")[0] if op.axis else "other"
+    """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``, ``dp_cp`` -> ``dp``, ``edp``
+    -> ``dp``, ``etp`` -> ``tp``; no axis -> ``other``)."""
+    if not op.axis:
+        return "other"
+    axis = op.axis.split("_")[0]
+    return _BREAKDOWN_AXIS.get(axis, axis)
 
 
 def _interference(gpu: GpuSpec, cls: str) -> float:
@@ -487,15 +496,18 @@ class Engine:
         one stream runs one op at a time). Returns who uses which edges (for ``_in_line_costs``)."""
         owners: dict[Any, set[Any]] = defaultdict(set)
         uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
+        sigs: dict[int, dict[tuple[Any, ...], list[int]]] = {}  # per stage: its ranks run one program
         for r in self.ranks:
             ops = self.programs[self.stage[r]].ops
             self._comm[r] = [None] * len(ops)
             # ops of one signature share an entry and an owner: plan each signature once per rank
-            by_sig: dict[tuple[Any, ...], list[int]] = {}
-            for op in ops:
-                if op.kind in (OpKind.COLLECTIVE, OpKind.SEND):
-                    by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
-                                      []).append(op.idx)
+            by_sig = sigs.get(self.stage[r])
+            if by_sig is None:
+                by_sig = sigs[self.stage[r]] = {}
+                for op in ops:
+                    if op.kind in (OpKind.COLLECTIVE, OpKind.SEND):
+                        by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
+                                          []).append(op.idx)
             for idxs in by_sig.values():
                 op = ops[idxs[0]]
                 entry, owner = self._comm_entry(r, op), self._owner(r, op)
@@ -743,7 +755,7 @@ class Engine:
         Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
         if mem_start and op.mem_start:
             self.ledgers[rank].apply(t, op.mem_start)
-        self.stats[rank].exposed[op.axis.split("_")[0] if op.axis else "other"] += end - t
+        self.stats[rank].exposed[_axis(op)] += end - t
         self._ended(rank, op, t, end)
         return end
 
