@@ -835,22 +835,22 @@ class Engine:
         """Charge the compute stream's wait from ``ready`` to ``start`` for an op of comm ``stream``
         to the axes of the ops that stream ran meanwhile: an optimizer waiting for the embedding
         all-reduce queued behind the data-parallel gradient reduction waited for both, each for its
-        own time. Time the stream ran none of them (it waited itself) goes to the earliest op's axis
-        in the window (``axis``, the awaited op's, if none)."""
-        exposed = self.stats[rank].exposed
-        covered = 0.0
-        first = axis
-        for s, e, ax in reversed(self._recent[rank][stream]):
-            if e <= ready:
+        own time. The stream's idle time before an op (it waited for the op's inputs) goes to that op;
+        anything left to ``axis``, the awaited op's."""
+        window = []
+        for entry in reversed(self._recent[rank][stream]):
+            if entry[1] <= ready:
                 break
-            part = min(e, start) - max(s, ready)
-            if part > 0:
-                exposed[ax] += part
-                covered += part
-                first = ax
-        rest = (start - ready) - covered
-        if rest > 0:
-            exposed[first] += rest
+            window.append(entry)
+        exposed = self.stats[rank].exposed
+        at = ready  # charged forward in time, each instant once
+        for _, e, ax in reversed(window):
+            end = min(e, start)
+            if end > at:  # the op's run, and the stream's wait for it before it started
+                exposed[ax] += end - at
+                at = end
+        if start > at:
+            exposed[axis] += start - at
 
     def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);
