@@ -174,3 +174,21 @@ def test_steady_short_runs_are_capped() -> None:
     assert steady is not None
     counts = list(steady.counts())
     assert len(counts) == MAX_SHORT_RUNS and counts[-1] == counts[0] + (MAX_SHORT_RUNS - 1) * 8
+
+
+def test_rank_grid_groups_are_memoised_partitions() -> None:
+    """Full mode looks a group up per rank and op: ``RankGrid.group`` computes each group once and
+    hands every member the same tuple (the NVL72 case's 2,304 ranks recomputed a 288-rank dp x cp
+    plane per lookup)."""
+    from simtrain.config import load_config
+    from simtrain.layout import RankGrid
+    run = load_config(_small("mixtral-8x7b", 4, 4, 64), ["layout.tp=2", "layout.cp=2", "layout.dp=8",
+                                                          "layout.ep=4", "layout.sequence_parallel=true"])
+    grid = RankGrid(run.layout)
+    for axis in ("tp", "cp", "dp", "dp_cp", "ep", "edp", "etp"):
+        seen: set[int] = set()
+        for r in range(grid.world_size):
+            g = grid.group(axis, r)
+            assert r in g and all(grid.group(axis, x) is g for x in g)
+            seen.update(g)
+        assert seen == set(range(grid.world_size))
