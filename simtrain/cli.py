@@ -1,6 +1,7 @@
 """Command line: ``simtrain simulate | compare | validate | models | hardware`` (and the subcommands of cli_run, cli_formats).
 
-Bad input prints every problem with its dotted path and exits with code 2; never a traceback.
+Bad input prints every problem with its dotted path and exits with code 2; a result that breaks
+an invariant (a simulator bug) exits with code 3; never a traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from simtrain import cli_calibrate, cli_formats
 from simtrain.cli_run import COMMANDS as RUN_COMMANDS
 from simtrain.cli_run import add_parsers as add_run_parsers
 from simtrain.cli_run import run_command
-from simtrain.errors import ConfigError, InfeasibleLayout, Problem, problem
+from simtrain.errors import ConfigError, InfeasibleLayout, Problem, SimulationInvariantError, problem
 from simtrain.results import StepResult
 
 GiB = 1024.0**3
@@ -221,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"simtrain: {exc}", file=sys.stderr)
         return 2
+    except SimulationInvariantError as exc:  # a simulator bug, not bad input
+        print(f"simtrain: {exc}", file=sys.stderr)
+        return 3
     except InfeasibleLayout as exc:
         print(f"simtrain: cannot simulate this layout: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ every rank: collectives rendezvous across their group and every flow is on the n
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +49,9 @@ CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 #: Rank end times this close (relative to the step) are a tie for the critical rank.
 TIE_REL_TOL = 1e-9
 
+#: Ops of each comm stream whose times ``Engine._attribute`` keeps to split a wait among their axes.
+RECENT_OPS = 256
+
 #: Link class of a pipeline send/recv: its interference with compute differs from a collective's.
 P2P_CLASS = "p2p"
 
@@ -70,7 +73,9 @@ class Ledger:
     total: float = 0.0
     peak: float = 0.0
     at_peak: dict[str, float] = field(default_factory=dict)
-    timeline: list[tuple[float, float]] = field(default_factory=list)
+    timeline: Sequence[tuple[float, float]] = field(default_factory=list)
+    """(time s, bytes) after each change: a list an engine run appends to; a steady-state extension
+    stores its repeating periods once (``steady.PeriodicTimeline``)."""
     min_total: float = 0.0
 
     def apply(self, now: float, deltas: tuple[tuple[str, float], ...]) -> None:
@@ -79,7 +84,7 @@ class Ledger:
             self.current[tag] += nbytes
             self.total += nbytes
         self.min_total = min(self.min_total, self.total)
-        self.timeline.append((now, self.total))
+        self.timeline.append((now, self.total))  # type: ignore[attr-defined]  # a run's ledger holds a list
         if self.total > self.peak:
             self.peak = self.total
             self.at_peak = dict(self.current)
@@ -373,6 +378,20 @@ def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...
     return net and any(topo.rail_of(place(r)) in rails for r in ranks)
 
 
+#: Breakdown axis of the group axes that are not their own (``StepResult.breakdown_s`` lists AXES):
+#: the expert-data-parallel gradient reduction is data parallelism, expert TP is tensor parallelism.
+_BREAKDOWN_AXIS = {"edp": "dp", "etp": "tp"}
+
+
+def _axis(op: Op) -> str:
+    """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``, ``dp_cp`` -> ``dp``, ``edp``
+    -> ``dp``, ``etp`` -> ``tp``; no axis -> ``other``)."""
+    if not op.axis:
+        return "other"
+    axis = op.axis.split("_")[0]
+    return _BREAKDOWN_AXIS.get(axis, axis)
+
+
 def _interference(gpu: GpuSpec, cls: str) -> float:
     """Fractional slowdown of compute while a communication of class ``cls`` is in flight on the GPU.
     A collective's NCCL kernel holds one SM per channel for its whole duration and never shares it
@@ -462,6 +481,9 @@ class Engine:
         """Per rank: ops each comm stream has finished."""
         self._waiting: dict[int, dict[Stream, Any]] = {r: {} for r in self.ranks}
         """What each comm stream of a rank waits for: an event, None while running, _FINISHED."""
+        self._recent: dict[int, dict[Stream, deque[tuple[float, float, str]]]] = {
+            r: defaultdict(lambda: deque(maxlen=RECENT_OPS)) for r in self.ranks}
+        """Per rank and comm stream: (start, end, axis) of its last ``RECENT_OPS`` ops (``_attribute``)."""
 
     def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         stage = self.stage[rank]
@@ -480,15 +502,18 @@ class Engine:
         one stream runs one op at a time). Returns who uses which edges (for ``_in_line_costs``)."""
         owners: dict[Any, set[Any]] = defaultdict(set)
         uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
+        sigs: dict[int, dict[tuple[Any, ...], list[int]]] = {}  # per stage: its ranks run one program
         for r in self.ranks:
             ops = self.programs[self.stage[r]].ops
             self._comm[r] = [None] * len(ops)
             # ops of one signature share an entry and an owner: plan each signature once per rank
-            by_sig: dict[tuple[Any, ...], list[int]] = {}
-            for op in ops:
-                if op.kind in (OpKind.COLLECTIVE, OpKind.SEND):
-                    by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
-                                      []).append(op.idx)
+            by_sig = sigs.get(self.stage[r])
+            if by_sig is None:
+                by_sig = sigs[self.stage[r]] = {}
+                for op in ops:
+                    if op.kind in (OpKind.COLLECTIVE, OpKind.SEND):
+                        by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
+                                          []).append(op.idx)
             for idxs in by_sig.values():
                 op = ops[idxs[0]]
                 entry, owner = self._comm_entry(r, op), self._owner(r, op)
@@ -736,7 +761,7 @@ class Engine:
         Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
         if mem_start and op.mem_start:
             self.ledgers[rank].apply(t, op.mem_start)
-        self.stats[rank].exposed[op.axis.split("_")[0] if op.axis else "other"] += end - t
+        self.stats[rank].exposed[_axis(op)] += end - t
         self._ended(rank, op, t, end)
         return end
 
@@ -745,6 +770,8 @@ class Engine:
         and the rank's end time with the axis of its last op."""
         if op.mem_end:
             self.ledgers[rank].apply(end, op.mem_end)
+        if op.stream != Stream.COMPUTE:
+            self._recent[rank][op.stream].append((start, end, _axis(op)))
         if self.keep_trace:
             self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
                                          *self._trace_links(rank, op)))
@@ -752,7 +779,7 @@ class Engine:
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
-            stats.last_axis = op.axis.split("_")[0] if op.axis else "other"
+            stats.last_axis = _axis(op)
 
     def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
         """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""
@@ -814,14 +841,38 @@ class Engine:
         prog = self.programs[self.stage[rank]]
         if kind == "dep":
             op = prog.ops[ref]
-            axis = op.axis.split("_")[0] if op.axis else "other"
-            stats.exposed[axis] += start - ready
+            axis = _axis(op)
+            if op.stream == Stream.COMPUTE:
+                stats.exposed[axis] += start - ready
+            else:
+                self._charge_stream(rank, op.stream, ready, start, axis)
             return
         src, idx = ref
         send_start = self.started.get((src, idx), start)
         bubble = max(0.0, min(send_start, start) - ready)
         stats.bubble_s += bubble
         stats.exposed["pp"] += (start - ready) - bubble
+
+    def _charge_stream(self, rank: int, stream: Stream, ready: float, start: float, axis: str) -> None:
+        """Charge the compute stream's wait from ``ready`` to ``start`` for an op of comm ``stream``
+        to the axes of the ops that stream ran meanwhile: an optimizer waiting for the embedding
+        all-reduce queued behind the data-parallel gradient reduction waited for both, each for its
+        own time. The stream's idle time before an op (it waited for the op's inputs) goes to that op;
+        anything left to ``axis``, the awaited op's."""
+        window = []
+        for entry in reversed(self._recent[rank][stream]):
+            if entry[1] <= ready:
+                break
+            window.append(entry)
+        exposed = self.stats[rank].exposed
+        at = ready  # charged forward in time, each instant once
+        for _, e, ax in reversed(window):
+            end = min(e, start)
+            if end > at:  # the op's run, and the stream's wait for it before it started
+                exposed[ax] += end - at
+                at = end
+        if start > at:
+            exposed[axis] += start - at
 
     def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);

@@ -2,8 +2,8 @@
 
 ``ConfigError`` is bad input: it carries *every* problem found, each with the dotted path of the
 field, the value and what would be valid. ``InfeasibleLayout`` is a valid configuration that cannot
-run as asked (too few micro-batches for a schedule, a feature not simulated yet). Internal
-invariants stay ``assert``s.
+run as asked (too few micro-batches for a schedule, a feature not simulated yet).
+``SimulationInvariantError`` is a simulator bug: a result that breaks an invariant.
 """
 
 from __future__ import annotations
@@ -57,6 +57,14 @@ class InfeasibleLayout(SimtrainError):
         self.numbers = numbers
         detail = ", ".join(f"{k}={v}" for k, v in numbers.items())
         super().__init__(f"{reason}" + (f" ({detail})" if detail else ""))
+
+
+class SimulationInvariantError(SimtrainError):
+    """A simulated result broke an invariant (``simtrain.invariants``): a simulator bug, never an answer."""
+
+    def __init__(self, config: str, violations: list[str]):
+        self.config, self.violations = config, list(violations)
+        super().__init__(f"internal error simulating {config!r}: " + "; ".join(self.violations))
 
 
 def problem(path: str, value: Any, valid: str) -> Problem:

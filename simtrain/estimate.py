@@ -62,10 +62,12 @@ from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
 from simtrain.lowering import (
     TP_OVERLAP_CHUNKS,
+    EdgeSegments,
     LayerPlan,
     build_block,
     chunk_memory,
     dp_overlaps,
+    edge_segments,
     embedding_sync_bytes,
     first_layers,
     fp32_grad_accumulation_kernel,
@@ -251,6 +253,7 @@ class Estimator:
     _colls: dict[tuple[str, tuple[int, ...]], tuple[tuple[float, float], ...]] = field(default_factory=dict)
     _costs: dict[tuple[str, str, str], ComputeCostModel] = field(default_factory=dict)
     _plans: dict[tuple[object, ...], dict[int, LayerPlan]] = field(default_factory=dict)
+    _edge_segs: dict[tuple[object, ...], EdgeSegments] = field(default_factory=dict)
     _times: dict[tuple[object, ...], dict[int, _LayerTimes]] = field(default_factory=dict)
     _edges: dict[tuple[object, ...], _EdgeTimes] = field(default_factory=dict)
     _structs: dict[tuple[int, int, str], _Structure] = field(default_factory=dict)
@@ -359,7 +362,13 @@ class Estimator:
             block = build_block(self.model, layout, train, self.cost_model(train))
             run = _layer_run(self.model, layout, train)
             hit = self._plans[key] = layer_plans(run, block, self.model.n_layers + self.model.mtp_depth)
+            self._edge_segs[key] = edge_segments(block, layout)
         return hit
+
+    def edges(self, layout: LayoutConfig, train: TrainConfig) -> EdgeSegments:
+        """The embedding's and head's segments lowering emits (``chunk_memory``'s emission steps)."""
+        self.plans(layout, train)
+        return self._edge_segs[_plan_key(self.model, layout, train)]
 
     def _groups(self, grid: RankGrid) -> dict[str, tuple[int, ...]]:
         """Rank 0's process groups of the axes a layer communicates on."""
@@ -544,7 +553,9 @@ class Estimator:
                  loss_backward_transient_bytes(m, shape, stack.eager_loss, loss_parallel=stack.dtensor_tp))
         last = st.route.length - 1
         mtp = self._mtp_plans(plans)
-        return [{c: chunk_memory([plans[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edges, mtp)
+        steps = self.edges(layout, train)
+        return [{c: chunk_memory([plans[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edges, mtp,
+                                 steps)
                  for c in range(len(st.layers[s]))} for s in range(layout.pp)]
 
     # -- time ------------------------------------------------------------------------------------

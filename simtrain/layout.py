@@ -29,6 +29,7 @@ class RankGrid:
         self._degree = {a: int(getattr(layout, a)) for a in GRID_AXES}
         self._stride: dict[str, int] = {}
         self._stage_ranks: dict[int, list[int]] = {}
+        self._groups: dict[tuple[str, int], tuple[int, ...]] = {}
         s = 1
         for a in self.order:
             self._stride[a] = s
@@ -61,7 +62,18 @@ class RankGrid:
 
     def group(self, axis: str, rank: int) -> tuple[int, ...]:
         """Ranks of ``rank``'s process group on ``axis`` (tp, cp, dp, pp, ep, dp_shard, dp_replicate, dp_cp,
-        pp_emb)."""
+        pp_emb). Memoised for every member at once (groups partition the ranks; one tuple shared), so
+        full mode's per-rank lookups cost O(1) instead of O(group) or O(stage) each."""
+        key = (axis, rank)
+        hit = self._groups.get(key)
+        if hit is None:
+            hit = self._group(axis, rank)
+            for r in hit:
+                self._groups[(axis, r)] = hit
+            self._groups[key] = hit  # pp_emb: a rank outside the embedding group is its own group
+        return hit
+
+    def _group(self, axis: str, rank: int) -> tuple[int, ...]:
         if axis in GRID_AXES:
             base = rank - self.coords(rank)[axis] * self.stride(axis)
             return tuple(base + i * self.stride(axis) for i in range(self.degree(axis)))

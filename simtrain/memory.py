@@ -466,7 +466,8 @@ def closed_form_peak(actions: list[Action], chunks: dict[int, ChunkMemory]) -> f
     This walks the stage's schedule at op granularity without any timing (each op's start delta,
     then its end delta), so it is independent of the engine and must match the ledger's peak. A B
     whose (micro-batch, chunk) also has a W is a split backward; an overlapped F&B pair interleaves
-    its two actions' deltas one op at a time, as lowering emits them.
+    its two actions' entries one at a time, as lowering emits them (``chunk_memory`` with ``steps``
+    gives one entry per emission step).
     """
     split = {(a.microbatch, a.chunk) for a in actions if a.kind == "W"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,9 @@ class StageMemory:
     capacity_bytes: float
     closed_form_peak_bytes: float
     fits: bool
-    timeline: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    timeline: Sequence[tuple[float, float]] = field(default_factory=list, repr=False)
+    """(time s, bytes) of the stage's busiest rank; under the steady-state shortcut its repeating periods
+    are stored once (``steady.PeriodicTimeline``): iterate it, or ``list()`` it for every point."""
 
 
 @dataclass(slots=True)
@@ -66,6 +69,6 @@ class StepResult:
                  "capacity_bytes": m.capacity_bytes, "closed_form_peak_bytes": m.closed_form_peak_bytes,
                  "fits": m.fits}
             if timeline:
-                d["timeline"] = m.timeline
+                d["timeline"] = list(m.timeline)
             out["memory"].append(d)
         return out

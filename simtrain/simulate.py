@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simtrain import invariants
 from simtrain.config import RunConfig, TrainConfig, load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import AXES, CommPlanner, Engine, EngineResult, RankStats, symmetry_violation
@@ -48,6 +49,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     Raises:
         ConfigError: invalid input (every problem, with its dotted path).
         InfeasibleLayout: valid input that cannot be simulated as asked.
+        SimulationInvariantError: the result broke an invariant (``simtrain.invariants``): a bug.
     """
     run = load_config(config, overrides)
     cluster = cluster_of(run)
@@ -73,6 +75,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         res, closed, note = outcome
         notes.append(note)
     result = _result(run, mode, m, res, cluster, grid, closed)
+    invariants.check(result, gpu, run.train.precision, min(lg.min_total for lg in res.ledgers.values()))
     result.notes.extend(notes)
     result.error_band = band_for(result.step_time_s, run.train.stack, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from simtrain.engine import EngineResult, Ledger, RankStats
 
@@ -44,13 +45,18 @@ ERR_TOL = 1e-5
 #: 16, 24, 32 off by 6e-5 of the step, 24, 32, 40 on one line to 1e-14).
 MAX_WORK_FRACTION = 0.6
 
+#: Short runs tried at most before simulating every micro-batch: the steady state shows within the
+#: first few periods (three runs on the examples, a fourth for Llama 3.1 405B PP8 VP8), and a cap keeps
+#: the largest short run, hence the time and memory of the shortcut, independent of the micro-batch count.
+MAX_SHORT_RUNS = 12
+
 #: Memory timelines (for plots: ``--timeline``, sweeps, reports) may shift an event by this fraction of
 #: the step and still count as repeating: where flows of the drain meet the last periods' gradient
 #: buckets, one more period can move a drain event by ~1e-4 of the step (Llama 3 70B, PP8 VP5 on H100:
 #: 0.7 ms of 6.2 s) while every total, end time and peak stays on its line.
 TIMELINE_TOL = 1e-3
 
-Timeline = list[tuple[float, float]]
+Timeline = Sequence[tuple[float, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +70,13 @@ class SteadyPlan:
 
     def counts(self) -> Iterator[int]:
         """Micro-batch counts to simulate in turn, while their sum stays within the budget
-        (``MAX_WORK_FRACTION`` of the target) and each is short of the target."""
+        (``MAX_WORK_FRACTION`` of the target), each is short of the target, and at most
+        ``MAX_SHORT_RUNS`` of them (so the largest, and the simulation's memory, does not grow with
+        the target)."""
         count, spent = self.first, 0
-        while count < self.target and spent + count <= MAX_WORK_FRACTION * self.target:
+        for _ in range(MAX_SHORT_RUNS):
+            if count >= self.target or spent + count > MAX_WORK_FRACTION * self.target:
+                return
             yield count
             spent += count
             count += self.period
@@ -194,23 +204,78 @@ def _period_shift(short: Timeline, long: Timeline) -> float | None:
     return long[-1][0] - short[-1][0]
 
 
-def _extend(short: Timeline, long: Timeline, shift: float, k: int, t_tol: float, b_tol: float) -> Timeline:
+class PeriodicTimeline(Sequence[tuple[float, float]]):
+    """A memory timeline (time s, bytes) stored as ``head``, then ``period`` repeated ``k`` more times,
+    each ``shift`` seconds later, then ``tail`` moved k shifts later: the extended timeline of a long
+    step in O(one short run) memory whatever k (the micro-batch count), its points made on access."""
+
+    __slots__ = ("head", "period", "tail", "shift", "k")
+
+    def __init__(self, head: Timeline, period: Timeline, tail: Timeline, shift: float, k: int):
+        self.head, self.period, self.tail, self.shift, self.k = head, period, tail, shift, k
+
+    def __len__(self) -> int:
+        return len(self.head) + self.k * len(self.period) + len(self.tail)
+
+    def _at(self, i: int) -> tuple[float, float]:
+        if i < len(self.head):
+            return self.head[i]
+        i -= len(self.head)
+        n = len(self.period)
+        if i < self.k * n:
+            c, j = divmod(i, n)
+            t, v = self.period[j]
+            return (t + (c + 1) * self.shift, v)
+        t, v = self.tail[i - self.k * n]
+        return (t + self.k * self.shift, v)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[float, float]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[float, float]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[float, float] | list[tuple[float, float]]:
+        if isinstance(i, slice):
+            return [self._at(j) for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._at(i)
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        yield from self.head
+        for c in range(1, self.k + 1):
+            for t, v in self.period:
+                yield (t + c * self.shift, v)
+        for t, v in self.tail:
+            yield (t + self.k * self.shift, v)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(
+            p == q for p, q in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"PeriodicTimeline({len(self.head)} points, {self.k} x {len(self.period)}, "
+                f"{len(self.tail)} points)")
+
+
+def _extend(short: Timeline, long: Timeline, shift: float, k: int, t_tol: float,
+            b_tol: float) -> PeriodicTimeline:
     """``long`` with k more periods, where ``long`` is ``short`` with one more: the runs agree until
     ``short`` starts to drain (index i); there ``long`` runs one more period X (its next n points,
     n = len(long) - len(short)) before its own drain, so k copies of X, each ``shift`` later, go after
-    it and the drain moves k shifts later."""
+    it and the drain moves k shifts later (stored once: ``PeriodicTimeline``)."""
     n = len(long) - len(short)
     i = 0
     while i < len(short) and _close(short[i], long[i], 0.0, t_tol, b_tol):
         i += 1
     if i + n > len(long):
         raise _NotSteady
-    period = long[i:i + n]
-    out = list(long[:i + n])
-    for c in range(1, k + 1):
-        out.extend((t + c * shift, v) for t, v in period)
-    out.extend((t + k * shift, v) for t, v in long[i + n:])
-    return out
+    return PeriodicTimeline(list(long[:i + n]), list(long[i:i + n]), list(long[i + n:]), shift, k)
 
 
 def _close(p: tuple[float, float], q: tuple[float, float], shift: float, t_tol: float, b_tol: float) -> bool:

@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -182,7 +182,7 @@ def config_columns(run: RunConfig) -> Row:
     return out
 
 
-def downsample_timeline(points: list[tuple[float, float]], n: int = TIMELINE_POINTS) -> list[list[float]]:
+def downsample_timeline(points: Sequence[tuple[float, float]], n: int = TIMELINE_POINTS) -> list[list[float]]:
     """At most ``n`` (time_s, bytes) points: the highest level in each of ``n`` equal time bins."""
     if len(points) <= n:
         return [[float(t), float(b)] for t, b in points]
