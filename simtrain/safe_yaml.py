@@ -81,11 +81,11 @@ def load_yaml(text: str, where: str, file: str = "") -> Any:
             raise ConfigError(Problem(where, f"{what}{why}"))
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise ConfigError(Problem(where, f"{what}not valid YAML: {exc}")) from None
+        raise ConfigError(Problem(where, f"{what}malformed YAML: {exc}")) from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise ConfigError(Problem(where, f"{what}nested deeper than {MAX_YAML_DEPTH} levels")) from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts (sys.int_info)
-        raise ConfigError(Problem(where, f"{what}not valid YAML: {exc}")) from None
+        raise ConfigError(Problem(where, f"{what}malformed YAML: {exc}")) from None
     finally:
         loader.dispose()
 
@@ -96,11 +96,11 @@ def load_json(text: str, where: str, file: str = "") -> Any:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(Problem(where, f"{what}not valid JSON: {exc}")) from None
+        raise ConfigError(Problem(where, f"{what}malformed JSON: {exc}")) from None
     except RecursionError:
         raise ConfigError(Problem(where, f"{what}nested deeper than {MAX_YAML_DEPTH} levels")) from None
     except ValueError as exc:  # an integer of more digits than Python converts
-        raise ConfigError(Problem(where, f"{what}not valid JSON: {exc}")) from None
+        raise ConfigError(Problem(where, f"{what}malformed JSON: {exc}")) from None
     return data
 
 
