@@ -278,6 +278,9 @@ class RunConfig(BaseModel):
             # a dict, not a ModelSpec: pydantic then checks the overrides with their paths (model.n_layers)
             return {**base.model_dump(), **extra} if extra else base
         if isinstance(value, dict) and "hf_config" in value:
+            if not isinstance(value["hf_config"], str):
+                raise ValueError(f"hf_config {value['hf_config']!r} is not valid; give the path of a Hugging Face "
+                                 "config.json or of its folder")
             return _unwrap(lambda: from_hf_config(value["hf_config"], name=value.get("name")))
         return value
 
@@ -391,8 +394,7 @@ def bool_count_problems(schema: type[BaseModel], data: Any, path: str = "") -> l
                 continue
             dotted = f"{where}{key}"
             if isinstance(value, bool) and _int_annotation(info.annotation):
-                out.append(Problem(dotted, f"{value!r} is not valid; give a whole number (a yes/no value is "
-                                           "not a count)"))
+                out.append(Problem(dotted, f"{value!r}: a yes/no value is not a count; give a whole number"))
             for sub in _models_in(info.annotation):
                 if isinstance(value, dict):
                     todo.append((sub, value, f"{dotted}."))

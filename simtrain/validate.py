@@ -93,7 +93,8 @@ def check_run(run: RunConfig) -> list[Problem]:
     if lay.sequence_parallel and tr.seq_len % t:
         out.append(Problem("train.seq_len", f"{tr.seq_len} is not divisible by layout.tp={t} (sequence parallel)"))
     out += _batch_problems(run)
-    out += schedule_problems(run)
+    if (tr.global_batch_tokens is None) != (tr.global_batch_seqs is None):  # else the run's batch is unknown
+        out += schedule_problems(run)
     out += _hardware_problems(run)
     return out
 
