@@ -143,13 +143,13 @@ class GpuSpec(BaseModel):
             return self.bf16_flops_per_s
         if key == "fp8":
             if self.fp8_flops_per_s <= 0:
-                raise ConfigError(problem("precision", dtype, f"{self.name} has no FP8; use bf16"))
+                raise ConfigError(problem("train.precision", dtype, f"{self.name} has no FP8; use bf16"))
             return self.fp8_flops_per_s
         if key == "tf32":
             return self.tf32_flops_per_s
         if key == "fp32":
             return self.fp32_flops_per_s
-        raise ConfigError(problem("precision", dtype, "valid dtypes: bf16, fp16, fp8, tf32, fp32"))
+        raise ConfigError(problem("train.precision", dtype, "valid dtypes: bf16, fp16, fp8, tf32, fp32"))
 
 
 class NodeSpec(BaseModel):
