@@ -325,6 +325,23 @@ def schedule_problems(run: RunConfig) -> list[Problem]:
         if run.model.position == "learned" and long:
             out.append(Problem(seg.source, f"seq_len {seg.seq_len} exceeds model.max_position="
                                            f"{run.model.max_position}"))
+    return _first_per_path(out)
+
+
+#: Problems listed per config path; a ramp of thousands of levels would otherwise print thousands of lines.
+_SHOWN_PER_PATH = 5
+
+
+def _first_per_path(problems: list[Problem]) -> list[Problem]:
+    """The first ``_SHOWN_PER_PATH`` problems of each path, then one saying how many more there are."""
+    out: list[Problem] = []
+    count: dict[str, int] = {}
+    for p in problems:
+        count[p.path] = count.get(p.path, 0) + 1
+        if count[p.path] <= _SHOWN_PER_PATH:
+            out.append(p)
+    out += [Problem(path, f"... and {n - _SHOWN_PER_PATH:,} more like these")
+            for path, n in count.items() if n > _SHOWN_PER_PATH]
     return out
 
 

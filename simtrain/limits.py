@@ -51,6 +51,7 @@ MAX_YAML_DEPTH = 100
 #: Tokens of a whole training run (``run.tokens``, phase ends): Llama 3 trained on 1.5 x 10^13.
 MAX_RUN_TOKENS = 10**18
 
-#: Batch sizes in a run's batch-size schedule (ramp-up increments, table phases): each is simulated;
-#: Megatron ramp-ups use tens to thousands.
-MAX_PHASES = 10**5
+#: Batch sizes in a run's batch-size schedule (ramp-up increments, table phases): each distinct one is
+#: simulated (about a second each), so this also bounds ``simtrain run``'s time; Megatron ramp-ups use tens
+#: to hundreds (GPT-3 175B: 32 to 1,536 sequences in steps of 32).
+MAX_PHASES = 10**4

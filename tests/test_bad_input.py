@@ -241,3 +241,12 @@ def test_every_schedule_refuses_too_few_layers_and_simulates_every_layer_it_acce
 def test_fp8_on_a_gpu_without_fp8_names_train_precision(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(["simulate", A100, "--set", "train.precision=fp8"], capsys, "train.precision: ", "a100")
     assert " precision: " not in err.replace("train.precision: ", "")
+
+
+def test_a_long_ramp_lists_a_few_problems_and_too_many_levels_are_refused() -> None:
+    ramp = "run.batch_schedule={kind: linear, start_seqs: 8, ramp_tokens: 1e9, increment_seqs: 1}"
+    err = api_refused(RUN_65B, [ramp], "... and 2,003 more like these")
+    assert len(err.problems) == 7  # start_seqs, five increments, the count of the rest (was 2,040 lines)
+    many = ("run.batch_schedule={kind: linear, start_seqs: 64, ramp_tokens: 1e9, increment_seqs: 64}",
+            "train.global_batch_tokens=1342177280")  # 655,360 sequences of 2,048: 10,239 levels of 64
+    api_refused(RUN_65B, list(many), "run.batch_schedule.increment_seqs: ", "at most 10,000")
