@@ -98,6 +98,8 @@ class ParsedRow:
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     """Read a CSV file into dicts of stripped strings; ConfigError for a missing file or column."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(Problem("file", f"{str(p)!r} is a directory, not a CSV file"))
     if not p.is_file():
         raise ConfigError(Problem("file", f"not found: {str(p)!r}"))
     try:

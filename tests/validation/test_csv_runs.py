@@ -468,3 +468,5 @@ def test_a_csv_with_a_header_and_no_rows_is_refused(tmp_path: Path, capsys: pyte
     assert main(["validate", str(empty), "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert "has a header but no rows" in err and str(empty) in err and "Traceback" not in err
+    assert main(["validate", str(tmp_path), "--workers", "1"]) == 2
+    assert "is a directory, not a CSV file" in capsys.readouterr().err
