@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from simtrain.errors import Problem
 from simtrain.goodput import CheckpointSpec, FailureSpec
+from simtrain.limits import MAX_BATCH_TOKENS, MAX_PHASES, MAX_RUN_TOKENS, MAX_SEQ_LEN
 
 if TYPE_CHECKING:
     from simtrain.config import RunConfig
@@ -54,6 +55,23 @@ def parse_count(value: Any) -> Any:
     return value
 
 
+def whole_number(value: Any) -> Any:
+    """A count as an int: booleans (YAML ``true``, which Python counts as 1) and floats with a fraction
+    are refused (ValueError, which pydantic reports with the field's path); integral floats (``4096.0``,
+    ``1e6``) become ints; anything else is left for pydantic's int check."""
+    if isinstance(value, bool):
+        raise ValueError("a yes/no value is not a count; give a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value:g} is not a whole number")
+        return int(value)
+    return value
+
+
+#: A count (sequences, tokens, increments): a whole number, never a boolean.
+Count = Annotated[int, BeforeValidator(whole_number)]
+
+
 def _count_int(value: Any) -> Any:
     """Like ``parse_count``, and integral floats become ints (for sequence/token batch sizes)."""
     value = parse_count(value)
@@ -66,11 +84,11 @@ class TablePhase(BaseModel):
     """One row of a ``table`` schedule: a batch held until ``until_tokens`` tokens have been trained."""
 
     model_config = _STRICT
-    until_tokens: float | None = Field(None, gt=0)
+    until_tokens: float | None = Field(None, gt=0, le=MAX_RUN_TOKENS)
     """Cumulative tokens at which this phase ends (None on the last row: the rest of the budget)."""
-    global_batch_tokens: int | None = Field(None, gt=0)
-    global_batch_seqs: int | None = Field(None, gt=0)
-    seq_len: int | None = Field(None, gt=0)
+    global_batch_tokens: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
+    global_batch_seqs: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
+    seq_len: Count | None = Field(None, gt=0, le=MAX_SEQ_LEN)
     """Sequence length of this phase (None: ``train.seq_len``)."""
 
     @field_validator("until_tokens", mode="before")
@@ -89,17 +107,17 @@ class BatchSchedule(BaseModel):
 
     model_config = _STRICT
     kind: Literal["constant", "step", "linear", "table"] = "constant"
-    start_tokens: int | None = Field(None, gt=0)
+    start_tokens: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
     """``step``/``linear``: global batch at the start, tokens (or give ``start_seqs``)."""
-    start_seqs: int | None = Field(None, gt=0)
+    start_seqs: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
     """``step``/``linear``: global batch at the start, sequences."""
-    ramp_tokens: float | None = Field(None, gt=0)
+    ramp_tokens: float | None = Field(None, gt=0, le=MAX_RUN_TOKENS)
     """``linear``: tokens over which the batch ramps up; ``step``: tokens at which it steps up."""
-    increments: int | None = Field(None, gt=0)
+    increments: Count | None = Field(None, gt=0, le=MAX_PHASES)
     """``linear``: number of equal batch increments in the ramp (or give ``increment_seqs``)."""
-    increment_seqs: int | None = Field(None, gt=0)
+    increment_seqs: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
     """``linear``: sequences added at each increment (Megatron's ``increment``)."""
-    phases: tuple[TablePhase, ...] = ()
+    phases: tuple[TablePhase, ...] = Field((), max_length=MAX_PHASES)
     """``table``: the phases in order; tokens past the last ``until_tokens`` use ``train``'s batch."""
 
     @field_validator("ramp_tokens", mode="before")
@@ -117,7 +135,7 @@ class RunSpec(BaseModel):
     """A whole training run: token budget, batch schedule and the price of a GPU-hour."""
 
     model_config = _STRICT
-    tokens: float = Field(gt=0)
+    tokens: float = Field(gt=0, le=MAX_RUN_TOKENS)
     """Token budget of the run (accepts "1.4T", "469B", 1.4e12)."""
     batch_schedule: BatchSchedule = BatchSchedule()
     price_per_gpu_hour: float | None = Field(None, ge=0)
@@ -214,6 +232,10 @@ def _ramp_segments(run: RunConfig, spec: RunSpec, out: list[Problem]) -> list[_S
                                                  f"(the ramp adds {span} sequences)"))
         return []
     n = sch.increments if sch.increments is not None else span // (sch.increment_seqs or 1)
+    if n > MAX_PHASES:  # each level is a batch to simulate
+        out.append(Problem(f"{base}.increment_seqs", f"{sch.increment_seqs} splits the ramp of {span} sequences "
+                                                     f"into {n:,} levels; at most {MAX_PHASES:,}"))
+        return []
     step = span // n if sch.increments is not None else sch.increment_seqs
     assert step is not None
     if span % n or n * step != span:
@@ -308,6 +330,23 @@ def schedule_problems(run: RunConfig) -> list[Problem]:
         if run.model.position == "learned" and long:
             out.append(Problem(seg.source, f"seq_len {seg.seq_len} exceeds model.max_position="
                                            f"{run.model.max_position}"))
+    return _first_per_path(out)
+
+
+#: Problems listed per config path; a ramp of thousands of levels would otherwise print thousands of lines.
+_SHOWN_PER_PATH = 5
+
+
+def _first_per_path(problems: list[Problem]) -> list[Problem]:
+    """The first ``_SHOWN_PER_PATH`` problems of each path, then one saying how many more there are."""
+    out: list[Problem] = []
+    count: dict[str, int] = {}
+    for p in problems:
+        count[p.path] = count.get(p.path, 0) + 1
+        if count[p.path] <= _SHOWN_PER_PATH:
+            out.append(p)
+    out += [Problem(path, f"... and {n - _SHOWN_PER_PATH:,} more like these")
+            for path, n in count.items() if n > _SHOWN_PER_PATH]
     return out
 
 

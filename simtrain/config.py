@@ -10,19 +10,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simtrain.batch import RunSpec, parse_count
+# Count: a whole number, never a boolean (YAML's ``true`` would otherwise read as 1) nor a float with a
+# fraction (simtrain.batch.whole_number)
+from simtrain.batch import Count, RunSpec, parse_count
 from simtrain.errors import ConfigError, Problem, pydantic_problems
+from simtrain.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN
 from simtrain.model import ModelSpec, from_hf_config, preset
+from simtrain.safe_yaml import load_yaml, read_document
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
-_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+_STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
+
+#: A parallel degree or GPU count: at most ``MAX_GPUS`` (``simtrain.limits``).
+Degree = Annotated[Count, Field(gt=0, le=MAX_GPUS)]
+#: A layer count of a layout switch (recompute, offload, prefetch): at most ``MAX_LAYERS``.
+Layers = Annotated[Count, Field(ge=0, le=MAX_LAYERS)]
 
 
 class HardwareConfig(BaseModel):
@@ -33,18 +41,18 @@ class HardwareConfig(BaseModel):
     """Node preset name (``simtrain hardware`` lists them)."""
     gpu: str | None = None
     """GPU preset overriding the node's own GPU."""
-    n_nodes: int = Field(1, gt=0)
+    n_nodes: Degree = 1
     """Number of nodes in the cluster."""
-    gpus_per_node: int | None = Field(None, gt=0)
+    gpus_per_node: Degree | None = None
     """GPUs used in each node, when fewer than the node preset has: a job on part of a node, or on whole
     trays of a rack-scale NVLink domain (64 GPUs of a GB200 NVL72 rack); NICs scale with it."""
-    nics_per_node: int | None = Field(None, gt=0)
+    nics_per_node: Count | None = Field(None, gt=0, le=MAX_GPUS)
     """Scale-out NICs per node, replacing the node profile's (None: the profile's)."""
     nic_Gbps: float | None = Field(None, gt=0)
     """Bandwidth of one NIC in Gbit/s (as sold)."""
     oversubscription: float = Field(1.0, ge=1.0)
     """Leaf-to-spine oversubscription ratio (1 = non-blocking)."""
-    nodes_per_leaf: int | None = Field(None, gt=0)
+    nodes_per_leaf: Degree | None = None
     """Nodes under one leaf switch of the fat tree (None: the node profile's)."""
     net_hop_latency_us: float | None = Field(None, ge=0)
     """Latency of one network switch hop, microseconds (None: the node profile's)."""
@@ -59,17 +67,17 @@ class LayoutConfig(BaseModel):
     """The parallel layout: degrees, sharding, schedule, recompute and overlap switches."""
 
     model_config = _STRICT
-    dp: int = Field(1, gt=0)
+    dp: Degree = 1
     """Data-parallel degree (model replicas, or FSDP/ZeRO shards)."""
-    tp: int = Field(1, gt=0)
+    tp: Degree = 1
     """Tensor-parallel degree (Megatron ``--tensor-model-parallel-size``)."""
-    pp: int = Field(1, gt=0)
+    pp: Degree = 1
     """Pipeline-parallel degree: pipeline stages."""
-    cp: int = Field(1, gt=0)
+    cp: Degree = 1
     """Context-parallel degree: ranks splitting each sequence."""
-    ep: int = Field(1, gt=0)
+    ep: Degree = 1
     """Expert-parallel degree (MoE): ranks the routed experts are spread over; folds over dp x cp x tp."""
-    vpp: int = Field(1, gt=0)
+    vpp: Count = Field(1, gt=0, le=MAX_LAYERS)
     """Virtual pipeline stages (model chunks) per pipeline rank; > 1 means interleaved 1F1B."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout run on sequence shards of the TP group (needs tp > 1)."""
@@ -78,7 +86,7 @@ class LayoutConfig(BaseModel):
     gradients, 3 also the parameters."""
     fsdp: Literal["none", "full", "hybrid"] = "none"
     """FSDP sharding: ``full`` is ZeRO-3 over all of dp; ``hybrid`` shards within ``fsdp_shard_size``."""
-    fsdp_shard_size: int | None = Field(None, gt=0)
+    fsdp_shard_size: Degree | None = None
     """With ``fsdp: hybrid``: ranks each parameter is sharded over (replicated across the rest of dp)."""
     order: tuple[Axis, ...] = ("tp", "cp", "ep", "dp", "pp")
     """Rank-grid axes from innermost (fastest-varying rank) to outermost; TP innermost lands on NVLink."""
@@ -96,9 +104,9 @@ class LayoutConfig(BaseModel):
     unfused attention's softmax (``core_attn``), the norms (``layernorm``), MLA's up-projections
     (``mla_up_proj``) and the MLP/expert activation (``act``; DeepSeek-V3 sec. 3.3.2 recomputes
     RMSNorm, the MLA up-projections and SwiGLU)."""
-    recompute_layers: int | None = Field(None, ge=0)
+    recompute_layers: Layers | None = None
     """With ``full``: how many layers per stage chunk recompute (None = all)."""
-    offload_activation_layers: int = Field(0, ge=0)
+    offload_activation_layers: Layers = 0
     """CPU activation offloading (Megatron-core ``--cpu-offloading`` with ``--cpu-offloading-num-layers``,
     activations only; Transformer Engine's ``get_cpu_offload_context``): the saved activations of the first
     this-many transformer layers are copied to host memory after their forward and back before their
@@ -112,13 +120,13 @@ class LayoutConfig(BaseModel):
     """Overlap TP collectives with GEMMs (Megatron ``--tp-comm-overlap``; torchtitan async TP)."""
     grad_bucket_MiB: float = Field(40.0, gt=0)
     """Gradient bucket size of the data-parallel reduction, MiB."""
-    fsdp_prefetch_layers: int = Field(1, ge=0)
+    fsdp_prefetch_layers: Layers = 1
     """FSDP: layers whose parameters are all-gathered ahead of use."""
     cp_comm: Literal["p2p", "all_gather", "a2a"] = "p2p"
     """Context-parallel attention (Megatron ``--cp-comm-type``): ``p2p`` ring attention (KV blocks
     passed around the CP ring, overlapped with attention blocks), ``all_gather`` of K and V before
     attention (Llama 3 paper sec. 3.3.2), ``a2a`` all-to-all of heads (DeepSpeed-Ulysses)."""
-    etp: int | None = Field(None, gt=0)
+    etp: Degree | None = None
     """Expert tensor parallelism: TP degree inside each expert (Megatron ``--expert-tensor-parallel-size``;
     None = tp, Megatron's default). Must divide tp."""
     ep_comm_overlap: bool = False
@@ -174,15 +182,15 @@ class TrainConfig(BaseModel):
     """The batch: sequence length, micro-batch and the global batch in tokens (or sequences)."""
 
     model_config = _STRICT
-    seq_len: int = Field(4096, gt=0)
+    seq_len: Count = Field(4096, gt=0, le=MAX_SEQ_LEN)
     """Sequence length, tokens."""
-    micro_batch_size: int = Field(1, gt=0)
+    micro_batch_size: Count = Field(1, gt=0, le=MAX_MICRO_BATCH)
     """Sequences per micro-batch on each data-parallel rank."""
-    global_batch_tokens: int | None = Field(None, gt=0)
+    global_batch_tokens: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
     """Tokens per optimizer step: an integer, or a number with a decimal (K, M, G: 10^3, 10^6, 10^9) or
     binary (Ki, Mi, Gi: 2^10, 2^20, 2^30) suffix, e.g. "4M" = 4,000,000 or "4Mi" = 4,194,304 (the
     "4M-token batch" of the Llama papers); ``simtrain.batch.parse_count``."""
-    global_batch_seqs: int | None = Field(None, gt=0)
+    global_batch_seqs: Count | None = Field(None, gt=0, le=MAX_BATCH_TOKENS)
     """Sequences per optimizer step (give this or ``global_batch_tokens``)."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     """Optimizer, for its state memory and step time (Adam/AdamW: two fp32 moments per parameter)."""
@@ -300,8 +308,12 @@ class RunConfig(BaseModel):
         if isinstance(value, dict) and "preset" in value:
             base = _unwrap(lambda: preset(str(value["preset"])))
             extra = {k: v for k, v in value.items() if k != "preset"}
-            return base.model_copy(update=extra) if not extra else ModelSpec(**{**base.model_dump(), **extra})
+            # a dict, not a ModelSpec: pydantic then checks the overrides with their paths (model.n_layers)
+            return {**base.model_dump(), **extra} if extra else base
         if isinstance(value, dict) and "hf_config" in value:
+            if not isinstance(value["hf_config"], str):
+                raise ValueError(f"hf_config {value['hf_config']!r} is not valid; give the path of a Hugging Face "
+                                 "config.json or of its folder")
             return _unwrap(lambda: from_hf_config(value["hf_config"], name=value.get("name")))
         return value
 
@@ -315,16 +327,14 @@ def _unwrap(build: Any) -> Any:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a dict; missing or malformed files raise ConfigError."""
+    """Read a YAML or JSON config file into a dict (``simtrain.safe_yaml``: size, alias and depth limits);
+    a missing, unreadable or malformed file raises ConfigError."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(Problem("config", f"file not found: {str(p)!r}"))
-    try:
-        data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ConfigError(Problem("config", f"{str(p)!r} is not valid YAML/JSON: {exc}")) from None
+    data = read_document(p, "config")
     if not isinstance(data, dict):
-        raise ConfigError(Problem("config", f"{str(p)!r} must hold a mapping at the top level"))
+        kind = "nothing" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(Problem("config", f"{str(p)!r} must hold a mapping at the top level (name:, model:, "
+                                            f"hardware:, ...), not {kind}"))
     base = p.resolve().parent
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
@@ -334,25 +344,43 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy."""
-    out = json.loads(json.dumps(data, default=_jsonable))
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy.
+
+    A dotted override into a model given as a preset name (``model: llama3-8b`` with
+    ``model.n_layers=40``) turns the model into ``{preset: llama3-8b, n_layers: 40}``.
+    """
+    try:
+        out = json.loads(json.dumps(data, default=_jsonable))
+    except (TypeError, ValueError, RecursionError) as exc:  # a dict source holding what no config holds
+        raise ConfigError(Problem("config", f"not a config of plain values: {exc}")) from None
     problems = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             problems.append(Problem("--set", f"{item!r} is not of the form dotted.key=value"))
             continue
-        node = out
         parts = key.strip().split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {} if node.get(part) is None else node[part]
+        if not all(parts):
+            problems.append(Problem("--set", f"{key.strip()!r} has an empty part; give a dotted path like layout.tp"))
+            continue
+        try:
+            value = load_yaml(raw, f"--set {key.strip()}") if raw.strip() else raw
+        except ConfigError as exc:
+            problems += exc.problems
+            continue
+        if parts[0] == "model" and len(parts) > 1 and isinstance(out.get("model"), str):
+            out["model"] = {"preset": out["model"]}  # a preset name becomes {preset: name, ...overrides}
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            if node.get(part) is None:
+                node[part] = {}
             if not isinstance(node[part], dict):
-                problems.append(Problem(key, f"cannot set a field inside {part!r}, which is not a mapping"))
+                problems.append(Problem(".".join(parts[:i + 1]), f"cannot set {key.strip()!r}: "
+                                                                 f"{node[part]!r} is not a mapping"))
                 break
             node = node[part]
         else:
-            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
+            node[parts[-1]] = value
     if problems:
         raise ConfigError(problems)
     return out
@@ -364,6 +392,48 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return list(obj)
     raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def _int_annotation(annotation: Any) -> bool:
+    """Whether a field's annotation takes integers (``int``, ``int | None``, a Literal of ints)."""
+    if annotation is int:
+        return True
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, int) and not isinstance(a, bool) for a in args)
+    return any(_int_annotation(a) for a in args)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation holds (itself, in an Optional, or as tuple items)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in get_args(annotation) for m in _models_in(a)]
+
+
+def bool_count_problems(schema: type[BaseModel], data: Any, path: str = "") -> list[Problem]:
+    """Booleans given for integer fields anywhere in ``data`` (a dict for ``schema``), each with its dotted
+    path. Python counts ``True`` as 1, so pydantic would read ``n_layers: true`` or ``tp: yes`` as 1;
+    this walks the schemas simtrain does not define with ``Count`` (the model's) as well as its own."""
+    out: list[Problem] = []
+    todo: list[tuple[type[BaseModel], Any, str]] = [(schema, data, path)]
+    while todo:
+        cls, node, where = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            info = cls.model_fields.get(key) if isinstance(key, str) else None
+            if info is None:
+                continue
+            dotted = f"{where}{key}"
+            if isinstance(value, bool) and _int_annotation(info.annotation):
+                out.append(Problem(dotted, f"{value!r}: a yes/no value is not a count; give a whole number"))
+            for sub in _models_in(info.annotation):
+                if isinstance(value, dict):
+                    todo.append((sub, value, f"{dotted}."))
+                elif isinstance(value, list | tuple):
+                    todo += [(sub, item, f"{dotted}[{i}].") for i, item in enumerate(value)]
+    return out
 
 
 def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -380,13 +450,20 @@ def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list
             data = source.model_dump()
         elif isinstance(source, dict):
             data = source
-        else:
+        elif isinstance(source, str | Path):
             data = read_config_file(source)
+        else:
+            raise ConfigError(Problem("config", f"a {type(source).__name__} is not a config; give a RunConfig, a "
+                                                "dict or the path of a YAML/JSON file"))
         data = apply_overrides(data, overrides or [])
+        bools = bool_count_problems(RunConfig, data)
         try:
             run = RunConfig.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(pydantic_problems(exc)) from None
+            found = pydantic_problems(exc)  # a field's own message first (Count fields refuse booleans too)
+            raise ConfigError(found + [b for b in bools if b.path not in {p.path for p in found}]) from None
+        if bools:
+            raise ConfigError(bools)
     from simtrain.validate import check_run
 
     problems = check_run(run)

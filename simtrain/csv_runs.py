@@ -17,6 +17,7 @@ transformer layers whose activations the run offloaded to CPU memory (Megatron
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,11 +29,35 @@ from pydantic import ValidationError
 
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem, pydantic_problems
+from simtrain.limits import (
+    MAX_BATCH_TOKENS,
+    MAX_GPUS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
 from simtrain.model import ModelSpec, list_presets, preset
 from simtrain.stacks import SoftwareStack, stack_from_text
 
 #: Columns a file must have to be read at all (everything else is optional).
 REQUIRED_COLUMNS = ("run_id",)
+
+#: The largest value of each integer column (``simtrain.limits``): a cell past it is a typo, and the row
+#: becomes an error row naming the column rather than a prediction whose error spoils the summary.
+COLUMN_LIMITS = MappingProxyType({
+    "n_gpus": MAX_GPUS, "gpus_per_node": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "dp": MAX_GPUS, "cp": MAX_GPUS,
+    "ep": MAX_GPUS, "vp": MAX_LAYERS, "n_layers": MAX_LAYERS, "cpu_offload_layers": MAX_LAYERS,
+    "hidden": MAX_WIDTH, "ffn_hidden": MAX_WIDTH, "moe_ffn_hidden": MAX_WIDTH, "n_heads": MAX_HEADS,
+    "n_kv_heads": MAX_HEADS, "moe_experts": MAX_HEADS, "moe_topk": MAX_HEADS, "vocab": MAX_VOCAB,
+    "seq_len": MAX_SEQ_LEN, "micro_batch": MAX_MICRO_BATCH, "global_batch_seqs": MAX_BATCH_TOKENS,
+    "global_batch_tokens": MAX_BATCH_TOKENS, "grad_accum": MAX_BATCH_TOKENS,
+})
+
+#: Measured quantities that must be positive when given (a zero or negative time is a typo).
+_POSITIVE_COLUMNS = ("step_time_s", "peak_mem_gib", "tokens_per_s_per_gpu")
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?\s*([kKmMbB]\b)?")
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9}
@@ -73,6 +98,8 @@ class ParsedRow:
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     """Read a CSV file into dicts of stripped strings; ConfigError for a missing file or column."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(Problem("file", f"{str(p)!r} is a directory, not a CSV file"))
     if not p.is_file():
         raise ConfigError(Problem("file", f"not found: {str(p)!r}"))
     try:
@@ -85,6 +112,8 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
             rows = [_stripped(row, p, reader.line_num) for row in reader]
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(Problem("file", f"{str(p)!r} is not a readable CSV: {exc}")) from None
+    if not rows:  # nothing to predict: a summary of no runs has no statistics to give
+        raise ConfigError(Problem("file", f"{str(p)!r} has a header but no rows; add one row per measured run"))
     return rows
 
 
@@ -122,10 +151,17 @@ def number(row: dict[str, str], col: str, notes: list[str]) -> float | None:
 
 
 def integer(row: dict[str, str], col: str, notes: list[str]) -> int | None:
-    """An integer cell (None when blank); a non-integral number is rounded with a note."""
+    """An integer cell (None when blank); a non-integral number is rounded with a note; a value past the
+    column's ``COLUMN_LIMITS`` (or not finite) is a ConfigError naming the column."""
     value = number(row, col, notes)
     if value is None:
         return None
+    limit = COLUMN_LIMITS.get(col)
+    if not math.isfinite(value):
+        raise ConfigError(Problem(col, f"{row.get(col)!r} is not a finite number"))
+    if limit is not None and abs(value) > limit:
+        raise ConfigError(Problem(col, f"{row.get(col)!r} is not valid; at most {limit:,} (simtrain.limits: no real "
+                                       "run comes near it)"))
     if value != int(value):
         notes.append(f"{col}: {value:g} rounded to {round(value)}")
     return round(value)
@@ -552,15 +588,9 @@ def parse_row(row: dict[str, str]) -> ParsedRow:
                     assumptions=notes, visible=is_visible(row))
     if gpu_note:
         notes.append(gpu_note)
-    out.measured_step_time_s = number(row, "step_time_s", notes)
-    mem_gib = number(row, "peak_mem_gib", notes)
-    out.measured_peak_mem_bytes = mem_gib * 1024.0**3 if mem_gib else None
-    out.measured_tokens_per_s_per_gpu = number(row, "tokens_per_s_per_gpu", notes)
-    out.source_mfu_pct = number(row, "mfu_pct", notes)
-    out.source_hfu_pct = number(row, "hfu_pct", notes)
-    out.peak_tflops_used = number(row, "peak_tflops_used", notes)
     out.flop_convention = " ".join(filter(None, (row.get("flop_convention"), row.get("tflops_kind")))) or None
     try:
+        _measured(row, out, notes)
         out.n_gpus = count(row, "n_gpus", notes)
         out.run = _run_config(row, out, gpu, node, notes)
     except NotSimulatable as exc:
@@ -570,6 +600,22 @@ def parse_row(row: dict[str, str]) -> ParsedRow:
     except (ValueError, ArithmeticError) as exc:  # a malformed cell the checks above did not foresee
         out.status = f"error: {exc}"
     return out
+
+
+def _measured(row: dict[str, str], out: ParsedRow, notes: list[str]) -> None:
+    """The row's measured values; a zero, negative or infinite time, memory or throughput is a
+    ConfigError naming the column (the row becomes an error row, not a wild percentage error)."""
+    for col in _POSITIVE_COLUMNS:
+        value = number(row, col, [])
+        if value is not None and not (0 < value < math.inf):
+            raise ConfigError(Problem(col, f"{row.get(col)!r} is not valid; a positive measured value (or blank)"))
+    out.measured_step_time_s = number(row, "step_time_s", notes)
+    mem_gib = number(row, "peak_mem_gib", notes)
+    out.measured_peak_mem_bytes = mem_gib * 1024.0**3 if mem_gib else None
+    out.measured_tokens_per_s_per_gpu = number(row, "tokens_per_s_per_gpu", notes)
+    out.source_mfu_pct = number(row, "mfu_pct", notes)
+    out.source_hfu_pct = number(row, "hfu_pct", notes)
+    out.peak_tflops_used = number(row, "peak_tflops_used", notes)
 
 
 def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes: list[str]) -> RunConfig:
@@ -808,11 +854,11 @@ def _gpus_per_node(n_gpus: int, node_gpus: int) -> int | None:
     if n_gpus < node_gpus:
         return n_gpus
     if node_gpus > 8:
-        domains = -(-n_gpus // node_gpus)
-        while domains <= n_gpus:
-            if n_gpus % domains == 0 and (n_gpus // domains) % 4 == 0:
-                return n_gpus // domains
-            domains += 1
+        # the fewest domains d >= n / node_gpus that split n_gpus into equal whole trays is the largest
+        # multiple of 4 GPUs per domain, at most node_gpus, that divides n_gpus: at most node_gpus / 4 tries
+        for per_domain in range(node_gpus - node_gpus % 4, 0, -4):
+            if n_gpus % per_domain == 0:
+                return per_domain
     return None
 
 

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simtrain.errors import ConfigError, Problem, problem, pydantic_problems
+from simtrain.safe_yaml import load_yaml
 from simtrain.units import GB, TB, TFLOPS, US, GiB, MiB, gbps_to_Bps
 
 __all__ = [
@@ -143,13 +143,13 @@ class GpuSpec(BaseModel):
             return self.bf16_flops_per_s
         if key == "fp8":
             if self.fp8_flops_per_s <= 0:
-                raise ConfigError(problem("precision", dtype, f"{self.name} has no FP8; use bf16"))
+                raise ConfigError(problem("train.precision", dtype, f"{self.name} has no FP8; use bf16"))
             return self.fp8_flops_per_s
         if key == "tf32":
             return self.tf32_flops_per_s
         if key == "fp32":
             return self.fp32_flops_per_s
-        raise ConfigError(problem("precision", dtype, "valid dtypes: bf16, fp16, fp8, tf32, fp32"))
+        raise ConfigError(problem("train.precision", dtype, "valid dtypes: bf16, fp16, fp8, tf32, fp32"))
 
 
 class NodeSpec(BaseModel):
@@ -335,10 +335,8 @@ def _read_yaml(file: str) -> dict[str, Any]:
     """Read one profile file (cached on its path); a malformed file raises ConfigError naming it."""
     try:
         with open(file, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except yaml.YAMLError as exc:
-        raise ConfigError(Problem(file, f"malformed YAML: {exc}")) from exc
-    except OSError as exc:
+            data = load_yaml(fh.read(), file)  # bounded: simtrain.safe_yaml
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(Problem(file, f"cannot read: {exc}")) from exc
     if not isinstance(data, dict):
         raise ConfigError(Problem(file, f"expected a mapping of keys to values, got {type(data).__name__}"))

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ConfigDict
 
 from simtrain.calibrated import (
@@ -70,6 +69,7 @@ from simtrain.hardware import (
     load_node,
     profiles_dir,
 )
+from simtrain.safe_yaml import load_yaml
 from simtrain.units import GB
 
 SCHEMA = "simtrain-calibrated-profile"
@@ -186,9 +186,9 @@ def load_profile(name_or_path: str, *, path: str = "hardware.profile") -> Calibr
 @functools.lru_cache(maxsize=16)
 def _load_cached(file: str, mtime_ns: int, size: int) -> CalibratedProfile:
     try:
-        data = yaml.safe_load(Path(file).read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(Problem(file, f"corrupt calibrated profile (malformed YAML: {exc}); "
+        data = load_yaml(Path(file).read_text(encoding="utf-8"), file)  # bounded: simtrain.safe_yaml
+    except ConfigError as exc:
+        raise ConfigError(Problem(file, f"corrupt calibrated profile ({exc.problems[0].message}); "
                                         "re-run the calibration")) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(Problem(file, f"cannot read the calibrated profile: {exc}")) from None

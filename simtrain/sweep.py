@@ -28,12 +28,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import BaseModel
 
 from simtrain.config import RunConfig, apply_overrides, load_config, read_config_file
 from simtrain.errors import ConfigError, InfeasibleLayout, Problem, SimtrainError
 from simtrain.results import AXES, StepResult
+from simtrain.safe_yaml import load_yaml
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,7 +60,7 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
         elif key in grid:
             problems.append(Problem("--grid", f"{key!r} is given twice; list all its values in one --grid"))
         else:
-            grid[key] = [yaml.safe_load(v) for v in values]
+            grid[key] = [load_yaml(v, f"--grid {key}") for v in values]
     if problems:
         raise ConfigError(problems)
     return grid

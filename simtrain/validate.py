@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from simtrain.batch import schedule_problems
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
+from simtrain.hardware import load_node
+from simtrain.limits import (
+    MAX_GPUS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_MICROBATCHES,
+    MAX_SEQ_LEN,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
 from simtrain.profile import run_cluster
+
+#: Upper bound of each integer model field (``simtrain.limits``); other integer fields are widths.
+_MODEL_LIMITS = {"n_layers": MAX_LAYERS, "mtp_depth": MAX_LAYERS, "first_k_dense": MAX_LAYERS,
+                 "layer_freq": MAX_LAYERS, "dense_layers": MAX_LAYERS, "n_heads": MAX_HEADS,
+                 "n_kv_heads": MAX_HEADS, "n_experts": MAX_HEADS, "top_k": MAX_HEADS, "n_shared_experts": MAX_HEADS,
+                 "n_group": MAX_HEADS, "topk_group": MAX_HEADS, "vocab": MAX_VOCAB, "max_position": MAX_SEQ_LEN,
+                 "sliding_window": MAX_SEQ_LEN}
 
 
 def check_run(run: RunConfig) -> list[Problem]:
-    """Problems that pydantic's per-field schema cannot see (divisibility, sizes, hardware)."""
-    out: list[Problem] = []
+    """Problems that pydantic's per-field schema cannot see (divisibility, sizes, hardware).
+
+    Sizes past ``simtrain.limits`` are reported alone: the other checks build the cluster and
+    schedules, which at such sizes would not finish."""
+    out: list[Problem] = size_problems(run)
+    if out:
+        return out
     m, lay, tr, _hw = run.model, run.layout, run.train, run.hardware
     t = lay.tp
     for name, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
@@ -22,6 +46,14 @@ def check_run(run: RunConfig) -> list[Problem]:
                                         "pad the vocabulary to a multiple of tp"))
     if lay.pp > m.n_layers:
         out.append(Problem("layout.pp", f"{lay.pp} stages is more than model.n_layers={m.n_layers}"))
+    elif lay.resolved_schedule == "dualpipev" and m.n_layers < 2 * lay.pp - 2:
+        # simtrain.lowering.layers_by_position: a V of 2 x pp model stages, the first and last on rank 0
+        # (which also holds the embedding and the head) give up layers first; any other stage without a
+        # layer would leave the pipeline with an empty chunk
+        out.append(Problem("layout.schedule", f"'dualpipev' places 2 x pp = {2 * lay.pp} model chunks in a V; "
+                                              f"every chunk but the first and last needs a layer, so at least "
+                                              f"2 x pp - 2 = {2 * lay.pp - 2} layers, model.n_layers="
+                                              f"{m.n_layers}; lower layout.pp or use another schedule"))
     if lay.vpp > 1 and m.n_layers < lay.pp * lay.vpp - 2:
         out.append(Problem("layout.vpp", f"{lay.vpp}: pp x vpp = {lay.pp * lay.vpp} model chunks need at least "
                                          f"pp x vpp - 2 layers (first and last may hold only the embedding and "
@@ -61,8 +93,59 @@ def check_run(run: RunConfig) -> list[Problem]:
     if lay.sequence_parallel and tr.seq_len % t:
         out.append(Problem("train.seq_len", f"{tr.seq_len} is not divisible by layout.tp={t} (sequence parallel)"))
     out += _batch_problems(run)
-    out += schedule_problems(run)
+    if (tr.global_batch_tokens is None) != (tr.global_batch_seqs is None):  # else the run's batch is unknown
+        out += schedule_problems(run)
     out += _hardware_problems(run)
+    return out
+
+
+def _too_big(path: str, value: int, limit: int, what: str) -> Problem:
+    return Problem(path, f"{value:,} is not valid; at most {limit:,} {what} (simtrain.limits: no real run "
+                         "comes near it)")
+
+
+def _model_size_problems(fields: dict[str, Any], prefix: str) -> list[Problem]:
+    """Integer model fields past their ``_MODEL_LIMITS`` (nested ``moe``, ``mla`` walked without recursion)."""
+    out = []
+    todo = [(fields, prefix)]
+    while todo:
+        node, where = todo.pop()
+        for key, value in node.items():
+            limit = _MODEL_LIMITS.get(key, MAX_WIDTH)
+            if isinstance(value, dict):
+                todo.append((value, f"{where}{key}."))
+            elif isinstance(value, int) and not isinstance(value, bool) and value > limit:
+                out.append(_too_big(f"{where}{key}", value, limit, "for this field"))
+            elif isinstance(value, tuple | list):
+                out += [_too_big(f"{where}{key}[{i}]", v, limit, "for this field") for i, v in enumerate(value)
+                        if isinstance(v, int) and not isinstance(v, bool) and v > limit]
+    return out
+
+
+def size_problems(run: RunConfig) -> list[Problem]:
+    """Sizes beyond ``simtrain.limits``: model dimensions, the world size, the cluster and the micro-batches
+    per step. Closed-form arithmetic only, so it answers at once for any input."""
+    lay, tr, hw = run.layout, run.train, run.hardware
+    out = _model_size_problems(run.model.model_dump(), "model.")
+    if lay.world_size > MAX_GPUS:
+        out.append(_too_big("layout", lay.world_size, MAX_GPUS, f"GPUs (dp*tp*pp*cp = {lay.dp}*{lay.tp}*{lay.pp}*"
+                                                                f"{lay.cp})"))
+    try:
+        per_node = hw.gpus_per_node or load_node(hw.node).gpus_per_node
+    except ConfigError:  # an unknown node: _hardware_problems names it
+        per_node = hw.gpus_per_node or 1
+    if hw.n_nodes * per_node > MAX_GPUS:
+        out.append(_too_big("hardware.n_nodes", hw.n_nodes * per_node, MAX_GPUS,
+                            f"GPUs (n_nodes {hw.n_nodes:,} x {per_node} GPUs per node)"))
+    if lay.vpp * lay.pp > MAX_LAYERS:
+        out.append(_too_big("layout.vpp", lay.vpp * lay.pp, MAX_LAYERS, "model chunks (pp x vpp)"))
+    seqs = tr.global_batch_seqs_resolved if (tr.global_batch_seqs or tr.global_batch_tokens) else 0
+    micro = seqs // (tr.micro_batch_size * lay.dp)
+    if micro > MAX_MICROBATCHES:
+        field = "train.global_batch_tokens" if tr.global_batch_tokens else "train.global_batch_seqs"
+        out.append(_too_big(field, micro, MAX_MICROBATCHES, f"micro-batches per step (global batch {seqs:,} "
+                                                            f"sequences / micro_batch_size {tr.micro_batch_size} / "
+                                                            f"dp {lay.dp})"))
     return out
 
 
@@ -159,6 +242,9 @@ def _hardware_problems(run: RunConfig) -> list[Problem]:
         cluster = run_cluster(hw, run.layout.world_size)  # applies hardware.profile (simtrain/profile.py)
     except ConfigError as exc:
         return list(exc.problems)
+    if run.train.precision == "fp8" and cluster.gpu.fp8_flops_per_s <= 0:
+        return [Problem("train.precision", f"'fp8' is not valid on {cluster.gpu.name}, which has no FP8 tensor "
+                                           "cores; use bf16 or fp16")]
     world = run.layout.world_size
     if world != cluster.n_gpus:
         lay = run.layout

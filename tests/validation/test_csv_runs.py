@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
 import pytest
 
+from simtrain.cli import main
 from simtrain.csv_runs import (
+    COLUMN_LIMITS,
+    _gpus_per_node,
     number,
     parse_gpu,
     parse_precision,
@@ -17,7 +24,7 @@ from simtrain.errors import ConfigError
 from simtrain.model import preset
 from simtrain.stacks import STACKS, get_stack, stack_from_text
 
-from .conftest import SMALL_ROWS
+from .conftest import SMALL_ROWS, write_csv
 
 
 @pytest.mark.parametrize(("cell", "value"), [("2M (approx)", 2e6), ("up to 147", 147.0),
@@ -398,3 +405,68 @@ def test_cpu_offload_column_sets_the_offloaded_layers_and_names_them() -> None:
     status = parse_row(_tiny(cpu_offload_layers="4")).status  # all 4 layers of the tiny model
     assert status.startswith("error:") and "layout.offload_activation_layers" in status, status
     assert parse_row(_tiny(cpu_offload_layers="-1")).status.startswith("error: cpu_offload_layers")
+
+
+def _domains_by_search(n_gpus: int, node_gpus: int) -> int | None:
+    """GPUs per NVLink domain as the fewest domains holding ``n_gpus`` in equal whole 4-GPU trays, by
+    trying every domain count (the definition; what csv_runs did in a loop of up to n_gpus steps)."""
+    for domains in range(-(-n_gpus // node_gpus), n_gpus + 1):
+        if n_gpus % domains == 0 and (n_gpus // domains) % 4 == 0:
+            return n_gpus // domains
+    return None
+
+
+@pytest.mark.parametrize("node_gpus", [72, 36])
+def test_rack_scale_nodes_per_domain_in_closed_form_match_the_search(node_gpus: int) -> None:
+    for n in range(node_gpus + 1, 3000):
+        if n % node_gpus:
+            assert _gpus_per_node(n, node_gpus) == _domains_by_search(n, node_gpus), n
+
+
+def test_a_prime_gpu_count_on_nvl72_answers_at_once() -> None:
+    start = time.perf_counter()
+    assert _gpus_per_node(1_000_000_007, 72) is None  # prime: no whole trays; the loop ran ~10^9 steps
+    assert _gpus_per_node(4 * 1_000_000_007, 72) == 4  # 10^9 one-tray domains: the fewest that hold them
+    assert time.perf_counter() - start < 0.1
+
+
+@pytest.mark.parametrize(("col", "cell"), [("seq_len", "1e30"), ("n_gpus", "1000000007"), ("n_layers", "1e30"),
+                                           ("tp", "1e30"), ("micro_batch", "1e30"), ("global_batch_seqs", "1e30"),
+                                           ("hidden", "1e12"), ("vocab", "1e400")])
+def test_a_cell_past_any_real_run_is_an_error_row_naming_the_column(col: str, cell: str) -> None:
+    start = time.perf_counter()
+    p = parse_row(_tiny(gpu="GB200 NVL72", **{col: cell}))
+    assert p.status.startswith(f"error: {col}: '{cell}'"), p.status
+    assert p.run is None and time.perf_counter() - start < 10
+    if col in COLUMN_LIMITS and cell != "1e400":
+        assert f"at most {COLUMN_LIMITS[col]:,}" in p.status
+
+
+@pytest.mark.parametrize(("col", "cell"), [("step_time_s", "-5"), ("step_time_s", "0"), ("peak_mem_gib", "-1"),
+                                           ("tokens_per_s_per_gpu", "0")])
+def test_a_measured_value_that_is_not_positive_is_an_error_row(col: str, cell: str) -> None:
+    assert parse_row(_tiny(**{col: cell})).status == f"error: {col}: '{cell}' is not valid; a positive measured " \
+                                                     "value (or blank)"
+
+
+def test_a_bad_row_is_an_error_row_the_summary_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write_csv(tmp_path / "good.csv", SMALL_ROWS[:1])
+    bad = write_csv(tmp_path / "bad.csv", [SMALL_ROWS[0], {**SMALL_ROWS[0], "run_id": "typo", "seq_len": "1e30"},
+                                           {**SMALL_ROWS[0], "run_id": "neg", "step_time_s": "-0.5"}])
+    assert main(["validate", str(good), "--json", "--workers", "1"]) == 0
+    clean = json.loads(capsys.readouterr().out)["summary"]
+    assert main(["validate", str(bad), "--json", "--workers", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    summary = out["summary"]
+    assert summary["errors"] == 2 + clean["errors"] and summary["step_time"] == clean["step_time"]
+    status = {r["run_id"]: r["status"] for r in out["rows"]}
+    assert status["typo"].startswith("error: seq_len: '1e30'") and status["neg"].startswith("error: step_time_s")
+
+
+def test_a_csv_with_a_header_and_no_rows_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = write_csv(tmp_path / "empty.csv", [])
+    assert main(["validate", str(empty), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "has a header but no rows" in err and str(empty) in err and "Traceback" not in err
+    assert main(["validate", str(tmp_path), "--workers", "1"]) == 2
+    assert "is a directory, not a CSV file" in capsys.readouterr().err
