@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simtrain calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], required=True, help="what to calibrate")
-    p.add_argument("--out", required=True, help="profile name (hardware_profiles/calibrated/NAME) or a folder")
+    p.add_argument("--out", required=True, help="profile name (written to calibrated/NAME in the user profile directory: $SIMTRAIN_PROFILES_DIR, else the platform user data dir) or a folder path")
     p.add_argument("--model", help="preset name or Hugging Face config.json whose shapes to measure "
                                    f"(default: llama3-8b on cuda, {CPU_DEFAULT_MODEL.name} on cpu)")
     p.add_argument("--layout", default="", help='layout of the target run, e.g. "tp=2,sp=true" (default tp=1)')

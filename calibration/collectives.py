@@ -60,7 +60,7 @@ CONTENTION_WINDOW_S = 0.6  # seconds of one contention window: several of the ba
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m calibration.collectives",
                                 description="Measure collectives (and multi-process compute effects) for a profile.")
-    p.add_argument("--out", required=True, help="profile name (under hardware_profiles/calibrated/) or folder")
+    p.add_argument("--out", required=True, help="profile name (calibrated/NAME in the user profile directory) or folder path")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], help="compute dtype (default: bf16 on cuda, fp32 on cpu)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (cpu)")

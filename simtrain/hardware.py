@@ -1,7 +1,7 @@
 """Hardware: GPU, node and cluster specs, the YAML profile loaders, and the cluster topology.
 
-Profiles live in ``hardware_profiles/gpus/<name>.yaml`` and ``hardware_profiles/nodes/<name>.yaml``
-(or under ``$SIMTRAIN_PROFILES_DIR``). Their keys name their unit (``bf16_tflops``, ``hbm_GiB``,
+Profiles are ``gpus/<name>.yaml`` and ``nodes/<name>.yaml``, built into the package or in the user
+directory (``simtrain/profile_paths.py`` says where and how names resolve), or given by path. Their keys name their unit (``bf16_tflops``, ``hbm_GiB``,
 ``nvlink_GBps``, ``nic_Gbps``, ``kernel_launch_us``); they are converted to SI exactly once, here, at
 load. Every spec below is SI: FLOP/s, bytes, bytes/s, seconds. Efficiencies are plain fractions.
 
@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
@@ -34,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simtrain.errors import ConfigError, Problem, problem, pydantic_problems
+from simtrain.profile_paths import ProfileKind, ProfileRef, names, resolve
 from simtrain.units import GB, TB, TFLOPS, US, GiB, MiB, gbps_to_Bps
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "load_gpu",
     "load_node",
     "node_table",
-    "profiles_dir",
 ]
 
 LinkClass = Literal["nvlink", "pcie", "net"]
@@ -287,55 +285,22 @@ _GPU_ALIASES = {
 }
 
 
-def profiles_dir() -> Path:
-    """The hardware profile folder: ``$SIMTRAIN_PROFILES_DIR`` if set, else the repo's ``hardware_profiles``."""
-    env = os.environ.get("SIMTRAIN_PROFILES_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "hardware_profiles"
-
-
-def _names(root: Path, kind: str) -> list[str]:
-    folder = root / kind
-    if not folder.is_dir():
-        return []
-    return sorted(p.stem for p in folder.glob("*.yaml"))
-
-
 def list_gpus() -> list[str]:
-    """Names of the GPU profiles available (file stems under ``gpus/``), sorted."""
-    return _names(profiles_dir(), "gpus")
+    """Names of the GPU profiles available (built-in and in the user directory: ``profile_paths``), sorted."""
+    return names(ProfileKind.GPUS)
 
 
 def list_nodes() -> list[str]:
-    """Names of the node profiles available (file stems under ``nodes/``), sorted."""
-    return _names(profiles_dir(), "nodes")
-
-
-def _normalise(name: str) -> str:
-    return str(name).strip().lower().replace("_", "-")
-
-
-def _resolve(root: Path, kind: str, name: str, path: str, aliases: dict[str, str]) -> str:
-    valid = _names(root, kind)
-    key = _normalise(name)
-    key = key if key in valid else aliases.get(key, key)
-    if key not in valid:
-        what = "GPUs" if kind == "gpus" else "nodes"
-        raise ConfigError(
-            problem(
-                path, name, f"valid {what}: {', '.join(valid) or '(none found in ' + str(root / kind) + ')'}"
-            )
-        )
-    return key
+    """Names of the node profiles available (built-in and in the user directory: ``profile_paths``), sorted."""
+    return names(ProfileKind.NODES)
 
 
 @functools.lru_cache(maxsize=256)
-def _read_yaml(file: str) -> dict[str, Any]:
-    """Read one profile file (cached on its path); a malformed file raises ConfigError naming it."""
+def _read_yaml(ref: ProfileRef) -> dict[str, Any]:
+    """Read one profile file (cached on its reference); a malformed file raises ConfigError naming it."""
+    file = str(ref)
     try:
-        with open(file, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        data = yaml.safe_load(ref.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(file, f"malformed YAML: {exc}")) from exc
     except OSError as exc:
@@ -385,9 +350,9 @@ def _field_to_key(keys: dict[str, tuple[str, float, str]]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _load_gpu_cached(root: str, name: str) -> GpuSpec:
-    file = str(Path(root) / "gpus" / f"{name}.yaml")
-    data = _read_yaml(file)
+def _load_gpu_cached(ref: ProfileRef) -> GpuSpec:
+    file, name = str(ref), ref.name
+    data = _read_yaml(ref)
     fields, problems = _convert(file, data, _GPU_KEYS, _INFO_KEYS)
     for req in ("hbm_GiB", "l2_MiB"):
         field = _GPU_KEYS[req][0]
@@ -402,20 +367,18 @@ def _load_gpu_cached(root: str, name: str) -> GpuSpec:
 
 
 def load_gpu(name: str, *, path: str = "hardware.gpu") -> GpuSpec:
-    """Load the GPU profile ``name`` (e.g. "h100-sxm"), converted to SI.
+    """Load the GPU profile ``name`` (e.g. "h100-sxm", or a path to a YAML file), converted to SI.
 
     Unknown names raise ConfigError at ``path`` listing the valid names; a malformed file or an
     unknown key raises ConfigError naming the file and key.
     """
-    root = profiles_dir()
-    key = _resolve(root, "gpus", name, path, _GPU_ALIASES)
-    return _load_gpu_cached(str(root), key)
+    return _load_gpu_cached(resolve(ProfileKind.GPUS, name, path, _GPU_ALIASES))
 
 
 @functools.lru_cache(maxsize=64)
-def _load_node_cached(root: str, name: str, gpu: str | None) -> NodeSpec:
-    file = str(Path(root) / "nodes" / f"{name}.yaml")
-    data = _read_yaml(file)
+def _load_node_cached(ref: ProfileRef, gpu: str | None) -> NodeSpec:
+    file, name = str(ref), ref.name
+    data = _read_yaml(ref)
     numeric = {k: v for k, v in data.items() if k not in _NODE_STR_KEYS}
     fields, problems = _convert(file, numeric, _NODE_KEYS, _INFO_KEYS)
     gpu_name = gpu if gpu is not None else data.get("gpu")
@@ -439,14 +402,15 @@ def _load_node_cached(root: str, name: str, gpu: str | None) -> NodeSpec:
 
 
 def load_node(name: str, gpu: str | None = None, *, path: str = "hardware.node") -> NodeSpec:
-    """Load the node profile ``name`` (e.g. "dgx-h100"), converted to SI; ``gpu`` replaces its GPU.
+    """Load the node profile ``name`` (e.g. "dgx-h100", or a path to a YAML file), converted to SI; ``gpu``
+    (a GPU name or path) replaces its GPU.
 
     Unknown names raise ConfigError at ``path`` (or ``hardware.gpu``) listing the valid names.
     """
-    root = profiles_dir()
-    key = _resolve(root, "nodes", name, path, {})
-    gpu_key = _resolve(root, "gpus", gpu, "hardware.gpu", _GPU_ALIASES) if gpu is not None else None
-    return _load_node_cached(str(root), key, gpu_key)
+    ref = resolve(ProfileKind.NODES, name, path)
+    if gpu is not None:  # checked here so that an unknown GPU is reported at hardware.gpu
+        resolve(ProfileKind.GPUS, gpu, "hardware.gpu", _GPU_ALIASES)
+    return _load_node_cached(ref, gpu)
 
 
 def build_cluster(
@@ -520,10 +484,9 @@ def build_cluster(
 def gpu_table() -> list[dict[str, Any]]:
     """One row per GPU profile with its headline numbers, in the display units the keys name."""
     rows = []
-    root = profiles_dir()
     for name in list_gpus():
         g = load_gpu(name)
-        desc = _read_yaml(str(root / "gpus" / f"{name}.yaml")).get("description", "")
+        desc = _read_yaml(resolve(ProfileKind.GPUS, name, "hardware.gpu")).get("description", "")
         rows.append(
             {
                 "name": name,
@@ -544,10 +507,9 @@ def gpu_table() -> list[dict[str, Any]]:
 def node_table() -> list[dict[str, Any]]:
     """One row per node profile with its headline numbers, in the display units the keys name."""
     rows = []
-    root = profiles_dir()
     for name in list_nodes():
         n = load_node(name)
-        desc = _read_yaml(str(root / "nodes" / f"{name}.yaml")).get("description", "")
+        desc = _read_yaml(resolve(ProfileKind.NODES, name, "hardware.node")).get("description", "")
         rows.append(
             {
                 "name": name,

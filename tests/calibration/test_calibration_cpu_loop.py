@@ -83,8 +83,6 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("cpu-loop")
     root = work / "profiles"
     (root / "calibrated").mkdir(parents=True)
-    for kind in ("gpus", "nodes"):
-        (root / kind).symlink_to(REPO / "hardware_profiles" / kind)
     attempts = []
     for i in range(ATTEMPTS):
         attempts.append(_attempt(work, root, f"this-cpu-{i + 1}"))
