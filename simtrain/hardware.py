@@ -376,15 +376,15 @@ def load_gpu(name: str, *, path: str = "hardware.gpu") -> GpuSpec:
 
 
 @functools.lru_cache(maxsize=64)
-def _load_node_cached(ref: ProfileRef, gpu: str | None) -> NodeSpec:
+def _load_node_cached(ref: ProfileRef, gpu_ref: ProfileRef | None) -> NodeSpec:
+    # keyed on the GPU's resolved file too: a user GPU file appearing later must not meet a stale node
     file, name = str(ref), ref.name
     data = _read_yaml(ref)
     numeric = {k: v for k, v in data.items() if k not in _NODE_STR_KEYS}
     fields, problems = _convert(file, numeric, _NODE_KEYS, _INFO_KEYS)
-    gpu_name = gpu if gpu is not None else data.get("gpu")
-    if not isinstance(gpu_name, str):
+    if gpu_ref is None:
         problems.append(
-            problem(f"{file}: gpu", gpu_name, f"expected a GPU name; valid GPUs: {', '.join(list_gpus())}")
+            problem(f"{file}: gpu", data.get("gpu"), f"expected a GPU name; valid GPUs: {', '.join(list_gpus())}")
         )
     scaleup = data.get("scaleup", "nvswitch")
     if scaleup not in ("nvswitch", "mesh"):
@@ -393,8 +393,8 @@ def _load_node_cached(ref: ProfileRef, gpu: str | None) -> NodeSpec:
         problems.append(Problem(f"{file}: mesh_link_GBps", "required (> 0) for scaleup: mesh"))
     if problems:
         raise ConfigError(problems)
-    assert isinstance(gpu_name, str)
-    gpu_spec = load_gpu(gpu_name, path="hardware.gpu" if gpu is not None else f"{file}: gpu")
+    assert gpu_ref is not None
+    gpu_spec = _load_gpu_cached(gpu_ref)
     try:
         return NodeSpec(name=name, gpu=gpu_spec, scaleup=scaleup, **fields)
     except ValidationError as exc:
@@ -408,9 +408,11 @@ def load_node(name: str, gpu: str | None = None, *, path: str = "hardware.node")
     Unknown names raise ConfigError at ``path`` (or ``hardware.gpu``) listing the valid names.
     """
     ref = resolve(ProfileKind.NODES, name, path)
-    if gpu is not None:  # checked here so that an unknown GPU is reported at hardware.gpu
-        resolve(ProfileKind.GPUS, gpu, "hardware.gpu", _GPU_ALIASES)
-    return _load_node_cached(ref, gpu)
+    gpu_name = gpu if gpu is not None else _read_yaml(ref).get("gpu")
+    gpu_ref = None
+    if isinstance(gpu_name, str):
+        gpu_ref = resolve(ProfileKind.GPUS, gpu_name, "hardware.gpu" if gpu is not None else f"{ref}: gpu", _GPU_ALIASES)
+    return _load_node_cached(ref, gpu_ref)
 
 
 def build_cluster(
