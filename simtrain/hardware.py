@@ -1,9 +1,10 @@
 """Hardware: GPU, node and cluster specs, the YAML profile loaders, and the cluster topology.
 
 Profiles are ``gpus/<name>.yaml`` and ``nodes/<name>.yaml``, built into the package or in the user
-directory (``simtrain/profile_paths.py`` says where and how names resolve), or given by path. Their keys name their unit (``bf16_tflops``, ``hbm_GiB``,
-``nvlink_GBps``, ``nic_Gbps``, ``kernel_launch_us``); they are converted to SI exactly once, here, at
-load. Every spec below is SI: FLOP/s, bytes, bytes/s, seconds. Efficiencies are plain fractions.
+directory (``simtrain/profile_paths.py`` says where and how names resolve), or given by path. Their
+keys name their unit (``bf16_tflops``, ``hbm_GiB``, ``nvlink_GBps``, ``nic_Gbps``,
+``kernel_launch_us``); they are converted to SI exactly once, here, at load. Every spec below is SI:
+FLOP/s, bytes, bytes/s, seconds. Efficiencies are plain fractions.
 
 The cluster is a rail-optimised two-level fat tree: every node has ``nics_per_node`` NICs ("rails");
 NIC ``j`` of every node under leaf group ``k`` plugs into leaf switch ``leaf{j}.{k}``; all leaves go

@@ -162,6 +162,7 @@ def resolve(kind: ProfileKind, name: str, path: str, aliases: dict[str, str] | N
         ConfigError: no such file; unknown name (listing the valid ones and where they were looked
             for); a name both built-in and in the user directory.
     """
+    name = str(name)
     if is_path_like(name) or (kind is ProfileKind.CALIBRATED and Path(name, PROFILE_FILE).is_file()):
         p = Path(name).expanduser()
         if kind is ProfileKind.CALIBRATED and not p.name.endswith(YAML_SUFFIXES):

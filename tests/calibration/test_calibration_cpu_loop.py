@@ -39,7 +39,6 @@ from simtrain.profile import load_profile  # noqa: E402
 
 pytestmark = pytest.mark.timing
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(Path(__file__).parent / "data" / "cpu_llama.yaml")
 TOLERANCE = 0.20  # the bound on |predicted / measured - 1|
 CALIBRATE_LIMIT_S = 180.0
