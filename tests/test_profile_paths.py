@@ -44,13 +44,14 @@ def _copy_gpu(root: Path, name: str, edit: tuple[str, str] | None = None) -> Pat
     return path
 
 
-def test_builtin_profiles_are_package_data() -> None:
+def test_builtin_profiles_are_package_data(user_dir: Path) -> None:
     """Every profile file of the package folder is what importlib.resources lists, none outside it."""
     root = builtin_root()
     for kind in ("gpus", "nodes"):
         on_disk = sorted(p.stem for p in (PACKAGE_PROFILES / kind).glob("*.yaml"))
-        assert sorted(r.name for r in entries(ProfileKind(kind)).values() for r in [r[0]]) == on_disk
-        assert all(r[0].builtin for r in entries(ProfileKind(kind)).values())
+        found = entries(ProfileKind(kind))
+        assert sorted(found) == on_disk
+        assert all(len(refs) == 1 and refs[0].builtin for refs in found.values())
     assert (root / "calibrated" / "example-cpu" / "profile.yaml").is_file()
     assert not (REPO / "hardware_profiles").exists()
 
