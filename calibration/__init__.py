@@ -3,8 +3,8 @@
 It measures GEMMs at the exact shapes a model and layout produce (enumerated by simtrain's own
 lowering), attention, memory-bound operations, memory bandwidth, collectives through
 torch.distributed, the GEMM slowdown while a collective runs, and the memory of a layer step; fits
-cost functions (scipy); and writes a versioned profile under ``hardware_profiles/calibrated/<name>/``
-that ``simtrain simulate --set hardware.profile=<name>`` loads (``simtrain/profile.py``).
+cost functions (scipy); and writes a versioned profile under ``calibrated/<name>/`` of the user
+profile directory (``simtrain/profile_paths.py``) that ``simtrain simulate --set hardware.profile=<name>`` loads (``simtrain/profile.py``).
 
 Entry points: ``simtrain calibrate ...`` (= ``python -m calibration ...``) for one device, and
 ``torchrun ... -m calibration.collectives --out NAME`` for the multi-GPU / multi-node collectives.

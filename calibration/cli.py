@@ -3,6 +3,7 @@
     simtrain calibrate --device cuda --model llama3-8b --layout "tp=2" --out my-h100
     simtrain calibrate --device cpu --out this-cpu
     simtrain calibrate --device cpu --config run.yaml --out this-cpu     # shapes of a run config
+    simtrain calibrate --device cpu --quick --out smoke --json           # a smoke run (under a minute)
 
 Steps: the single-device benchmarks for the target's exact kernels and the grids around them
 (``calibration.compute``); then the multi-process part (``calibration.collectives``: collectives, and
@@ -10,12 +11,18 @@ on a CPU the contention between processes) with ``--processes`` ranks started he
 NCCL when several GPUs are visible; across nodes run it under torchrun); then the fits and the
 profile (``calibration.writer``). Every result is appended to the journal as it is measured, so
 running the same command again after an interruption resumes where it stopped (``--fresh`` starts
-over). Exit status: 0 done, 1 a measurement run failed (a rank died), 2 bad arguments, 130 interrupted.
+over). A profile NAME is written to ``calibrated/NAME/`` of the user profile directory
+(``$SIMTRAIN_PROFILES_DIR``, else the platform's user data dir: ``simtrain/profile_paths.py``); a path
+is written where it points. A progress bar with an ETA goes to stderr when it is a terminal
+(``calibration.progress``); ``--json`` prints one JSON object (the profile's path and the counts) to
+stdout and nothing else. Exit status: 0 done, 1 a measurement run failed (a rank died), 2 bad
+arguments, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -25,10 +32,12 @@ from typing import Any
 
 import torch
 
-from calibration.compute import Context, PlanSettings, compute_plan, dtype_of, run_plan
+from calibration import collectives
+from calibration.compute import Context, PlanSettings, compute_plan, dtype_of, pending_of, run_plan
 from calibration.device import describe, fingerprint
-from calibration.journal import Journal, JournalMismatch
+from calibration.journal import Journal, JournalMismatch, measurement_key
 from calibration.launch import RankFailed, launch_local
+from calibration.progress import CalibrationProgress
 from calibration.shapes import CPU_DEFAULT_MODEL, Target, parse_layout, resolve_model, target_from_config
 from calibration.timing import DeviceTimer, TimerSettings
 from calibration.writer import build_profile, write_profile
@@ -44,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simtrain calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], required=True, help="what to calibrate")
-    p.add_argument("--out", required=True, help="profile name (hardware_profiles/calibrated/NAME) or a folder")
+    p.add_argument("--out", required=True, help="profile name (written to calibrated/NAME in the user profile directory: $SIMTRAIN_PROFILES_DIR, else the platform user data dir) or a folder path")
     p.add_argument("--model", help="preset name or Hugging Face config.json whose shapes to measure "
                                    f"(default: llama3-8b on cuda, {CPU_DEFAULT_MODEL.name} on cpu)")
     p.add_argument("--layout", default="", help='layout of the target run, e.g. "tp=2,sp=true" (default tp=1)')
@@ -54,7 +63,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, help="ranks of the collective part (default: 2 on cpu, the GPUs on cuda)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per process (cpu; default 1)")
     p.add_argument("--no-collectives", action="store_true", help="skip the multi-process part")
-    p.add_argument("--quick", action="store_true", help="smaller grids and fewer repetitions (tests, smoke runs)")
+    p.add_argument("--quick", action="store_true", help="smaller grids, one round, fewer repetitions and shorter "
+                                                        "windows: a smoke run (well under a minute on a 2-core CPU)")
+    p.add_argument("--json", action="store_true", help="print only a JSON summary to stdout (no progress, no log)")
     p.add_argument("--fresh", action="store_true", help="discard earlier measurements of this profile")
     p.add_argument("--timeout-s", type=float, default=600.0, help="limit for the multi-process part, seconds")
     return p
@@ -83,14 +94,15 @@ def _collective_args(args: argparse.Namespace, folder: Path, target: Target) -> 
     m, tp = target.model, target.tp
     shape = (target.micro_batch_size, target.seq_len, m.hidden, max(m.ffn_hidden // tp, 1), max(m.n_heads // tp, 1),
              m.d_head)
-    out = ["--out", str(folder), "--device", args.device, "--threads", str(args.threads),
+    out = ["--out", str(folder), "--device", args.device, "--threads", str(args.threads), "--no-profile",
            "--timeout-s", str(min(args.timeout_s, 300.0)), "--work-shape", *map(str, shape)]
-    if args.quick:
-        out += ["--max-bytes", str(4 * MiB)]
+    if args.quick:  # 1 KiB .. 4 MiB in steps of 16x: 4 sizes per collective (a smoke run)
+        out += ["--max-bytes", str(4 * MiB), "--size-factor", "16", "--quick"]
     return out
 
 
-def _multiprocess(args: argparse.Namespace, folder: Path, target: Target, log: Any) -> None:
+def _multiprocess(args: argparse.Namespace, folder: Path, target: Target, log: Any, journal: Journal,
+                  progress: CalibrationProgress) -> None:
     cuda = args.device == "cuda"
     n = args.processes or (torch.cuda.device_count() if cuda else 2)
     if args.no_collectives or n < 2:
@@ -99,11 +111,41 @@ def _multiprocess(args: argparse.Namespace, folder: Path, target: Target, log: A
                 f"`torchrun --nproc-per-node N -m calibration.collectives --out {args.out}` on a multi-GPU node")
         return
     log(f"multi-process part: {n} ranks ({'nccl' if cuda else 'gloo'})")
-    launch_local(_collective_args(args, folder, target), n, args.threads, args.timeout_s, log_dir=folder / "logs")
+    argv = _collective_args(args, folder, target)
+    # what rank 0 will measure (the same plan collectives.py makes), for the progress bar: rank 0 appends one
+    # journal line per measurement, so the lines added since the start count what is done
+    sub = collectives._parser().parse_args(argv)
+    plan = collectives.collective_plan(sub, n, n) + collectives.compute_checks(n, n, not cuda,
+                                                                                 collectives.Effort.of(sub.quick))
+    todo = sum(not journal.has(measurement_key(k, p)) for k, p in plan)
+    phase = progress.phase(f"multi-process ({n} ranks)", todo)
+    file = folder / JOURNAL_FILE
+    start = _lines(file)
+    launch_local(argv, n, args.threads, args.timeout_s, log_dir=folder / "logs",
+                 rank0_stdout=not (args.json or progress.active),
+                 on_poll=lambda: phase.update(min(_lines(file) - start, todo)))
+    phase.update(todo)
 
 
-def calibrate(args: argparse.Namespace, log: Any = print) -> Path:
-    """Run the calibration ``args`` describe; returns the profile's path."""
+def _lines(file: Path) -> int:
+    try:
+        with open(file, "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return 0
+
+
+def calibrate(args: argparse.Namespace, log: Any = print, progress: CalibrationProgress | None = None) -> Path:
+    """Run the calibration ``args`` describe; returns the profile's path. ``progress``: the display (none
+    by default)."""
+    return calibrate_summary(args, log, progress)["profile"]
+
+
+def calibrate_summary(args: argparse.Namespace, log: Any = print, progress: CalibrationProgress | None = None
+                      ) -> dict[str, Any]:
+    """Run the calibration ``args`` describe; returns ``profile`` (its path), ``name``, the compute counts
+    by status and the wall time in seconds."""
+    progress = progress or CalibrationProgress(False)
     t0 = time.perf_counter()
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -125,22 +167,28 @@ def calibrate(args: argparse.Namespace, log: Any = print) -> Path:
     log(f"calibrating {desc['name']} ({args.device}, {dtype}) for {target.model.name} "
         f"tp={target.tp} s={target.seq_len} b={target.micro_batch_size}: {len(plan)} compute measurements")
     ctx = Context(device, dtype_of(dtype), DeviceTimer(device, timer))
-    counts = run_plan(ctx, plan, target, journal, log)
+    phase = progress.phase("single-device kernels", len(pending_of(plan, journal)))
+    counts = run_plan(ctx, plan, target, journal, log, advance=phase.advance)
     log(f"compute: {counts['ok']} measured, {counts['oom']} out of memory, {counts['error']} failed, "
         f"{counts['skipped']} already done ({time.perf_counter() - t0:.0f} s)")
-    _multiprocess(args, folder, target, log)
+    _multiprocess(args, folder, target, log, journal, progress)
     final = Journal(folder / JOURNAL_FILE, header)
     path = write_profile(folder, build_profile(folder.name, final.header, final.records()))
-    log(f"profile written to {path} ({time.perf_counter() - t0:.0f} s); use it with "
+    seconds = time.perf_counter() - t0
+    log(f"profile written to {path} ({seconds:.0f} s); use it with "
         f"`simtrain simulate CONFIG --set hardware.profile={args.out}`")
-    return path
+    return {"profile": path, "name": folder.name, "device": args.device, "quick": bool(args.quick),
+            "compute": counts, "seconds": round(seconds, 1)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = parser().parse_args(argv)
+    progress = CalibrationProgress.for_cli(args.json)
+    log = (lambda msg: None) if args.json else (lambda msg: print(msg, flush=True))
     try:
-        calibrate(args, log=lambda msg: print(msg, flush=True))
+        with progress.running():
+            summary = calibrate_summary(args, log=log, progress=progress)
     except (ConfigError, JournalMismatch) as exc:
         print(f"simtrain calibrate: {exc}", file=sys.stderr)
         return 2
@@ -150,4 +198,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("simtrain calibrate: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    if args.json:
+        print(json.dumps({**summary, "profile": str(summary["profile"])}, indent=2))
     return 0

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,10 +58,28 @@ CONTENTION_ROUNDS = 5  # alternating solo / shared window pairs per op class (me
 CONTENTION_WINDOW_S = 0.6  # seconds of one contention window: several of the background's layer steps (~0.2 s)
 
 
+@dataclass(frozen=True, slots=True)
+class Effort:
+    """How long the multi-process measurements spend: the full settings, or ``--quick``'s (a smoke run:
+    fewer contention pairs, shorter windows, fewer repetitions per collective, a smaller interference
+    all-reduce; the profile has every section, with noisier numbers)."""
+
+    contention_rounds: int = CONTENTION_ROUNDS
+    contention_window_s: float = CONTENTION_WINDOW_S
+    window_s: float = WINDOW_S
+    collective_reps: int = 20  # repetitions of a message under 16 MiB (5 above)
+    interference_rounds: int = 3
+    interference_cpu_bytes: int = 64 * MiB  # the all-reduce beside the GEMMs on a CPU (256 MiB on GPUs)
+
+    @classmethod
+    def of(cls, quick: bool) -> Effort:
+        return cls(2, 0.3, 0.2, 5, 1, 16 * MiB) if quick else cls()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m calibration.collectives",
                                 description="Measure collectives (and multi-process compute effects) for a profile.")
-    p.add_argument("--out", required=True, help="profile name (under hardware_profiles/calibrated/) or folder")
+    p.add_argument("--out", required=True, help="profile name (calibrated/NAME in the user profile directory) or folder path")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], help="compute dtype (default: bf16 on cuda, fp32 on cpu)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (cpu)")
@@ -70,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated subset")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
     p.add_argument("--fresh", action="store_true", help="discard the journal instead of resuming it")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter windows (smoke runs)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="only journal the measurements (`simtrain calibrate` writes the profile itself afterwards)")
     p.add_argument("--no-compute-checks", action="store_true", help="skip contention and interference")
     p.add_argument("--work-shape", type=int, nargs=6, default=list(DEFAULT_WORK_SHAPE),
                    metavar=("B", "S", "HIDDEN", "FFN", "HEADS", "HEAD_DIM"),
@@ -149,11 +171,12 @@ def _op(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx) -> Callable[[], 
     return (lambda: dist.send(x, peer)) if ctx.rank == ranks[0] else (lambda: dist.recv(x, peer))
 
 
-def time_collective(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx) -> dict[str, float]:
+def time_collective(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx, effort: Effort = Effort()
+                    ) -> dict[str, float]:
     """Median over repetitions of the slowest member's time; call on every member of ``ranks``."""
     group = ctx.group(ranks)
     fn = _op(kind, ranks, size, ctx)
-    reps = 5 if size >= 16 * MiB else 20
+    reps = min(5, effort.collective_reps) if size >= 16 * MiB else effort.collective_reps
     for _ in range(2):
         fn()
     ctx.sync()
@@ -196,9 +219,16 @@ def collective_plan(args: argparse.Namespace, world: int, per_node: int) -> list
 
 
 def _windowed(fn: Callable[[], None], ctx: Ctx, deadline: float, during: Callable[[], bool] | None = None) -> float:
-    """Median time of ``fn`` repeated until ``deadline`` (wall clock), or while ``during()`` is true."""
-    times = []
-    while (during() if during else True) and time.time() < deadline:
+    """Median time of ``fn`` repeated until ``deadline`` (wall clock), or while ``during()`` is true.
+
+    Without ``during``, ``fn`` runs at least once: on a loaded machine the window may have passed by the
+    time this rank is scheduled again (a short ``--quick`` window read NaN so)."""
+    times: list[float] = []
+    while True:
+        if during is not None and not during():
+            break
+        if time.time() >= deadline and (times or during is not None):
+            break
         t0 = time.perf_counter()
         fn()
         ctx.sync()
@@ -222,8 +252,8 @@ def _compute_ops(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[s
             "attention": lambda: ops.attention(q, q, q)}
 
 
-def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE
-                       ) -> dict[str, dict[str, float]]:
+def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE,
+                       effort: Effort = Effort()) -> dict[str, dict[str, float]]:
     """Per op class: rank 0's time of the class's kernel alone, and while every other rank trains (forward
     and backward of a decoder layer at the run's shapes, ``_background``), and their ratio.
 
@@ -242,14 +272,14 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DE
     for cls, fn in _compute_ops(ctx, dtype, shape).items():
         fn()
         pairs: list[tuple[float, float]] = []
-        for _ in range(2 * CONTENTION_ROUNDS):
+        for _ in range(2 * effort.contention_rounds):
             ticks = cpu_ticks()
-            pair = _contention_pair(ctx, fn, background)
+            pair = _contention_pair(ctx, fn, background, effort.contention_window_s)
             flag = [pair if steal_fraction(ticks, cpu_ticks()) <= MAX_STEAL_FRACTION else None]
             dist.broadcast_object_list(flag, src=0)  # rank 0's reading decides for every rank
             if flag[0] is not None:
                 pairs.append(flag[0])
-            if len(pairs) == CONTENTION_ROUNDS:
+            if len(pairs) == effort.contention_rounds:
                 break
         pairs = pairs or [pair]
         solos, shared = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -271,8 +301,10 @@ def _background(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> Callabl
     return step
 
 
-def _contention_pair(ctx: Ctx, fn: Callable[[], None], background: Callable[[], None]) -> tuple[float, float]:
-    """(rank 0's time of ``fn`` alone, rank 0's time of ``fn`` while the other ranks run ``background``), s.
+def _contention_pair(ctx: Ctx, fn: Callable[[], None], background: Callable[[], None],
+                     window_s: float = CONTENTION_WINDOW_S) -> tuple[float, float]:
+    """(rank 0's time of ``fn`` alone, rank 0's time of ``fn`` while the other ranks run ``background``), s;
+    each window lasts ``window_s``.
 
     Rank 0 sets both windows' wall-clock instants before the first (one machine, one clock) and every rank
     sleeps until its turn: a rank waiting inside a gloo collective instead keeps a core busy, which made
@@ -280,10 +312,10 @@ def _contention_pair(ctx: Ctx, fn: Callable[[], None], background: Callable[[], 
     box: list[Any] = [time.time() + 0.05]
     dist.broadcast_object_list(box, src=0)
     solo_start = box[0]
-    shared_start = solo_start + CONTENTION_WINDOW_S + 0.02
-    shared_end = shared_start + CONTENTION_WINDOW_S
+    shared_start = solo_start + window_s + 0.02
+    shared_end = shared_start + window_s
     _sleep_until(solo_start)
-    solo = _windowed(fn, ctx, solo_start + CONTENTION_WINDOW_S) if ctx.rank == 0 else 0.0
+    solo = _windowed(fn, ctx, solo_start + window_s) if ctx.rank == 0 else 0.0
     _sleep_until(shared_start)
     if ctx.rank == 0:
         return solo, _windowed(fn, ctx, shared_end)
@@ -297,7 +329,8 @@ def _sleep_until(instant: float) -> None:
         time.sleep(min(0.001, max(instant - time.time(), 0.0)))
 
 
-def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...]) -> dict[str, float]:
+def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...],
+                         effort: Effort = Effort()) -> dict[str, float]:
     """GEMM time with and without all-reduces of ``comm_bytes`` running beside it (every member of
     ``ranks``), and the all-reduce's own time alone and beside the GEMMs (as DDP's bucket all-reduces
     run beside the backward): ``slowdown`` of the compute, ``comm_slowdown`` of the collective."""
@@ -307,11 +340,11 @@ def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: t
     buf = torch.randn(comm_bytes // 4, device=ctx.device)
     dist.all_reduce(buf, group=group)
     dist.barrier(group=group)
-    base = _windowed(gemm, ctx, time.time() + WINDOW_S)
+    base = _windowed(gemm, ctx, time.time() + effort.window_s)
     times: list[float] = []
     alone: list[float] = []
     beside: list[float] = []
-    for _ in range(3):  # every rank issues the same number of all-reduces
+    for _ in range(effort.interference_rounds):  # every rank issues the same number of all-reduces
         dist.barrier(group=group)
         t0 = time.perf_counter()
         dist.all_reduce(buf, group=group)
@@ -376,6 +409,7 @@ def run(args: argparse.Namespace) -> int:
 def _measure_all(args: argparse.Namespace, rank: int, world: int, per_node: int, device: torch.device,
                  dtype: torch.dtype, dtype_name: str) -> int:
     ctx = Ctx(device, rank, world)
+    effort = Effort.of(args.quick)
     folder = profile_folder(args.out)
     journal = None
     if rank == 0:
@@ -394,25 +428,25 @@ def _measure_all(args: argparse.Namespace, rank: int, world: int, per_node: int,
     for kind, params in todo:
         members = tuple(params["members"])
         if rank in members:
-            stats = time_collective(params["collective"], members, params["size_bytes"], ctx)
+            stats = time_collective(params["collective"], members, params["size_bytes"], ctx, effort)
             if journal is not None:
                 journal.add(kind, params, "ok", stats)
         dist.barrier()
     if not args.no_compute_checks:
-        _compute_checks(ctx, dtype, world, per_node, journal, device.type == "cpu", tuple(args.work_shape))
-    if journal is not None:
+        _compute_checks(ctx, dtype, world, per_node, journal, device.type == "cpu", tuple(args.work_shape), effort)
+    if journal is not None and not args.no_profile:
         fresh = Journal(folder / JOURNAL_FILE, journal.header)
         path = write_profile(folder, build_profile(folder.name, fresh.header, fresh.records()))
         print(f"calibration.collectives: profile written to {path}", flush=True)
     return 0
 
 
-def compute_checks(world: int, per_node: int, cpu: bool) -> list[tuple[str, dict[str, Any]]]:
+def compute_checks(world: int, per_node: int, cpu: bool, effort: Effort = Effort()) -> list[tuple[str, dict[str, Any]]]:
     """(kind, params) of the contention (CPU, one node) and interference (per node scope) measurements."""
     out: list[tuple[str, dict[str, Any]]] = []
     if cpu and world == per_node and world > 1:
         out += [("contention", {"processes": world, "op_class": c}) for c in ("attention", "gemm", "memory")]
-    comm = 64 * MiB if cpu else 256 * MiB
+    comm = effort.interference_cpu_bytes if cpu else 256 * MiB
     if per_node > 1:
         out.append(("interference", {"ranks": per_node, "nodes": 1, "comm_bytes": comm}))
     if world > per_node:
@@ -421,13 +455,13 @@ def compute_checks(world: int, per_node: int, cpu: bool) -> list[tuple[str, dict
 
 
 def _compute_checks(ctx: Ctx, dtype: torch.dtype, world: int, per_node: int, journal: Journal | None,
-                    cpu: bool, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE) -> None:
+                    cpu: bool, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE, effort: Effort = Effort()) -> None:
     """Run the pending contention and interference measurements (rank 0 decides, everyone runs)."""
-    box: list[Any] = [_pending(journal, compute_checks(world, per_node, cpu))]
+    box: list[Any] = [_pending(journal, compute_checks(world, per_node, cpu, effort))]
     dist.broadcast_object_list(box, src=0)
     todo: list[tuple[str, dict[str, Any]]] = box[0]
     if any(kind == "contention" for kind, _ in todo):
-        for cls, res in measure_contention(ctx, dtype, shape).items():
+        for cls, res in measure_contention(ctx, dtype, shape, effort).items():
             if journal is not None:
                 journal.add("contention", {"processes": world, "op_class": cls}, "ok", result=res)
     for kind, params in todo:
@@ -435,7 +469,7 @@ def _compute_checks(ctx: Ctx, dtype: torch.dtype, world: int, per_node: int, jou
             continue
         ranks = tuple(range(params["ranks"]))
         if ctx.rank in ranks:
-            res = measure_interference(ctx, dtype, params["comm_bytes"], ranks)
+            res = measure_interference(ctx, dtype, params["comm_bytes"], ranks, effort)
             if journal is not None:
                 journal.add(kind, params, "ok", result=res)
         dist.barrier()

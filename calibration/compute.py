@@ -254,7 +254,7 @@ class PlanSettings:
             return cls((256, 1024, 4096) if quick else (256, 1024, 4096, 16384),
                        tuple(MiB * 4**i for i in range(4 if quick else 6)), 1)
         return cls((128, 512) if quick else (128, 512, 2048), tuple(MiB * 4**i for i in range(3 if quick else 4)),
-                   2 if quick else 3)
+                   1 if quick else 3)
 
 
 def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
@@ -343,37 +343,48 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
     raise ValueError(f"unknown measurement kind {kind!r}")
 
 
+def pending_of(plan: list[Measurement], journal: Journal) -> list[Measurement]:
+    """The measurements of ``plan`` not yet in the journal (what a resumed run still has to do)."""
+    return [m for m in plan if not journal.has(m.key)]
+
+
 def run_plan(ctx: Context, plan: list[Measurement], target: Target, journal: Journal,
-             log: Callable[[str], None]) -> dict[str, int]:
-    """Run every measurement not yet in the journal, appending each result as it is measured.
+             log: Callable[[str], None], advance: Callable[[], None] | None = None) -> dict[str, int]:
+    """Run every measurement not yet in the journal, appending each result as it is measured;
+    ``advance`` is called after each (the progress display).
 
     Out-of-memory shapes are recorded with status "oom" and skipped; a benchmark that fails
     otherwise is recorded as "error" with its message. Returns counts by status (plus "skipped").
     """
     counts = {"ok": 0, "oom": 0, "error": 0, "skipped": 0}
-    pending = [m for m in plan if not journal.has(m.key)]
+    pending = pending_of(plan, journal)
     counts["skipped"] = len(plan) - len(pending)
     if counts["skipped"]:
         log(f"resuming: {counts['skipped']} of {len(plan)} measurements already in {journal.path}")
     for i, meas in enumerate(pending):
-        try:
-            stats, result = run_measurement(ctx, meas, target)
-        except OutOfMemory as exc:
-            journal.add(meas.kind, meas.params, "oom", message=str(exc), **meas.extra)
-            counts["oom"] += 1
-            log(f"  out of memory, skipped: {meas.kind} {meas.params}")
-            continue
-        except (RuntimeError, ValueError, TypeError) as exc:
-            journal.add(meas.kind, meas.params, "error", message=traceback.format_exception_only(exc)[-1].strip(),
-                        **meas.extra)
-            counts["error"] += 1
-            log(f"  failed, skipped: {meas.kind} {meas.params}: {exc}")
-            continue
-        journal.add(meas.kind, meas.params, "ok", stats.to_dict() if stats else None, result=result, **meas.extra)
-        counts["ok"] += 1
+        counts[_run_one(ctx, meas, target, journal, log)] += 1
+        if advance is not None:
+            advance()
         if (i + 1) % 25 == 0:
             log(f"  {i + 1}/{len(pending)} measured")
     return counts
+
+
+def _run_one(ctx: Context, meas: Measurement, target: Target, journal: Journal, log: Callable[[str], None]) -> str:
+    """Run one measurement and journal it; returns its status ("ok", "oom" or "error")."""
+    try:
+        stats, result = run_measurement(ctx, meas, target)
+    except OutOfMemory as exc:
+        journal.add(meas.kind, meas.params, "oom", message=str(exc), **meas.extra)
+        log(f"  out of memory, skipped: {meas.kind} {meas.params}")
+        return "oom"
+    except (RuntimeError, ValueError, TypeError) as exc:
+        journal.add(meas.kind, meas.params, "error", message=traceback.format_exception_only(exc)[-1].strip(),
+                    **meas.extra)
+        log(f"  failed, skipped: {meas.kind} {meas.params}: {exc}")
+        return "error"
+    journal.add(meas.kind, meas.params, "ok", stats.to_dict() if stats else None, result=result, **meas.extra)
+    return "ok"
 
 
 def dtype_of(name: str) -> torch.dtype:

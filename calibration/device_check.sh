@@ -3,8 +3,9 @@
 # real BF16 training step of transformers' Llama (SDPA), print predicted vs measured step time and
 # peak memory. Results (device_check.json, the log, and the calibrated profile folder) go under
 # $OUT when it is set, else ./device_check_out. Extra arguments go to `python -m calibration.device_check`
-# (e.g. --dry-run to rehearse on a CPU). To keep the profile: copy $OUT/profile to
-# hardware_profiles/calibrated/<name>/ and use it with --set hardware.profile=<name>.
+# (e.g. --dry-run to rehearse on a CPU). To keep the profile: copy $OUT/profile to calibrated/<name>/ of
+# the user profile directory ($SIMTRAIN_PROFILES_DIR, else ~/.local/share/simtrain/profiles on Linux) and
+# use it with --set hardware.profile=<name>, or give its path: --set hardware.profile=$OUT/profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device_check_out}"

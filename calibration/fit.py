@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 GEMM_ROLES = ("fwd", "dgrad", "wgrad")
 
@@ -60,7 +59,7 @@ def fit_curve(x: Sequence[float], t_s: Sequence[float]) -> dict[str, Any]:
             return np.log(np.exp(theta[0]) + X / np.exp(theta[1])) - np.log(T)
 
         x0 = np.array([math.log(min(ts) / 2), math.log(max(xs) / max(ts))])
-        sol = least_squares(resid, x0, method="lm" if len(xs) > 2 else "trf")
+        sol = _least_squares()(resid, x0, method="lm" if len(xs) > 2 else "trf")
         a_s, rate = float(math.exp(sol.x[0])), float(math.exp(sol.x[1]))
     pred = np.log(a_s + X / rate)
     return {"x": xs, "t_s": ts, "a_s": a_s, "rate": rate, "points": len(xs), **_residuals(pred - np.log(T))}
@@ -93,10 +92,18 @@ def fit_gemm(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     def resid(theta: np.ndarray) -> np.ndarray:
         return np.log(_gemm_model(theta, roles, m, n, k, role_index)) - np.log(t)
 
-    sol = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi))
+    sol = _least_squares()(resid, np.clip(x0, lo, hi), bounds=(lo, hi))
     th = sol.x
     return {"form": "t = t0_s + 2mnk / (peak_flops_per_s[role] * u(m) u(n) u(k)); u(x) = x / (x + x_half)",
             "t0_s": float(math.exp(th[0])), "m_half": float(math.exp(th[1])), "n_half": float(math.exp(th[2])),
             "k_half": float(math.exp(th[3])),
             "peak_flops_per_s": {r: float(math.exp(th[4 + i])) for i, r in enumerate(roles)},
             "points": len(rows), **_residuals(resid(th))}
+
+
+def _least_squares() -> Any:
+    """scipy's ``least_squares``, imported when a fit runs: importing scipy.optimize takes seconds, and every
+    rank of the multi-process part imports this module without fitting anything."""
+    from scipy.optimize import least_squares
+
+    return least_squares

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 POLL_S = 0.2
@@ -53,11 +54,13 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def launch_local(args: list[str], nprocs: int, threads: int, timeout_s: float, extra_env: dict[str, str] | None = None,
-                 log_dir: Path | None = None, module: str = "calibration.collectives") -> None:
+                 log_dir: Path | None = None, module: str = "calibration.collectives",
+                 rank0_stdout: bool = True, on_poll: Callable[[], None] | None = None) -> None:
     """Run ``python -m MODULE ARGS`` as ``nprocs`` ranks on this machine and wait.
 
-    Rank 0 prints to this process's stdout; every rank's stderr (and the others' stdout) goes to a
-    log file. ``threads`` pins each rank's intra-op threads (OMP/MKL and ``torch.set_num_threads``).
+    Rank 0 prints to this process's stdout (to its log file instead when not ``rank0_stdout``); every
+    rank's stderr (and the others' stdout) goes to a log file. ``threads`` pins each rank's intra-op
+    threads (OMP/MKL and ``torch.set_num_threads``). ``on_poll`` is called every ``POLL_S`` while they run.
 
     Raises:
         RankFailed: a rank exited with an error (the others are stopped), or ``timeout_s`` passed.
@@ -75,15 +78,16 @@ def launch_local(args: list[str], nprocs: int, threads: int, timeout_s: float, e
             errs.append(err)
             env = {**base, "RANK": str(r), "LOCAL_RANK": str(r)}
             with open(err, "wb") as fh:
-                out = None if r == 0 else fh
+                out = None if r == 0 and rank0_stdout else fh
                 procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=env,
                                               stdout=out, stderr=fh))
-        _watch(procs, errs, timeout_s)
+        _watch(procs, errs, timeout_s, on_poll)
     finally:
         _stop(procs)
 
 
-def _watch(procs: list[subprocess.Popen[bytes]], errs: list[Path], timeout_s: float) -> None:
+def _watch(procs: list[subprocess.Popen[bytes]], errs: list[Path], timeout_s: float,
+           on_poll: Callable[[], None] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         codes = [p.poll() for p in procs]
@@ -99,4 +103,6 @@ def _watch(procs: list[subprocess.Popen[bytes]], errs: list[Path], timeout_s: fl
             _stop(procs)
             raise RankFailed(f"the {len(procs)} ranks did not finish within {timeout_s:.0f} s and were stopped; "
                              f"logs in {errs[0].parent}")
+        if on_poll is not None:
+            on_poll()
         time.sleep(POLL_S)

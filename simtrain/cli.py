@@ -173,6 +173,12 @@ def _cmd_hardware() -> int:
     print("Nodes:")
     for row in node_table():
         print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    from simtrain.profile import list_profiles
+    from simtrain.profile_paths import user_root
+
+    print(f"Calibrated profiles (built-in, and yours in {user_root()}):")
+    for name in list_profiles():
+        print(f"  {name}")
     return 0
 
 

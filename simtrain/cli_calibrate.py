@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 
 HELP = "measure this machine with torch microbenchmarks and write a calibrated profile"
-INSTALL_HINT = "install the calibration extra (torch, transformers): pip install -e '.[calibration]'"
+INSTALL_HINT = ("install the calibration extra (torch, scipy, transformers): pip install 'simtrain[calibration]' "
+                "(from a checkout: pip install '.[calibration]')")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,8 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run ``python -m calibration ARGV``; exit status 2 when the suite or torch is not installed."""
-    missing = [m for m in ("calibration", "torch") if importlib.util.find_spec(m) is None]
+    """Run ``python -m calibration ARGV``; exit status 2 when the suite, torch or scipy (the fits) is not installed."""
+    missing = [m for m in ("calibration", "torch", "scipy") if importlib.util.find_spec(m) is None]
     if missing:
         print(f"simtrain calibrate: {', '.join(missing)} not importable; {INSTALL_HINT}", file=sys.stderr)
         return 2

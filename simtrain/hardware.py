@@ -1,9 +1,10 @@
 """Hardware: GPU, node and cluster specs, the YAML profile loaders, and the cluster topology.
 
-Profiles live in ``hardware_profiles/gpus/<name>.yaml`` and ``hardware_profiles/nodes/<name>.yaml``
-(or under ``$SIMTRAIN_PROFILES_DIR``). Their keys name their unit (``bf16_tflops``, ``hbm_GiB``,
-``nvlink_GBps``, ``nic_Gbps``, ``kernel_launch_us``); they are converted to SI exactly once, here, at
-load. Every spec below is SI: FLOP/s, bytes, bytes/s, seconds. Efficiencies are plain fractions.
+Profiles are ``gpus/<name>.yaml`` and ``nodes/<name>.yaml``, built into the package or in the user
+directory (``simtrain/profile_paths.py`` says where and how names resolve), or given by path. Their
+keys name their unit (``bf16_tflops``, ``hbm_GiB``, ``nvlink_GBps``, ``nic_Gbps``,
+``kernel_launch_us``); they are converted to SI exactly once, here, at load. Every spec below is SI:
+FLOP/s, bytes, bytes/s, seconds. Efficiencies are plain fractions.
 
 The cluster is a rail-optimised two-level fat tree: every node has ``nics_per_node`` NICs ("rails");
 NIC ``j`` of every node under leaf group ``k`` plugs into leaf switch ``leaf{j}.{k}``; all leaves go
@@ -24,15 +25,14 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simtrain.errors import ConfigError, Problem, problem, pydantic_problems
+from simtrain.profile_paths import ProfileKind, ProfileRef, names, resolve
 from simtrain.safe_yaml import load_yaml
 from simtrain.units import GB, TB, TFLOPS, US, GiB, MiB, gbps_to_Bps
 
@@ -51,7 +51,6 @@ __all__ = [
     "load_gpu",
     "load_node",
     "node_table",
-    "profiles_dir",
 ]
 
 LinkClass = Literal["nvlink", "pcie", "net"]
@@ -287,55 +286,22 @@ _GPU_ALIASES = {
 }
 
 
-def profiles_dir() -> Path:
-    """The hardware profile folder: ``$SIMTRAIN_PROFILES_DIR`` if set, else the repo's ``hardware_profiles``."""
-    env = os.environ.get("SIMTRAIN_PROFILES_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "hardware_profiles"
-
-
-def _names(root: Path, kind: str) -> list[str]:
-    folder = root / kind
-    if not folder.is_dir():
-        return []
-    return sorted(p.stem for p in folder.glob("*.yaml"))
-
-
 def list_gpus() -> list[str]:
-    """Names of the GPU profiles available (file stems under ``gpus/``), sorted."""
-    return _names(profiles_dir(), "gpus")
+    """Names of the GPU profiles available (built-in and in the user directory: ``profile_paths``), sorted."""
+    return names(ProfileKind.GPUS)
 
 
 def list_nodes() -> list[str]:
-    """Names of the node profiles available (file stems under ``nodes/``), sorted."""
-    return _names(profiles_dir(), "nodes")
-
-
-def _normalise(name: str) -> str:
-    return str(name).strip().lower().replace("_", "-")
-
-
-def _resolve(root: Path, kind: str, name: str, path: str, aliases: dict[str, str]) -> str:
-    valid = _names(root, kind)
-    key = _normalise(name)
-    key = key if key in valid else aliases.get(key, key)
-    if key not in valid:
-        what = "GPUs" if kind == "gpus" else "nodes"
-        raise ConfigError(
-            problem(
-                path, name, f"valid {what}: {', '.join(valid) or '(none found in ' + str(root / kind) + ')'}"
-            )
-        )
-    return key
+    """Names of the node profiles available (built-in and in the user directory: ``profile_paths``), sorted."""
+    return names(ProfileKind.NODES)
 
 
 @functools.lru_cache(maxsize=256)
-def _read_yaml(file: str) -> dict[str, Any]:
-    """Read one profile file (cached on its path); a malformed file raises ConfigError naming it."""
+def _read_yaml(ref: ProfileRef) -> dict[str, Any]:
+    """Read one profile file (cached on its reference); a malformed file raises ConfigError naming it."""
+    file = str(ref)
     try:
-        with open(file, encoding="utf-8") as fh:
-            data = load_yaml(fh.read(), file)  # bounded: simtrain.safe_yaml
+        data = load_yaml(ref.read_text(), file)  # bounded: simtrain.safe_yaml
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(Problem(file, f"cannot read: {exc}")) from exc
     if not isinstance(data, dict):
@@ -383,9 +349,9 @@ def _field_to_key(keys: dict[str, tuple[str, float, str]]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _load_gpu_cached(root: str, name: str) -> GpuSpec:
-    file = str(Path(root) / "gpus" / f"{name}.yaml")
-    data = _read_yaml(file)
+def _load_gpu_cached(ref: ProfileRef) -> GpuSpec:
+    file, name = str(ref), ref.name
+    data = _read_yaml(ref)
     fields, problems = _convert(file, data, _GPU_KEYS, _INFO_KEYS)
     for req in ("hbm_GiB", "l2_MiB"):
         field = _GPU_KEYS[req][0]
@@ -400,26 +366,24 @@ def _load_gpu_cached(root: str, name: str) -> GpuSpec:
 
 
 def load_gpu(name: str, *, path: str = "hardware.gpu") -> GpuSpec:
-    """Load the GPU profile ``name`` (e.g. "h100-sxm"), converted to SI.
+    """Load the GPU profile ``name`` (e.g. "h100-sxm", or a path to a YAML file), converted to SI.
 
     Unknown names raise ConfigError at ``path`` listing the valid names; a malformed file or an
     unknown key raises ConfigError naming the file and key.
     """
-    root = profiles_dir()
-    key = _resolve(root, "gpus", name, path, _GPU_ALIASES)
-    return _load_gpu_cached(str(root), key)
+    return _load_gpu_cached(resolve(ProfileKind.GPUS, name, path, _GPU_ALIASES))
 
 
 @functools.lru_cache(maxsize=64)
-def _load_node_cached(root: str, name: str, gpu: str | None) -> NodeSpec:
-    file = str(Path(root) / "nodes" / f"{name}.yaml")
-    data = _read_yaml(file)
+def _load_node_cached(ref: ProfileRef, gpu_ref: ProfileRef | None) -> NodeSpec:
+    # keyed on the GPU's resolved file too: a user GPU file appearing later must not meet a stale node
+    file, name = str(ref), ref.name
+    data = _read_yaml(ref)
     numeric = {k: v for k, v in data.items() if k not in _NODE_STR_KEYS}
     fields, problems = _convert(file, numeric, _NODE_KEYS, _INFO_KEYS)
-    gpu_name = gpu if gpu is not None else data.get("gpu")
-    if not isinstance(gpu_name, str):
+    if gpu_ref is None:
         problems.append(
-            problem(f"{file}: gpu", gpu_name, f"expected a GPU name; valid GPUs: {', '.join(list_gpus())}")
+            problem(f"{file}: gpu", data.get("gpu"), f"expected a GPU name; valid GPUs: {', '.join(list_gpus())}")
         )
     scaleup = data.get("scaleup", "nvswitch")
     if scaleup not in ("nvswitch", "mesh"):
@@ -428,8 +392,8 @@ def _load_node_cached(root: str, name: str, gpu: str | None) -> NodeSpec:
         problems.append(Problem(f"{file}: mesh_link_GBps", "required (> 0) for scaleup: mesh"))
     if problems:
         raise ConfigError(problems)
-    assert isinstance(gpu_name, str)
-    gpu_spec = load_gpu(gpu_name, path="hardware.gpu" if gpu is not None else f"{file}: gpu")
+    assert gpu_ref is not None
+    gpu_spec = _load_gpu_cached(gpu_ref)
     try:
         return NodeSpec(name=name, gpu=gpu_spec, scaleup=scaleup, **fields)
     except ValidationError as exc:
@@ -437,14 +401,17 @@ def _load_node_cached(root: str, name: str, gpu: str | None) -> NodeSpec:
 
 
 def load_node(name: str, gpu: str | None = None, *, path: str = "hardware.node") -> NodeSpec:
-    """Load the node profile ``name`` (e.g. "dgx-h100"), converted to SI; ``gpu`` replaces its GPU.
+    """Load the node profile ``name`` (e.g. "dgx-h100", or a path to a YAML file), converted to SI; ``gpu``
+    (a GPU name or path) replaces its GPU.
 
     Unknown names raise ConfigError at ``path`` (or ``hardware.gpu``) listing the valid names.
     """
-    root = profiles_dir()
-    key = _resolve(root, "nodes", name, path, {})
-    gpu_key = _resolve(root, "gpus", gpu, "hardware.gpu", _GPU_ALIASES) if gpu is not None else None
-    return _load_node_cached(str(root), key, gpu_key)
+    ref = resolve(ProfileKind.NODES, name, path)
+    gpu_name = gpu if gpu is not None else _read_yaml(ref).get("gpu")
+    gpu_ref = None
+    if isinstance(gpu_name, str):
+        gpu_ref = resolve(ProfileKind.GPUS, gpu_name, "hardware.gpu" if gpu is not None else f"{ref}: gpu", _GPU_ALIASES)
+    return _load_node_cached(ref, gpu_ref)
 
 
 def build_cluster(
@@ -518,10 +485,9 @@ def build_cluster(
 def gpu_table() -> list[dict[str, Any]]:
     """One row per GPU profile with its headline numbers, in the display units the keys name."""
     rows = []
-    root = profiles_dir()
     for name in list_gpus():
         g = load_gpu(name)
-        desc = _read_yaml(str(root / "gpus" / f"{name}.yaml")).get("description", "")
+        desc = _read_yaml(resolve(ProfileKind.GPUS, name, "hardware.gpu")).get("description", "")
         rows.append(
             {
                 "name": name,
@@ -542,10 +508,9 @@ def gpu_table() -> list[dict[str, Any]]:
 def node_table() -> list[dict[str, Any]]:
     """One row per node profile with its headline numbers, in the display units the keys name."""
     rows = []
-    root = profiles_dir()
     for name in list_nodes():
         n = load_node(name)
-        desc = _read_yaml(str(root / "nodes" / f"{name}.yaml")).get("description", "")
+        desc = _read_yaml(resolve(ProfileKind.NODES, name, "hardware.node")).get("description", "")
         rows.append(
             {
                 "name": name,

@@ -1,8 +1,9 @@
 """Calibrated hardware profiles: loading, validation, and the cluster a run gets from one.
 
 A calibrated profile is what ``simtrain calibrate`` (the torch suite in ``calibration/``) measured on
-one machine. It lives in ``hardware_profiles/calibrated/<name>/profile.yaml`` (the raw measurements
-are appended to ``measurements.jsonl`` beside it while calibrating) and is selected with
+one machine. It lives in ``calibrated/<name>/profile.yaml`` of the user profile directory (or of the
+package, for the shipped example; ``simtrain/profile_paths.py`` says where), the raw measurements
+appended to ``measurements.jsonl`` beside it while calibrating, and is selected with
 ``hardware.profile: <name>`` (or a path to the file or its folder).
 
 File format (``schema: simtrain-calibrated-profile``, ``schema_version: 1``; YAML):
@@ -67,14 +68,14 @@ from simtrain.hardware import (
     build_cluster,
     list_nodes,
     load_node,
-    profiles_dir,
 )
+from simtrain.profile_paths import PROFILE_FILE as PROFILE_FILE  # re-exported: the writer names the file
+from simtrain.profile_paths import ProfileKind, names, output_folder, resolve, user_root
 from simtrain.safe_yaml import load_yaml
 from simtrain.units import GB
 
 SCHEMA = "simtrain-calibrated-profile"
 SCHEMA_VERSION = 1
-PROFILE_FILE = "profile.yaml"
 JOURNAL_FILE = "measurements.jsonl"
 KINDS = ("cpu", "cuda")
 CALIBRATED_NODE = "calibrated"  # hardware.node naming the calibrated machine itself
@@ -139,46 +140,37 @@ class CalibratedProfile:
 
 
 def calibrated_dir() -> Path:
-    """Folder of calibrated profiles: ``<profiles_dir>/calibrated``."""
-    return profiles_dir() / "calibrated"
+    """The user's folder of calibrated profiles, where ``simtrain calibrate --out NAME`` writes:
+    ``<user profile dir>/calibrated`` (``simtrain/profile_paths.py``)."""
+    return user_root() / ProfileKind.CALIBRATED.value
 
 
 def list_profiles() -> list[str]:
-    """Names of the calibrated profiles present (folders holding a ``profile.yaml``), sorted."""
-    root = calibrated_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / PROFILE_FILE).is_file())
+    """Names of the calibrated profiles present, built-in and the user's (folders holding a ``profile.yaml``), sorted."""
+    return names(ProfileKind.CALIBRATED)
 
 
 def profile_folder(name_or_path: str) -> Path:
-    """The folder of profile ``name_or_path``: a name under ``calibrated/``, a folder, or a profile file's folder."""
-    p = Path(name_or_path).expanduser()
-    if p.suffix in (".yaml", ".yml"):
-        return p.parent
-    if ("/" in name_or_path or p.is_absolute()) or (p.is_dir() and (p / PROFILE_FILE).is_file()):
-        return p
-    return calibrated_dir() / name_or_path
+    """The folder calibration writes profile ``name_or_path`` to: a name under the user's ``calibrated/``
+    (refused if it is a built-in profile's), or the folder given (a profile file's folder).
 
-
-def profile_file(name_or_path: str) -> Path:
-    """The ``profile.yaml`` of ``name_or_path`` (see ``profile_folder``)."""
-    p = Path(name_or_path).expanduser()
-    return p if p.suffix in (".yaml", ".yml") else profile_folder(name_or_path) / PROFILE_FILE
+    Raises:
+        ConfigError: the name is a built-in profile's.
+    """
+    return output_folder(name_or_path)
 
 
 def load_profile(name_or_path: str, *, path: str = "hardware.profile") -> CalibratedProfile:
-    """Load and validate a calibrated profile by name or path.
+    """Load and validate a calibrated profile by name (built-in or the user's) or path (a folder or its file).
 
     Raises:
         ConfigError: unknown name (listing the valid ones), unreadable, truncated, corrupt or
             wrong-version file, each problem with its place in the file.
     """
-    file = profile_file(name_or_path)
-    if not file.is_file():
-        valid = ", ".join(list_profiles()) or f"(none in {calibrated_dir()})"
-        raise ConfigError(problem(path, name_or_path, f"no calibrated profile there ({file}); valid names: {valid}; "
-                                                      "create one with `simtrain calibrate --out NAME`"))
+    ref = resolve(ProfileKind.CALIBRATED, name_or_path, path, hint="; create one with `simtrain calibrate --out NAME`")
+    file = ref.path()
+    if file is None:  # the package is not on disk (a zip): read it directly, uncached
+        return _parse_text(ref.read_text(), str(ref))
     stat = file.stat()
     return _load_cached(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
 
@@ -186,12 +178,18 @@ def load_profile(name_or_path: str, *, path: str = "hardware.profile") -> Calibr
 @functools.lru_cache(maxsize=16)
 def _load_cached(file: str, mtime_ns: int, size: int) -> CalibratedProfile:
     try:
-        data = load_yaml(Path(file).read_text(encoding="utf-8"), file)  # bounded: simtrain.safe_yaml
+        text = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(Problem(file, f"cannot read the calibrated profile: {exc}")) from None
+    return _parse_text(text, file)
+
+
+def _parse_text(text: str, file: str) -> CalibratedProfile:
+    try:
+        data = load_yaml(text, file)  # bounded: simtrain.safe_yaml
     except ConfigError as exc:
         raise ConfigError(Problem(file, f"corrupt calibrated profile ({exc.problems[0].message}); "
                                         "re-run the calibration")) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(Problem(file, f"cannot read the calibrated profile: {exc}")) from None
     return parse_profile(data, file)
 
 

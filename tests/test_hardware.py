@@ -9,6 +9,7 @@ import pytest
 
 from simtrain import hardware as hw
 from simtrain.errors import ConfigError
+from simtrain.profile_paths import builtin_root, user_root
 from simtrain.units import GB, TB, TFLOPS, GiB, MiB
 
 EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200", "b300", "gb200", "gb300", "mi300x"}
@@ -61,9 +62,11 @@ def test_every_node_loads(name):
 
 
 def test_every_profile_file_cites_sources():
-    root = hw.profiles_dir()
-    for f in sorted(root.glob("*/*.yaml")):
-        for line in f.read_text().splitlines():
+    root = builtin_root()
+    files = [f for kind in ("gpus", "nodes") for f in (root / kind).iterdir() if f.name.endswith(".yaml")]
+    assert len(files) >= len(EXPECTED_GPUS) + len(EXPECTED_NODES)
+    for f in sorted(files, key=lambda f: f.name):
+        for line in f.read_text(encoding="utf-8").splitlines():
             stripped = line.strip()
             if not stripped or stripped.startswith("#") or stripped.startswith("description"):
                 continue
@@ -178,14 +181,14 @@ def _write(root: Path, kind: str, name: str, text: str) -> None:
 
 
 def test_bad_files_name_file_and_key(tmp_path, monkeypatch):
-    src = hw.profiles_dir() / "gpus" / "h100-sxm.yaml"
+    src = builtin_root() / "gpus" / "h100-sxm.yaml"
     _write(tmp_path, "gpus", "good", src.read_text())
     _write(tmp_path, "gpus", "typo", src.read_text() + "bf16_tflopz: 3\n")
     _write(tmp_path, "gpus", "broken", "bf16_tflops: [1, 2\n")
     _write(tmp_path, "gpus", "neg", src.read_text().replace("gemm_efficiency: 0.762", "gemm_efficiency: 1.5"))
     monkeypatch.setenv("SIMTRAIN_PROFILES_DIR", str(tmp_path))
-    assert hw.profiles_dir() == tmp_path
-    assert set(hw.list_gpus()) == {"good", "typo", "broken", "neg"}
+    assert user_root() == tmp_path
+    assert set(hw.list_gpus()) == {"good", "typo", "broken", "neg"} | EXPECTED_GPUS | {"h100-sxm-96gb-500w"}
     assert hw.load_gpu("good").bf16_flops_per_s == pytest.approx(989e12)
     with pytest.raises(ConfigError) as ei:
         hw.load_gpu("typo")

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
@@ -28,10 +26,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def profiles_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A profile folder with the repo's GPU/node profiles and an empty ``calibrated/`` (SIMTRAIN_PROFILES_DIR)."""
+    """An empty user profile folder with an empty ``calibrated/`` (SIMTRAIN_PROFILES_DIR); the built-in GPU
+    and node profiles stay visible beside it."""
     root = tmp_path / "profiles"
     (root / "calibrated").mkdir(parents=True)
-    for kind in ("gpus", "nodes"):
-        (root / kind).symlink_to(REPO / "hardware_profiles" / kind)
     monkeypatch.setenv("SIMTRAIN_PROFILES_DIR", str(root))
     return root

@@ -39,7 +39,6 @@ from simtrain.profile import load_profile  # noqa: E402
 
 pytestmark = pytest.mark.timing
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(Path(__file__).parent / "data" / "cpu_llama.yaml")
 TOLERANCE = 0.20  # the bound on |predicted / measured - 1|
 CALIBRATE_LIMIT_S = 180.0
@@ -83,8 +82,6 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("cpu-loop")
     root = work / "profiles"
     (root / "calibrated").mkdir(parents=True)
-    for kind in ("gpus", "nodes"):
-        (root / kind).symlink_to(REPO / "hardware_profiles" / kind)
     attempts = []
     for i in range(ATTEMPTS):
         attempts.append(_attempt(work, root, f"this-cpu-{i + 1}"))

@@ -192,7 +192,7 @@ def test_bad_profiles_are_clear_config_errors(profiles_dir: Path, how: str, need
 
 def test_unknown_profile_lists_the_valid_ones(profiles_dir: Path) -> None:
     make_profile(profiles_dir, "one")
-    with pytest.raises(ConfigError, match="valid names: one"):
+    with pytest.raises(ConfigError, match="valid calibrated profiles: example-cpu, one "):
         load_profile("two")
 
 

@@ -175,3 +175,61 @@ def test_measure_keeps_a_result_written_before_a_rank_died_in_teardown(tmp_path:
     monkeypatch.setattr(compare, "launch_local", early_abort)
     with pytest.raises(RankFailed):  # the earlier result file is removed before the launch
         compare.measure(TINY, 2, 1, 0, 1, tmp_path)
+
+
+def test_json_summary_is_quiet_and_names_go_to_the_user_dir(tmp_path: Path) -> None:
+    """``--out NAME`` writes under $SIMTRAIN_PROFILES_DIR/calibrated/NAME (never into the checkout), and
+    ``--json`` prints one JSON object to stdout and no progress or log."""
+    proc = calibrate(Path("json-smoke"), "--no-collectives", "--json", env={"SIMTRAIN_PROFILES_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""
+    summary = json.loads(proc.stdout)
+    profile = tmp_path / "calibrated" / "json-smoke" / "profile.yaml"
+    assert summary["profile"] == str(profile) and summary["name"] == "json-smoke" and summary["quick"] is True
+    assert profile.is_file() and (profile.parent / "measurements.jsonl").is_file()
+    assert summary["compute"]["ok"] > 0 and summary["compute"]["error"] == 0
+    assert not Path("json-smoke").exists()
+    env = {**os.environ, "SIMTRAIN_PROFILES_DIR": str(tmp_path)}
+    sim = subprocess.run([sys.executable, "-m", "simtrain.cli", "simulate", TINY, "--set", "hardware.profile=json-smoke",
+                          "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert sim.returncode == 0 and json.loads(sim.stdout)["step_time_s"] > 0, sim.stderr[-2000:]
+
+
+def test_a_builtin_profile_name_is_refused_as_output(tmp_path: Path) -> None:
+    proc = calibrate(Path("example-cpu"), "--no-collectives", env={"SIMTRAIN_PROFILES_DIR": str(tmp_path)})
+    assert proc.returncode == 2 and "--out: 'example-cpu' is not valid" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "calibrated").exists()
+
+
+def test_progress_bar_with_eta_on_a_terminal_only() -> None:
+    import io
+
+    from rich.console import Console
+
+    from calibration.progress import CalibrationProgress
+
+    out = io.StringIO()
+    shown = CalibrationProgress(True, Console(file=out, force_terminal=True, width=100))
+    with shown.running():
+        phase = shown.phase("single-device kernels", 3)
+        for _ in range(3):
+            phase.advance()
+    assert shown.active and "single-device kernels" in out.getvalue() and "3/3" in out.getvalue()
+    assert "ETA" in out.getvalue()
+    piped = io.StringIO()
+    hidden = CalibrationProgress(True, Console(file=piped, force_terminal=False))
+    with hidden.running():
+        hidden.phase("x", 2).advance()
+    assert not hidden.active and piped.getvalue() == ""
+    assert not CalibrationProgress.for_cli(json_output=True).active
+
+
+def test_a_window_missed_under_load_still_times_once() -> None:
+    """A contention window that passed before this rank ran again timed nothing (NaN); now it times once."""
+    from calibration.collectives import Ctx, _windowed
+
+    calls: list[int] = []
+    t = _windowed(lambda: calls.append(1), Ctx(torch.device("cpu"), 0, 1), time.time() - 1.0)
+    assert len(calls) == 1 and t == t and t >= 0
+    untimed = _windowed(lambda: None, Ctx(torch.device("cpu"), 0, 1), time.time() + 5, during=lambda: False)
+    assert untimed != untimed  # beside a collective that already ended nothing is timed (NaN, as before)

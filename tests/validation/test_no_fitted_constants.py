@@ -14,7 +14,7 @@ from simtrain.model import list_presets
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSTANT_FILES = [ROOT / "simtrain" / "stacks.py", ROOT / "simtrain" / "costs.py",
-                  *sorted((ROOT / "hardware_profiles").glob("**/*.yaml"))]
+                  *sorted((ROOT / "simtrain" / "data" / "hardware_profiles").glob("**/*.yaml"))]
 
 
 def _names(published: Path | None) -> set[str]:
