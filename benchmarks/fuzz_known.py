@@ -56,26 +56,11 @@ def _huge_count_csv(case: dict[str, Any]) -> bool:
 
 
 KNOWN_OPEN: tuple[KnownBug, ...] = (
-    KnownBug("DualPipe(V) accepts fewer than 2 x pp layers and reports MFU > 1",
-             lambda c, f: _dualpipe(c) and _n_layers(c) < 2 * _layout(c).get("pp", 1)),
-    KnownBug("DualPipe closed-form peak differs from the engine's ledger",
-             lambda c, f: _dualpipe(c) and "closed form" in f),
-    KnownBug("search: KeyError 'CPU offload'", lambda c, f: _label(c).startswith("search") and "CPU offload" in f),
-    KnownBug("validate hangs on n_gpus=1000000007 with NVL72; unbounded memory on huge counts",
-             lambda c, f: _huge_count_csv(c), hangs=True),
     KnownBug("300 s speed cliff on NVL72 with TP x CP = 16", lambda c, f: _nvl72_tp_cp_16(c), hangs=True),
-    KnownBug("YAML alias bombs: unbounded memory", lambda c, f: _label(c) == "config:alias_bomb", hangs=True),
-    KnownBug("non-UTF-8 files: traceback", lambda c, f: "UnicodeDecodeError" in f or "codec can't decode" in f),
-    KnownBug("bad --set YAML: traceback", lambda c, f: _label(c) == "set:set" and "yaml." in f),
-    KnownBug("empty CSVs (no rows) for validate/report: traceback",
-             lambda c, f: "EmptyDataError" in f or _label(c) in ("validate:empty", "validate:header_only")),
-    KnownBug("layout.tp: true read as 1", lambda c, f: "boolean accepted" in f),
 )
 """Issue 31's open bugs, one line each; remove a line when its fix is merged."""
 
 FOUND_BY_FUZZ: tuple[KnownBug, ...] = (
-    KnownBug("[fuzz] deeply nested YAML ([[[...]]] x 2000): RecursionError traceback (or > 30 s)",
-             lambda c, f: "RecursionError" in f or _label(c) == "config:deep_nest"),
     KnownBug("[fuzz] report on a table with non-numeric or infinite cells: OverflowError/ValueError traceback",
              lambda c, f: _label(c).startswith("report:") and ("OverflowError" in f or "could not convert" in f)),
     KnownBug("[fuzz] dualpipev at pp=1 with CPU offload: ValueError 'offload 1 to 0 of 1 layers' traceback",

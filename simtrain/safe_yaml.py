@@ -71,7 +71,11 @@ def load_yaml(text: str, where: str, file: str = "") -> Any:
         its message starts with ``file`` when given.
     """
     what = f"{file!r}: " if file else ""
-    loader = yaml.SafeLoader(text)
+    try:
+        # the reader checks every character at construction: a NUL byte raises here, not on parsing
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(Problem(where, f"{what}malformed YAML: {exc}")) from None
     try:
         node = loader.get_single_node()
         if node is None:

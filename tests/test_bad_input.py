@@ -84,6 +84,7 @@ ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     ("list.yaml", b"- 1\n- 2\n", "not a list"),
     ("broken.json", b'{"name": "x",', "malformed JSON"),
     ("broken.yaml", b"name: [unclosed\n", "malformed YAML"),
+    ("nul.yaml", b"\x00", "malformed YAML"),  # PyYAML's reader refuses it while the loader is built (fuzz)
 ])
 def test_a_malformed_config_file_is_refused_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             name: str, content: bytes, needle: str) -> None:
