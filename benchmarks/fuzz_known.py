@@ -61,12 +61,6 @@ KNOWN_OPEN: tuple[KnownBug, ...] = (
 """Issue 31's open bugs, one line each; remove a line when its fix is merged."""
 
 FOUND_BY_FUZZ: tuple[KnownBug, ...] = (
-    KnownBug("[fuzz] report on a table with non-numeric or infinite cells: OverflowError/ValueError traceback",
-             lambda c, f: _label(c).startswith("report:") and ("OverflowError" in f or "could not convert" in f)),
-    KnownBug("[fuzz] dualpipev at pp=1 with CPU offload: ValueError 'offload 1 to 0 of 1 layers' traceback",
-             lambda c, f: "ValueError: offload" in f),
-    KnownBug("[fuzz] DualPipe with MoE: MFU > HFU (hardware FLOPs below model FLOPs) with n_layers >= 2 x pp",
-             lambda c, f: _dualpipe(c) and "not 0 < mfu <= hfu" in f),
     KnownBug("[fuzz] a rank order that breaks symmetry (TP outermost) falls back to full mode at any scale: "
              "4,096 GPUs run > 30 s", lambda c, f: bool(_layout(c).get("order")) and "timeout" in f),
     KnownBug("[fuzz] full mode on 32 GPUs (pp 8, 32 micro-batches, 16 layers) runs > 30 s",

@@ -1283,15 +1283,16 @@ def _emit_actions(sl: _StageLowering, actions: list[Action]) -> None:
 
 
 def first_layers(layers: list[list[int]], route: Route) -> list[list[int]]:
-    """Global index of each (stage, chunk)'s first layer: layers run in path order (position)."""
-    at = {route.position(0, s, c): (s, c) for s in range(len(layers)) for c in range(len(layers[s]))}
-    firsts = [[0] * len(row) for row in layers]
-    offset = 0
+    """Global index of each (stage, chunk)'s first layer: layers run in path order (position).
+
+    DualPipe holds the model twice, once per direction: chunk 0 of stage s and chunk 1 of stage p - 1 - s
+    are the same position (deepseek-ai/DualPipe dualpipe.py), so each gets that position's first layer."""
+    count_at = {route.position(0, s, c): n for s, row in enumerate(layers) for c, n in enumerate(row)}
+    first_at, offset = {}, 0
     for pos in range(route.length):
-        s, c = at[pos]
-        firsts[s][c] = offset
-        offset += layers[s][c]
-    return firsts
+        first_at[pos] = offset
+        offset += count_at[pos]
+    return [[first_at[route.position(0, s, c)] for c in range(len(row))] for s, row in enumerate(layers)]
 
 
 def _match_sends(stages: list[_StageLowering]) -> None:

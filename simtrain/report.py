@@ -116,6 +116,48 @@ def check_table(df: pd.DataFrame, source: str = "table") -> None:
                                           "tables sweep, search and run --out write"))
     if df.empty:
         raise ConfigError(Problem(source, "the table has a header but no rows: nothing to report"))
+    bad = _bad_number_cells(df, source)
+    if bad:
+        raise ConfigError(bad)
+
+
+def _numeric_columns() -> tuple[str, ...]:
+    """The columns the report does arithmetic on (scales, sums, plots, sorts): each cell must be a finite
+    number or empty. Text columns (``model.name``, ``error``, ``reason``, ``memory_json``) are free."""
+    cols = [c for c, _, scale, _ in _SUMMARY if scale is not None]
+    cols += [c for c, _ in BREAKDOWN]
+    cols += ["capacity_bytes", "est_peak_memory_bytes", "deepseek_b_opt_tokens", "model.params", "layout.tp",
+             "layout.pp", "layout.dp", "layout.cp", "layout.ep", "layout.etp", "layout.vpp",
+             "train.micro_batch_size"]
+    return tuple(dict.fromkeys(cols))
+
+
+_MAX_BAD_CELLS = 10
+"""At most this many bad cells are listed in one refusal (a garbage file would list them all)."""
+
+
+def _bad_number_cells(df: pd.DataFrame, source: str) -> list[Problem]:
+    """One problem per cell of a numeric column that is neither empty nor a finite number (text such as
+    ``true`` or ``{}``, ``inf``, ``1e400`` which overflows to inf); rows are numbered from 1 after the
+    header, as a spreadsheet shows them minus the header line."""
+    out: list[Problem] = []
+    for col in _numeric_columns():
+        if col not in df.columns:
+            continue
+        for i, v in enumerate(df[col].tolist(), start=1):
+            if v is None or (isinstance(v, str) and not v.strip()):
+                continue
+            try:
+                x = math.nan if isinstance(v, bool) else float(v)
+                ok = not isinstance(v, bool) and (math.isfinite(x) or math.isnan(x) and not isinstance(v, str))
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                out.append(Problem(f"{source}: column {col!r}, row {i}",
+                                   f"{v!r} is not a finite number; the cell must be a number (or empty)"))
+                if len(out) >= _MAX_BAD_CELLS:
+                    return out
+    return out
 
 
 # -- plots ------------------------------------------------------------------------------------------

@@ -177,7 +177,7 @@ def _expert_problems(run: RunConfig) -> list[Problem]:
 def _offload_problems(run: RunConfig) -> list[Problem]:
     """CPU activation offloading's limits, as Megatron-core's TransformerConfig.__post_init__ checks them
     (megatron/core/transformer/transformer_config.py: offloaded layers < num_layers; no pipeline
-    parallelism; no activation recomputation)."""
+    parallelism; no activation recomputation), and one model chunk per rank (no DualPipeV at pp = 1)."""
     lay, n = run.layout, run.layout.offload_activation_layers
     if n == 0:
         return []
@@ -191,6 +191,15 @@ def _offload_problems(run: RunConfig) -> list[Problem]:
         out.append(Problem("layout.offload_activation_layers", f"{n} needs layout.pp = 1 (Megatron-core has no "
                                                                f"CPU offloading with pipeline parallelism; "
                                                                f"pp={lay.pp}); set it to 0 or pp to 1"))
+    if lay.pp == 1 and lay.resolved_schedule in ("dualpipe", "dualpipev"):
+        # DualPipeV at pp = 1 puts both chunks of its V on the one rank, each with half the layers, and runs
+        # their forwards and backwards interleaved. Megatron-core offloads only at pp = 1, so with one chunk
+        # per rank (transformer_config.py), and TE's handler syncs over one in-order pass of a stage's layers
+        # (offload.sync_layers); simtrain.estimate models one chunk too. Refused rather than guessed.
+        out.append(Problem("layout.offload_activation_layers", f"{n} needs one model chunk per rank; "
+                                                               f"schedule {lay.resolved_schedule!r} at pp=1 puts "
+                                                               f"two chunks (a V) on the rank; set it to 0 or use "
+                                                               f"schedule '1f1b'"))
     if lay.recompute != "none":
         out.append(Problem("layout.offload_activation_layers", f"{n} needs layout.recompute = 'none' "
                                                                f"(Megatron-core offloads no recomputed layer; "
