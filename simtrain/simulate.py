@@ -79,7 +79,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
                                    roles=len(reps), world_size=grid.world_size)
         else:
             notes.append(f"symmetric mode by role: {why}, so ranks whose groups are placed differently on the nodes "
-                         f"were simulated apart ({len(reps)} roles, one representative rank per stage each; "
+                         f"were simulated apart ({len(reps)} role{'s' if len(reps) > 1 else ''}, one representative rank per "
+                         "stage each; "
                          "the slowest role sets the step, as all ranks meet at the step's synchronisations)")
     symmetric = mode == "symmetric"
     step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric), reps)
