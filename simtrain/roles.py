@@ -49,8 +49,16 @@ def roles(grid: RankGrid, topo: Topology, axes: Iterable[str]) -> list[list[int]
     axes = sorted(set(axes) - {"pp", ""})
     stride, pp = grid.stride("pp"), grid.layout.pp
     seen: dict[tuple[object, ...], int] = {}
+    placed: dict[int, tuple[int, ...]] = {}  # by id(group): RankGrid.group shares one tuple per group
+
+    def place_of(group: tuple[int, ...]) -> tuple[int, ...]:
+        hit = placed.get(id(group))
+        if hit is None:
+            hit = placed[id(group)] = placement(topo, group)
+        return hit
+
     for r0 in grid.stage_ranks(0):
-        sig = tuple(placement(topo, grid.group(a, r0 + s * stride)) for s in range(pp) for a in axes)
+        sig = tuple(place_of(grid.group(a, r0 + s * stride)) for s in range(pp) for a in axes)
         seen.setdefault(sig, r0)
         if len(seen) > MAX_ROLES:
             break
