@@ -9,6 +9,7 @@ mode, which simulates every rank.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 from test_symmetric_full import TINY
@@ -22,7 +23,7 @@ from simtrain.roles import placement, roles, tiles
 from simtrain.simulate import _group_axes, cluster_of, simulate
 
 simulate_module = importlib.import_module("simtrain.simulate")  # the module (simtrain.simulate is also the function)
-EXAMPLE = "examples/llama3_8b_h100_fsdp.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3_8b_h100_fsdp.yaml"
 
 
 def _nvl72(n_domains: int, n_layers: int | None = None, pp: int = 1) -> tuple[dict, list[str]]:
