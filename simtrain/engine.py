@@ -41,6 +41,7 @@ from simtrain.inline import Guard, Inline, inline_plan, time_bounds
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
+from simtrain.roles import tiles
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 _FINISHED = object()  # a comm stream with no ops left
@@ -215,23 +216,28 @@ class CommPlanner:
 
     def collective(self, op: Op, rank: int, stage: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         """(latency, phases of flows as FlowNetwork tuples, link class) for ``rank``'s op."""
-        key = (op.coll, op.axis, op.comm_bytes, stage if self.symmetric else self.grid.group(op.axis, rank))
+        # symmetric: keyed by the representative (one per stage and role, ``simtrain.roles``)
+        key = (op.coll, op.axis, op.comm_bytes, rank if self.symmetric else self.grid.group(op.axis, rank))
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         group = self.grid.group(op.axis, rank)
         if self.symmetric and stage > 0 and (shift := self._translation(op.axis, rank, group)) is not None:
-            base = self.collective(op, self.grid.representative(0), 0)
+            base = self.collective(op, self._counterpart(rank, 0), 0)
             out = (base[0], [[_shift_flow(f, *shift) for f in ph] for ph in base[1]], base[2])
             self._cache[key] = out
             return out
         plan = self._plan(op.coll, group, op.comm_bytes)
+        # A group with unequal member counts on its nodes (one that does not tile the NVLink domains)
+        # runs a plain ring whose members do different things (only the boundary ones cross the
+        # network): its time is its slowest flow's, so a representative carries the whole group's flows.
+        whole = self.symmetric and not tiles(self.topo, group)
         if not self.symmetric:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
         else:
             # Which edges the symmetric copies share does not depend on the size: cache the weights.
-            mine = plan.for_source(place(rank))
-            wkey = (op.coll, op.axis, stage, plan.algorithm, plan.protocol)
+            mine = plan.phases if whole else plan.for_source(place(rank))
+            wkey = (op.coll, op.axis, rank, plan.algorithm, plan.protocol)
             weights = self._weights.get(wkey)
             if weights is None:
                 choice = (plan.algorithm, plan.protocol)
@@ -241,7 +247,7 @@ class CommPlanner:
                                                  for ph in _weighted(mine, [p.phases for p in peers])]
             phases = [[(f.path, w, f.nbytes, f.cap_Bps) for f, w in zip(ph, wph, strict=True)]
                       for ph, wph in zip(mine, weights, strict=True)]
-        if self.symmetric:
+        if self.symmetric and not whole:
             phases = [self._localise(ph, place(rank)) for ph in phases]
         phases = [_bundle(ph) for ph in phases]
         out = (plan.latency_s, phases, _link_class(self.topo, plan.phases))
@@ -276,7 +282,7 @@ class CommPlanner:
         the group a translate of stage 0's. Stages of a pipeline usually are (pp outermost), so their
         symmetric-mode flows are stage 0's, renamed (``_shift_flow``), instead of planned again."""
         topo = self.topo
-        base = self.grid.representative(0)
+        base = self._counterpart(rank, 0)
         dg = place(rank) - place(base)
         per_leaf = topo.gpus_per_node * topo.nodes_per_leaf
         if dg % per_leaf or topo.n_nodes % topo.nodes_per_leaf:
@@ -446,7 +452,8 @@ class Engine:
 
     def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
                  symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
-                 fast_paths: bool = True, planner: CommPlanner | None = None):
+                 fast_paths: bool = True, planner: CommPlanner | None = None,
+                 representatives: list[int] | None = None):
         self.programs, self.grid, self.gpu = programs, grid, gpu
         self.fast_paths = fast_paths
         self.load_factor = load_factor or {}
@@ -456,7 +463,7 @@ class Engine:
         self.planner = planner or CommPlanner(topo, gpu, grid, symmetric)
         self.net = FlowNetwork(self.env, self.planner.capacity)
         if symmetric:
-            self.ranks = [grid.representative(s) for s in range(len(programs))]
+            self.ranks = representatives or [grid.representative(s) for s in range(len(programs))]
         else:
             self.ranks = list(range(grid.world_size))
         self.stage = {r: grid.stage_of(r) for r in self.ranks}
@@ -792,8 +799,9 @@ class Engine:
         group = self.grid.group(op.axis, rank)
         plans = self.planner.plans
         # a symmetric stage translated from stage 0 (CommPlanner._translation) runs stage 0's plan
+        base = rank - self.stage[rank] * self.grid.stride("pp")  # rank's counterpart on stage 0
         plan = (plans.get((op.coll, group, op.comm_bytes))
-                or plans.get((op.coll, self.grid.group(op.axis, self.grid.representative(0)), op.comm_bytes)))
+                or plans.get((op.coll, self.grid.group(op.axis, base), op.comm_bytes)))
         return -1, group, f"{plan.algorithm}/{plan.protocol}" if plan is not None else ""
 
     def _slowdown(self, rank: int) -> float:

@@ -22,10 +22,14 @@ from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower, microbatches
 from simtrain.memory import closed_form_peak, expert_static_memory, fp8_weight_cache_bytes, static_memory
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
+from simtrain.roles import MAX_ROLES, roles
 from simtrain.routing import rank_load_factors, symmetric_load_factors
 from simtrain.stacks import get_stack
 from simtrain.steady import SteadyPlan, affine_at, extrapolate, plan
 from simtrain.uncertainty import band_for, read_error_table
+
+#: Largest world that symmetric mode hands to full mode when its ranks play too many roles.
+FULL_MODE_WORLD = 512
 
 
 def cluster_of(run: RunConfig) -> ClusterSpec:
@@ -60,11 +64,26 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     mode = mode or run.sim.mode
     topo = Topology(cluster)
     notes = []
+    reps: list[list[int]] = []
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
-        mode = "full"
-        notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}")
+        reps = roles(grid, topo, _group_axes(run))
+        if len(reps) > MAX_ROLES and grid.world_size <= FULL_MODE_WORLD:
+            mode, reps = "full", []
+            notes.append(f"simulated every rank (full mode): symmetric mode needs interchangeable ranks, but {why}, "
+                         f"and the ranks play more than {MAX_ROLES} roles")
+        elif len(reps) > MAX_ROLES:
+            raise InfeasibleLayout(f"symmetric mode needs interchangeable ranks, but {why}, and the ranks play more "
+                                   f"than {MAX_ROLES} roles (distinct group placements), while full mode would simulate "
+                                   f"{grid.world_size} ranks: choose a layout.order with tp innermost, or a layout "
+                                   f"whose groups tile the nodes, or sim.mode=full to wait for every rank",
+                                   roles=len(reps), world_size=grid.world_size)
+        else:
+            notes.append(f"symmetric mode by role: {why}, so ranks whose groups are placed differently on the nodes "
+                         f"were simulated apart ({len(reps)} role{'s' if len(reps) > 1 else ''}, one representative rank per "
+                         "stage each; "
+                         "the slowest role sets the step, as all ranks meet at the step's synchronisations)")
     symmetric = mode == "symmetric"
-    step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric))
+    step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric), reps)
     m = microbatches(run)
     steady = plan(run.layout.resolved_schedule, run.layout.pp, m)
     outcome = _steady_state(step, steady) if run.sim.steady_state and not trace and steady else None
@@ -75,6 +94,11 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         res, closed, note = outcome
         notes.append(note)
     result = _result(run, mode, m, res, cluster, grid, closed)
+    if len(reps) > 1:
+        critical = res.critical_rank()
+        role = next(i for i, r in enumerate(reps) if critical in r)
+        notes.append(f"critical role: role {role} (rank {reps[role][0]}'s placement; the representatives of the "
+                     f"roles on stage 0 are ranks {', '.join(str(r[0]) for r in reps)})")
     invariants.check(result, gpu, run.train.precision, min(lg.min_total for lg in res.ledgers.values()))
     result.notes.extend(notes)
     result.error_band = band_for(result.step_time_s, run.train.stack, run.model.is_moe, gpu.name,
@@ -94,6 +118,9 @@ class _Step:
     symmetric: bool
     planner: CommPlanner
     """Collective plans shared by every engine run of the step (pure memos of the topology)."""
+    roles: list[list[int]]
+    """Symmetric mode by role (``simtrain.roles``): each role's representative per stage; [] when
+    the ranks of a stage are interchangeable (one representative per stage)."""
 
     def engine_run(self, train: TrainConfig, trace: bool = False) -> tuple[Lowered, EngineResult]:
         """Lower the run with ``train``'s batch and simulate it on the engine."""
@@ -103,12 +130,47 @@ class _Step:
             raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=lowered.microbatches)
         _attach_static_memory(run, lowered, self.cluster.gpu.cuda_context_bytes + self.cluster.gpu.nccl_buffer_bytes)
         grid = self.grid
-        ranks = ([grid.representative(s) for s in range(run.layout.pp)] if self.symmetric
-                 else list(range(grid.world_size)))
-        loads = symmetric_load_factors(run, ranks) if self.symmetric else rank_load_factors(run, grid, ranks)
-        engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=self.symmetric, trace=trace,
-                        load_factor=loads, planner=self.planner)
-        return lowered, engine.run()
+        if not self.symmetric:
+            ranks = list(range(grid.world_size))
+            engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=False, trace=trace,
+                            load_factor=rank_load_factors(run, grid, ranks), planner=self.planner)
+            return lowered, engine.run()
+        # one engine run per role, each on its own network (roles share no simulated link: each run's
+        # flows already carry its copies' weights); the step is the slowest role's
+        results = []
+        for reps in self.roles or [[grid.representative(s) for s in range(run.layout.pp)]]:
+            engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=True, trace=trace,
+                            load_factor=symmetric_load_factors(run, reps), planner=self.planner,
+                            representatives=reps)
+            results.append(engine.run())
+        return lowered, _merge(results)
+
+
+def _merge(results: list[EngineResult]) -> EngineResult:
+    """One EngineResult of the per-role runs: every role's ranks; the step is the slowest role's."""
+    if len(results) == 1:
+        return results[0]
+    out = EngineResult(max(r.step_time_s for r in results), [], {}, {}, [], 0, results[0].plans)
+    for r in results:
+        out.ranks.extend(r.ranks)
+        out.stats.update(r.stats)
+        out.ledgers.update(r.ledgers)
+        out.trace.extend(r.trace)
+        out.ops_executed += r.ops_executed
+    return out
+
+
+def _group_axes(run: RunConfig) -> set[str]:
+    """The group axes the run's programs may communicate over (``simtrain.roles``: a superset only
+    splits roles finer)."""
+    axes = {"tp", "cp", "dp", "dp_cp"}
+    if run.model.is_moe:
+        axes |= {"ep", "etp", "edp"}
+    if run.layout.fsdp == "hybrid" and run.layout.fsdp_shard_size:
+        axes |= {"dp_shard", "dp_replicate"}
+    if run.layout.pp > 1:
+        axes.add("pp_emb")
+    return axes
 
 
 def _steady_state(step: _Step, steady: SteadyPlan) -> tuple[EngineResult, list[float], str] | None:

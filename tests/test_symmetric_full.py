@@ -60,12 +60,16 @@ def test_symmetric_matches_full(name: str) -> None:
     assert full.ops_executed == sym.ops_executed * world // pp
 
 
-def test_irregular_placement_falls_back_to_full_mode() -> None:
+def test_irregular_placement_runs_by_role() -> None:
     """dp=12 on 8-GPU nodes: one node holds 8 ranks of the group, the next 4, so ranks are not
-    interchangeable; symmetric mode would simulate the wrong rank, so simulate() runs full mode."""
+    interchangeable; symmetric mode simulates them by role (``simtrain.roles``: here every DP group,
+    one per stage, is placed alike, so one role) with the DP group's whole ring, and agrees with full mode."""
     cfg = _cfg(dict(n_nodes=3, nics=4, layout=dict(pp=2, dp=12, zero_stage=1), seqs=24))
     sym = simulate(cfg, mode="symmetric")
     full = simulate(cfg, mode="full")
-    assert sym.mode == "full" and sym.notes and "interchangeable" in sym.notes[0]
-    assert sym.step_time_s == full.step_time_s
+    assert sym.mode == "symmetric" and sym.notes and "by role" in sym.notes[0] and "(1 role," in sym.notes[0]
+    assert sorted(sym.stage_of) == [0, 12]
+    assert sym.step_time_s == pytest.approx(full.step_time_s, rel=0.005)
+    for a, b in zip(sym.memory, full.memory, strict=True):
+        assert a.peak_bytes == pytest.approx(b.peak_bytes, rel=1e-9)
     assert simulate(_cfg(CASES["8n-tp4-pp2-dp8"])).notes == []
