@@ -38,12 +38,6 @@ def _dualpipe(case: dict[str, Any]) -> bool:
     return _layout(case).get("schedule") in ("dualpipe", "dualpipev")
 
 
-def _nvl72_tp_cp_16(case: dict[str, Any]) -> bool:
-    cfg = case.get("config", {})
-    lay = _layout(case)
-    return "nvl72" in str(cfg.get("hardware", {}).get("node", "")) and lay.get("tp", 1) * lay.get("cp", 1) >= 16
-
-
 def _label(case: dict[str, Any]) -> str:
     return str(case.get("label", ""))
 
@@ -55,14 +49,10 @@ def _huge_count_csv(case: dict[str, Any]) -> bool:
     return bool(re.search(r"\d{8,}|1e300|\binf\b", text))
 
 
-KNOWN_OPEN: tuple[KnownBug, ...] = (
-    KnownBug("300 s speed cliff on NVL72 with TP x CP = 16", lambda c, f: _nvl72_tp_cp_16(c), hangs=True),
-)
+KNOWN_OPEN: tuple[KnownBug, ...] = ()
 """Issue 31's open bugs, one line each; remove a line when its fix is merged."""
 
 FOUND_BY_FUZZ: tuple[KnownBug, ...] = (
-    KnownBug("[fuzz] a rank order that breaks symmetry (TP outermost) falls back to full mode at any scale: "
-             "4,096 GPUs run > 30 s", lambda c, f: bool(_layout(c).get("order")) and "timeout" in f),
     KnownBug("[fuzz] full mode on 32 GPUs (pp 8, 32 micro-batches, 16 layers) runs > 30 s",
              lambda c, f: c.get("config", {}).get("sim", {}).get("mode") == "full" and "timeout" in f),
 )
