@@ -20,10 +20,10 @@ EPS = 1e-12
 
 
 class _Flow:
-    __slots__ = ("edges", "weights", "remaining", "rate", "cap", "updated", "version", "group")
+    __slots__ = ("edges", "weights", "remaining", "rate", "cap", "updated", "version", "group", "seq")
 
     def __init__(self, edges: tuple[Edge, ...], weights: tuple[float, ...], nbytes: float, cap: float,
-                 now: float, group: _Group):
+                 now: float, group: _Group, seq: int = 0):
         self.edges = edges
         self.weights = weights
         self.remaining = nbytes
@@ -32,6 +32,10 @@ class _Flow:
         self.updated = now
         self.version = 0
         self.group = group
+        self.seq = seq
+        """Start order within its network. Flows hash by identity, so a set of them iterates in address
+        order; every set is put back in start order before completions are scheduled, so simultaneous
+        completions fire in the same order in every run (fuzz campaign, issue 31)."""
 
 
 class _Group:
@@ -55,6 +59,7 @@ class FlowNetwork:
         self._capacity = capacity
         self._cap_cache: dict[Edge, float] = {}
         self._on_edge: dict[Edge, set[_Flow]] = {}
+        self._started = 0
 
     def capacity(self, e: Edge) -> float:
         """Cached achievable capacity of edge ``e`` in bytes/s."""
@@ -74,7 +79,8 @@ class FlowNetwork:
         now = self.env.now
         new = []
         for path, weights, nbytes, cap in live:
-            fl = _Flow(path, weights, nbytes, cap, now, group)
+            fl = _Flow(path, weights, nbytes, cap, now, group, self._started)
+            self._started += 1
             for e in path:
                 self._on_edge.setdefault(e, set()).add(fl)
             new.append(fl)
@@ -96,7 +102,7 @@ class FlowNetwork:
                     if g not in seen:
                         seen.add(g)
                         stack.append(g)
-        return list(seen)
+        return sorted(seen, key=_start_order)
 
     def _rebalance(self, flows: list[_Flow]) -> None:
         now = self.env.now
@@ -133,6 +139,10 @@ class FlowNetwork:
         return done
 
 
+def _start_order(f: _Flow) -> int:
+    return f.seq
+
+
 def _max_min_rates(flows: list[_Flow], capacity: Callable[[Edge], float]) -> dict[_Flow, float]:
     """Progressive filling: raise all unfrozen rates equally until an edge or a cap saturates."""
     if len(flows) == 1:
@@ -144,7 +154,7 @@ def _max_min_rates(flows: list[_Flow], capacity: Callable[[Edge], float]) -> dic
     for f in flows:
         for e in f.edges:
             left[e] = capacity(e)
-    active = set(flows)
+    active = list(flows)  # in the callers' start order, so the load sums below round alike in every run
     while active:
         load: dict[Edge, float] = {}
         for f in active:
@@ -159,7 +169,7 @@ def _max_min_rates(flows: list[_Flow], capacity: Callable[[Edge], float]) -> dic
             left[e] -= inc * w
             if left[e] <= EPS * capacity(e):
                 full.add(e)
-        active = {f for f in active if f.cap - rate[f] > EPS * max(rate[f], 1.0) and not any(e in full for e in f.edges)}
+        active = [f for f in active if f.cap - rate[f] > EPS * max(rate[f], 1.0) and not any(e in full for e in f.edges)]
     return rate
 
 
@@ -171,7 +181,7 @@ def fluid_duration(flows: list[tuple[tuple[Edge, ...], tuple[float, ...], float,
     """
     now = 0.0
     dummy = _Group(0, None)  # type: ignore[arg-type]
-    live = [_Flow(p, w, b, c, 0.0, dummy) for p, w, b, c in flows if b > 0 and p]
+    live = [_Flow(p, w, b, c, 0.0, dummy, i) for i, (p, w, b, c) in enumerate(flows) if b > 0 and p]
     while live:
         rates = _max_min_rates(live, capacity)
         dt = min(f.remaining / rates[f] for f in live)
