@@ -12,14 +12,15 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Count: a whole number, never a boolean (YAML's ``true`` would otherwise read as 1) nor a float with a
 # fraction (simtrain.batch.whole_number)
 from simtrain.batch import Count, RunSpec, parse_count
-from simtrain.errors import ConfigError, Problem, pydantic_problems
+from simtrain.errors import ConfigError, Problem
+from simtrain.hf_config import from_hf_config
 from simtrain.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN
-from simtrain.model import ModelSpec, from_hf_config, preset
+from simtrain.model import ModelSpec, preset
 from simtrain.safe_yaml import load_yaml, read_document
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
@@ -434,39 +435,3 @@ def bool_count_problems(schema: type[BaseModel], data: Any, path: str = "") -> l
                 elif isinstance(value, list | tuple):
                     todo += [(sub, item, f"{dotted}[{i}].") for i, item in enumerate(value)]
     return out
-
-
-def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Build and fully validate a RunConfig from a RunConfig, dict or file path, plus overrides.
-
-    Raises:
-        ConfigError: listing every problem, each with its dotted path.
-    """
-    if isinstance(source, RunConfig) and not overrides:
-        data: dict[str, Any] | None = None
-        run = source
-    else:
-        if isinstance(source, RunConfig):
-            data = source.model_dump()
-        elif isinstance(source, dict):
-            data = source
-        elif isinstance(source, str | Path):
-            data = read_config_file(source)
-        else:
-            raise ConfigError(Problem("config", f"a {type(source).__name__} is not a config; give a RunConfig, a "
-                                                "dict or the path of a YAML/JSON file"))
-        data = apply_overrides(data, overrides or [])
-        bools = bool_count_problems(RunConfig, data)
-        try:
-            run = RunConfig.model_validate(data)
-        except ValidationError as exc:
-            found = pydantic_problems(exc)  # a field's own message first (Count fields refuse booleans too)
-            raise ConfigError(found + [b for b in bools if b.path not in {p.path for p in found}]) from None
-        if bools:
-            raise ConfigError(bools)
-    from simtrain.validate import check_run
-
-    problems = check_run(run)
-    if problems:
-        raise ConfigError(problems)
-    return run

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from simtrain import invariants
-from simtrain.config import RunConfig, TrainConfig, load_config
+from simtrain.config import RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import AXES, CommPlanner, Engine, EngineResult, RankStats, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec, Topology
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower, microbatches
 from simtrain.memory import closed_form_peak, expert_static_memory, fp8_weight_cache_bytes, static_memory
 from simtrain.profile import compute_calibration, run_cluster

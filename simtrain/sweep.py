@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from simtrain.config import RunConfig, apply_overrides, load_config, read_config_file
+from simtrain.config import RunConfig, apply_overrides, read_config_file
 from simtrain.errors import ConfigError, InfeasibleLayout, Problem, SimtrainError
+from simtrain.load import load_config
 from simtrain.results import AXES, StepResult
 from simtrain.safe_yaml import load_yaml
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from simtrain.batch import schedule_problems
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
 from simtrain.hardware import load_node
@@ -17,6 +16,7 @@ from simtrain.limits import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
+from simtrain.phases import schedule_problems
 from simtrain.profile import run_cluster
 
 #: Upper bound of each integer model field (``simtrain.limits``); other integer fields are widths.

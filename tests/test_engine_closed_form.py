@@ -6,11 +6,12 @@ from collections import defaultdict
 
 import pytest
 
-from simtrain.config import LayoutConfig, load_config
+from simtrain.config import LayoutConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import Engine
 from simtrain.hardware import Topology, build_cluster
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.ops import OpKind, Program, Stream
 from simtrain.schedules import Action, build_schedule
@@ -230,8 +231,8 @@ def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
     """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores): every collective of a
     comm stream (here ZeRO-1's gradient reduce-scatters and parameter all-gathers) lasts (1 + f) x its
     transfer; blocking in-line ones and compute do not change."""
-    from simtrain.config import load_config
     from simtrain.costs import ComputeCostModel
+    from simtrain.load import load_config
     from simtrain.lowering import lower
 
     cfg = {"model": {"preset": "llama3-8b", "n_layers": 2}, "hardware": {"node": "dgx-h100", "n_nodes": 1},

@@ -15,7 +15,8 @@ from simtrain.flops import (
     model_flops_per_step,
     model_flops_per_token,
 )
-from simtrain.model import ModelSpec, MoESpec, from_hf_config, list_presets, preset, preset_table
+from simtrain.hf_config import from_hf_config
+from simtrain.model import ModelSpec, MoESpec, list_presets, preset, preset_table
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from simtrain.collectives import effective_bandwidth, plan_collective
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.hardware import Topology, build_cluster, load_gpu
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.memory import activation_shape, moe_mlp_activation_bytes
 from simtrain.routing import expert_loads, worst_rank_load

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from test_symmetric_full import TINY
 
-from simtrain.config import load_config
 from simtrain.errors import InfeasibleLayout
 from simtrain.hardware import Topology
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.model import preset
 from simtrain.roles import placement, roles, tiles
 from simtrain.simulate import _group_axes, cluster_of, simulate

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem, problem
+from simtrain.load import load_config
 
 
 @dataclass(frozen=True, slots=True)
