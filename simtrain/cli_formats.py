@@ -206,7 +206,7 @@ def best_config(config: Any, overrides: list[str], result: Any) -> RunConfig:
     run = load_config(config, overrides)
     per_node = run.hardware.gpus_per_node
     if per_node is None:
-        from simtrain.hardware import load_node
+        from simtrain.hardware_load import load_node
 
         per_node = load_node(run.hardware.node, run.hardware.gpu).gpus_per_node
     hardware = run.hardware.model_copy(update={"n_nodes": result.n_gpus // per_node})

@@ -619,7 +619,7 @@ def _measured(row: dict[str, str], out: ParsedRow, notes: list[str]) -> None:
 
 
 def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes: list[str]) -> RunConfig:
-    from simtrain.hardware import load_gpu, load_node
+    from simtrain.hardware_load import load_gpu, load_node
     from simtrain.load import load_config
 
     stack, stack_note = stack_from_text(row.get("framework"), row.get("source"))
@@ -886,7 +886,7 @@ def _used_per_node(row: dict[str, str], node: str, node_gpus: int, n_gpus: int, 
 
 def _hardware(row: dict[str, str], gpu: str, node: str, node_gpus: int, n_gpus: int,
               notes: list[str]) -> dict[str, Any]:
-    from simtrain.hardware import load_node
+    from simtrain.hardware_load import load_node
 
     hw: dict[str, Any] = {"node": node}
     if load_node(node).gpu.name != gpu:

@@ -58,7 +58,7 @@ from simtrain.collectives import (
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.flops import model_flops_per_step
-from simtrain.hardware import ClusterSpec, Topology
+from simtrain.hardware import ClusterSpec
 from simtrain.layout import RankGrid
 from simtrain.lowering import (
     TP_OVERLAP_CHUNKS,
@@ -99,6 +99,7 @@ from simtrain.profile import compute_calibration
 from simtrain.routing import worst_rank_load
 from simtrain.schedules import Action, ActionCosts, Route, build_schedule, makespan, schedule_route
 from simtrain.stacks import get_stack
+from simtrain.topology import Topology
 
 MiB = 1024.0**2
 PEAK_MICROBATCHES_PER_STAGE = 4  # the 1F1B/interleaved peak is reached within 4 x pp micro-batches

@@ -220,7 +220,7 @@ def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str
 
 
 def _bf16_peak(p: ParsedRow) -> float:
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
 
     return load_gpu(p.gpu_type).bf16_flops_per_s
 

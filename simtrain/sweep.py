@@ -150,7 +150,7 @@ def fill_auto_dp(data: dict[str, Any]) -> dict[str, Any]:
     layout = data.get("layout")
     if not isinstance(layout, dict) or layout.get("dp") != "auto":
         return data
-    from simtrain.hardware import load_node
+    from simtrain.hardware_load import load_node
 
     hw = data.get("hardware") or {}
     node = load_node(str(hw.get("node", "dgx-h100")), hw.get("gpu"))

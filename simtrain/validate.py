@@ -6,7 +6,7 @@ from typing import Any
 
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
-from simtrain.hardware import load_node
+from simtrain.hardware_load import load_node
 from simtrain.limits import (
     MAX_GPUS,
     MAX_HEADS,

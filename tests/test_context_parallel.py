@@ -6,7 +6,7 @@ import pytest
 
 from simtrain.blocks import Ring
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
 from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.simulate import simulate

@@ -9,13 +9,14 @@ import pytest
 from simtrain.config import LayoutConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import Engine
-from simtrain.hardware import Topology, build_cluster
+from simtrain.hardware_load import build_cluster
 from simtrain.layout import RankGrid
 from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.ops import OpKind, Program, Stream
 from simtrain.schedules import Action, build_schedule
 from simtrain.simulate import cluster_of, simulate
+from simtrain.topology import Topology
 
 TF, TB = 1.0, 2.0
 HOP_SLACK = 1e-3  # s: pipeline-send latencies (~13 us per hop, a few dozen hops) on a >10 s step; any
@@ -217,7 +218,7 @@ def test_interference_per_link_class() -> None:
     """Collectives hold NCCL's channel SMs (16 for a DGX node's inter-node rings, nccl#689); a
     pipeline send/recv holds one small CTA (nccl#1433), so it slows compute by one SM's share."""
     from simtrain.engine import P2P_CLASS, _interference
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
 
     for name in ("a100-80gb", "h100-sxm", "h200", "b200"):
         gpu = load_gpu(name)

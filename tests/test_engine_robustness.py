@@ -98,7 +98,7 @@ def test_a_result_breaking_an_invariant_is_refused(field: str, value: Any, needl
 
 def test_fp8_runs_may_exceed_the_bf16_peak_but_not_the_fp8_one() -> None:
     from simtrain import invariants
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
     gpu = load_gpu("h100-sxm")
     assert invariants.peak_ratio(gpu, "bf16") == 1.0
     assert invariants.peak_ratio(gpu, "fp8") == pytest.approx(gpu.fp8_flops_per_s / gpu.bf16_flops_per_s)

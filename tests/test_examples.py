@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from simtrain.cli import main
-from simtrain.hardware import build_cluster
+from simtrain.hardware_load import build_cluster
 from simtrain.load import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))

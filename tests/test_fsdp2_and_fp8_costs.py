@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
 from simtrain.load import load_config
 from simtrain.lowering import Lowered, lower
 from simtrain.ops import OpKind

@@ -391,7 +391,7 @@ def test_sliding_window_kernel_visits_every_key_block_its_window_meets() -> None
     window's scores (flash-attn local mainloop); model FLOPs keep the window (test above)."""
     from simtrain.blocks import BlockBuilder
     from simtrain.costs import FLASH_BLOCK, ComputeCostModel
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
 
     m, s = preset("gpt-oss-120b"), 4096
     b = BlockBuilder(m, ComputeCostModel(load_gpu("h100-sxm"), "bf16"), 1, s, 1, False, True, False)

@@ -21,9 +21,9 @@ from simtrain.cli import main
 from simtrain.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
 from simtrain.costs import ComputeCostModel
 from simtrain.errors import ConfigError
-from simtrain.hardware import Topology
 from simtrain.profile import compute_calibration, load_profile, run_cluster
 from simtrain.simulate import cluster_of
+from simtrain.topology import Topology
 
 CPU_CONFIG = str(Path(__file__).parent / "data" / "cpu_llama.yaml")
 FSDP_EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_h100_fsdp.yaml")
