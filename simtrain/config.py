@@ -21,7 +21,7 @@ from simtrain.errors import ConfigError, Problem, pydantic_problems
 from simtrain.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN
 from simtrain.model import ModelSpec, from_hf_config, preset
 from simtrain.safe_yaml import load_yaml, read_document
-from simtrain.schedules import REGISTRY, Schedule, schedule_of
+from simtrain.schedules import REGISTRY, Schedule, ScheduleKind, schedule_of
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
@@ -38,7 +38,7 @@ def _schedule_name(value: str) -> str:
     """``auto`` or the name of a registered pipeline schedule (``simtrain.schedules.REGISTRY``)."""
     if value != "auto" and value not in REGISTRY:
         raise ValueError(f"not a pipeline schedule; valid: {', '.join(('auto', *REGISTRY.kinds()))}")
-    return value
+    return str(value)  # a ScheduleKind given from Python is stored as its plain name
 
 
 def _schedule_enum(schema: dict[str, Any]) -> None:
@@ -192,7 +192,7 @@ class LayoutConfig(BaseModel):
         """The pipeline schedule actually used (``auto``: interleaved when vpp > 1)."""
         if self.schedule != "auto":
             return self.schedule
-        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+        return (ScheduleKind.INTERLEAVED_1F1B if self.vpp > 1 else ScheduleKind.ONE_F_ONE_B).value
 
     @property
     def pipeline_schedule(self) -> Schedule:

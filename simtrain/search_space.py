@@ -20,6 +20,8 @@ RECOMPUTE = ("none", "selective", "full", "offload")
 """Memory levers tried per layout: no recompute, selective or full recompute, or (pp = 1) CPU activation
 offloading of the fewest layers that fit (``layout.offload_activation_layers``, recompute none)."""
 SEARCH_SCHEDULES = ("auto", "dualpipe", "dualpipev", "zb_h1")
+"""Schedules ``--schedule`` may name, in the order candidates are listed: ``auto`` (1F1B, interleaved when
+vpp > 1), then registered schedule names (``simtrain.schedules.REGISTRY``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,9 @@ def _schedules(run: RunConfig, pp: int, vpp: int, microbatches: int, space: Sear
     ``Schedule.problems``, as validate checks) and DualPipeV where it can (at least 2 x pp micro-batches, the
     assert of deepseek-ai/DualPipe ``dualpipev.py``; vpp 1, as it places its two chunks itself; at
     least one layer on each of its 2 x pp stages); ZB-H1 when the space names it (vpp 1, pp > 1)."""
-    allowed = space.schedule or (("auto", "dualpipe", "dualpipev") if run.model.is_moe else ("auto",))
+    # by default MoE models also try the schedules whose overlapped F&B pairs hide the all-to-alls
+    overlapping = tuple(k for k in SEARCH_SCHEDULES[1:] if schedule_of(k).overlaps_forward_backward)
+    allowed = space.schedule or (("auto", *overlapping) if run.model.is_moe else ("auto",))
     out = ["auto"] if "auto" in allowed else []
     if vpp > 1 or pp == 1:
         return out

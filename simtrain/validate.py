@@ -46,14 +46,9 @@ def check_run(run: RunConfig) -> list[Problem]:
                                         "pad the vocabulary to a multiple of tp"))
     if lay.pp > m.n_layers:
         out.append(Problem("layout.pp", f"{lay.pp} stages is more than model.n_layers={m.n_layers}"))
-    if lay.vpp > 1 and m.n_layers < lay.pp * lay.vpp - 2:
-        out.append(Problem("layout.vpp", f"{lay.vpp}: pp x vpp = {lay.pp * lay.vpp} model chunks need at least "
-                                         f"pp x vpp - 2 layers (first and last may hold only the embedding and "
-                                         f"head), model.n_layers={m.n_layers}"))
     if lay.vpp > 1 and lay.pp == 1:
         out.append(Problem("layout.vpp", f"{lay.vpp} needs layout.pp > 1"))
-    if lay.pp <= m.n_layers:  # chunks, vpp and layers per chunk the schedule can run (simtrain.schedules)
-        out += lay.pipeline_schedule.layout_problems(lay.pp, lay.vpp, m.n_layers)
+    out += lay.pipeline_schedule.layout_problems(lay.pp, lay.vpp, m.n_layers)  # chunks, vpp, layers per chunk
     if lay.sequence_parallel and t == 1:
         out.append(Problem("layout.sequence_parallel", "true needs layout.tp > 1"))
     if sorted(lay.order) != sorted(("tp", "cp", "ep", "dp", "pp")):

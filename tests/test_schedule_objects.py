@@ -124,6 +124,11 @@ def test_constraints_are_problems_with_dotted_paths() -> None:
     assert schedule_of("1f1b").problems(4, 2, 8, 8, "x") == [
         Problem("layout.schedule", "'1f1b' cannot run vpp=2; use interleaved_1f1b")]
     assert schedule_of("gpipe").problems(4, 1, 1, 8, "x") == []
+    # layers per chunk: every model stage on the path but the first and last needs a layer
+    assert [p.path for p in schedule_of("interleaved_1f1b").problems(4, 4, 8, 13, "x")] == ["layout.vpp"]
+    assert schedule_of("interleaved_1f1b").problems(4, 4, 8, 14, "x") == []
+    assert schedule_of("dualpipev").problems(4, 1, 8, 6, "x") == []
+    assert schedule_of("dualpipe").problems(4, 1, 8, 4, "x") == []
 
 
 def test_unknown_schedule_is_an_error_everywhere(capsys: pytest.CaptureFixture[str]) -> None:

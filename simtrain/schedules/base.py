@@ -209,10 +209,22 @@ class Schedule(ABC):
         return min(m, self.steady_microbatches(p))
 
     def layout_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
-        """Problems of running this schedule on ``p`` stages of ``v`` chunks for ``n_layers`` layers
-        (called when ``p <= n_layers``): paths ``layout.schedule`` / ``layout.vpp``."""
+        """Problems of running this schedule on ``p`` stages of ``v`` chunks for ``n_layers`` layers:
+        paths ``layout.schedule`` / ``layout.vpp``."""
+        out = self.layer_problems(p, v, n_layers)
         if v > 1 and self.chunks is not None:
-            return [Problem("layout.schedule", f"{str(self.kind)!r} cannot run vpp={v}; use interleaved_1f1b")]
+            out.append(Problem("layout.schedule", f"{str(self.kind)!r} cannot run vpp={v}; use interleaved_1f1b"))
+        return out
+
+    def layer_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
+        """Every model stage on the route but the first and last (which may hold only the embedding and
+        the head: ``lowering.layers_by_position`` takes layers from them first) needs a layer. More stages
+        than layers (``p > n_layers``) is ``layout.pp``'s problem, reported by validation."""
+        stages = self.route(p, 0, v).length
+        if p <= n_layers < stages - 2:
+            return [Problem("layout.schedule", f"{str(self.kind)!r} places {stages} model stages on each "
+                                               f"micro-batch's path; all but the first and last need a layer, so "
+                                               f"at least {stages - 2} layers, model.n_layers={n_layers}")]
         return []
 
     def microbatch_problems(self, p: int, m: int, path: str) -> list[Problem]:

@@ -138,10 +138,11 @@ class _DualPipeBase(Schedule):
         return 2 * p
 
     def layout_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
-        out = []
+        out = self.layer_problems(p, 1, n_layers)
         if v > 1:
             out.append(Problem("layout.vpp", f"{v}: {str(self.kind)} places two chunks per rank itself; set vpp=1"))
-        return out + super().layout_problems(p, v, n_layers)
+            out.append(Problem("layout.schedule", f"{str(self.kind)!r} cannot run vpp={v}; use interleaved_1f1b"))
+        return out
 
 
 class DualPipe(_DualPipeBase):
@@ -179,17 +180,16 @@ class DualPipeV(_DualPipeBase):
     def route(self, p: int, m: int, v: int = 1) -> Route:
         return Route(RouteShape.V, p, 2, m)
 
-    def layout_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
-        out = []
-        if n_layers < 2 * p - 2:
+    def layer_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
+        if p <= n_layers < 2 * p - 2:  # (more stages than layers is layout.pp's problem)
             # simtrain.lowering.layers_by_position: a V of 2 x pp model stages, the first and last on rank 0
             # (which also holds the embedding and the head) give up layers first; any other stage without a
             # layer would leave the pipeline with an empty chunk
-            out.append(Problem("layout.schedule", f"'dualpipev' places 2 x pp = {2 * p} model chunks in a V; "
-                                                  f"every chunk but the first and last needs a layer, so at least "
-                                                  f"2 x pp - 2 = {2 * p - 2} layers, model.n_layers="
-                                                  f"{n_layers}; lower layout.pp or use another schedule"))
-        return out + super().layout_problems(p, v, n_layers)
+            return [Problem("layout.schedule", f"'dualpipev' places 2 x pp = {2 * p} model chunks in a V; "
+                                               f"every chunk but the first and last needs a layer, so at least "
+                                               f"2 x pp - 2 = {2 * p - 2} layers, model.n_layers="
+                                               f"{n_layers}; lower layout.pp or use another schedule")]
+        return []
 
     def microbatch_problems(self, p: int, m: int, path: str) -> list[Problem]:
         if m < 2 * p:  # deepseek-ai/DualPipe dualpipev.py asserts at least 2 x ranks micro-batches

@@ -95,7 +95,16 @@ class Interleaved1F1B(Schedule):
         return min(m, PEAK_MICROBATCHES_PER_STAGE * p)
 
     def layout_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
-        return [Problem("layout.schedule", "interleaved_1f1b needs layout.vpp > 1")] if v == 1 else []
+        if v == 1:
+            return [Problem("layout.schedule", "interleaved_1f1b needs layout.vpp > 1")]
+        return self.layer_problems(p, v, n_layers)
+
+    def layer_problems(self, p: int, v: int, n_layers: int) -> list[Problem]:
+        if n_layers < p * v - 2:
+            return [Problem("layout.vpp", f"{v}: pp x vpp = {p * v} model chunks need at least pp x vpp - 2 "
+                                          f"layers (first and last may hold only the embedding and head), "
+                                          f"model.n_layers={n_layers}")]
+        return []
 
     def microbatch_problems(self, p: int, m: int, path: str) -> list[Problem]:
         if m < p:  # Megatron-core get_schedule_table: m need not be a multiple of p, but at least p
