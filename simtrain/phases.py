@@ -166,7 +166,8 @@ def schedule_problems(run: RunConfig) -> list[Problem]:
     """Problems of the ``run`` section: schedule shape, and every batch against the layout.
 
     Each distinct batch must split into whole micro-batches: sequences divisible by
-    micro_batch_size x dp, and (interleaved 1F1B) a micro-batch count that is a multiple of pp.
+    micro_batch_size x dp, and a micro-batch count the pipeline schedule can run
+    (``Schedule.microbatch_problems``: interleaved 1F1B at least pp, DualPipe even and at least 2 x pp, ...).
     """
     if run.run is None:
         return []
@@ -183,9 +184,10 @@ def schedule_problems(run: RunConfig) -> list[Problem]:
             out.append(Problem(seg.source, f"a batch of {seg.batch_seqs} sequences ({seg.batch_seqs * seg.seq_len} "
                                            f"tokens) is not divisible by micro_batch_size x dp = {mbs} x {lay.dp} "
                                            f"= {unit}"))
-        elif lay.resolved_schedule == "interleaved_1f1b" and (seg.batch_seqs // unit) % lay.pp:
-            out.append(Problem(seg.source, f"a batch of {seg.batch_seqs} sequences gives {seg.batch_seqs // unit} "
-                                           f"micro-batches; interleaved 1F1B needs a multiple of layout.pp={lay.pp}"))
+        else:  # the micro-batch counts the pipeline schedule can run, as for train's batch (validate)
+            out += [Problem(seg.source, f"a batch of {seg.batch_seqs} sequences gives {seg.batch_seqs // unit} "
+                                        f"micro-batches; {pr.message}")
+                    for pr in lay.pipeline_schedule.microbatch_problems(lay.pp, seg.batch_seqs // unit, seg.source)]
         long = seg.seq_len != run.train.seq_len and seg.seq_len > run.model.max_position
         if run.model.position == "learned" and long:
             out.append(Problem(seg.source, f"seq_len {seg.seq_len} exceeds model.max_position="
