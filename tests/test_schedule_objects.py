@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 import pytest
 
 from simtrain.cli import main
-from simtrain.config import LayoutConfig, load_config
+from simtrain.config import LayoutConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.errors import ConfigError, Problem
 from simtrain.estimate import Estimator
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.profile import compute_calibration
 from simtrain.schedules import (
