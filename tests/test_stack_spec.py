@@ -220,3 +220,13 @@ def test_schema_lists_presets_groups_and_flat_names() -> None:
     assert "attention" in override and "cpu_launch_s" in override
     assert not set(ROW_DEFAULT_FIELDS) & set(override)  # row defaults: the run config states them itself
     assert "default" not in schema["$defs"]["TensorParallelSpec"]["properties"]["dtensor"]  # the preset's
+
+
+def test_the_readme_override_example_runs() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("#### `train.stack`: presets and overrides"):]
+    block = section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml\n") + 8)]
+    train = yaml.safe_load(block)["train"]
+    run = load_config(_cfg(train["stack"]))
+    assert run.train.stack_spec.attention == "fa3" and run.train.stack_spec.cpu_launch_s == 2.0e-6
+    assert run.train.stack_spec.compiled_blocks  # the rest is torchtitan-compile's
