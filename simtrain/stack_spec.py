@@ -7,10 +7,10 @@ differ in things a user chooses: whether memory-bound ops are fused, which atten
 how FP8 scales its tensors, which overlap features are on, and how much CPU time each kernel launch
 costs. A :class:`SoftwareStack` holds those choices as documented fields, grouped by concern
 (``fusion``, ``attn``, ``fp8``, ``tp``, ``fsdp``, ``pipeline``, ``dp``, ``launch``, and ``defaults``:
-what a published row inherits where it does not say); each field also
-has a flat name (``FLAT_FIELDS``: ``tp_comm_overlap`` is ``tp.comm_overlap``), readable as an attribute
-and accepted in overrides. The named stacks are presets (``simtrain.stacks``); ``train.stack`` names
-one or overrides its fields (``simtrain.stacks.StackOverride``).
+what a published row inherits where it does not say); each field also has a flat name (``FLAT_FIELDS``:
+``dtensor_tp`` is ``tp.dtensor``), readable as an attribute and accepted in overrides. The named stacks
+are presets (``simtrain.stacks``); ``train.stack`` names one or overrides its fields
+(``simtrain.stacks.StackOverride``).
 
 Unfused traffic factors are [derived] from the op decomposition of the eager PyTorch code (bytes
 moved through HBM per element, bf16 = 2, fp32 = 4), relative to one fused kernel that reads its
@@ -309,8 +309,8 @@ class LaunchSpec(BaseModel):
 class SoftwareStack(BaseModel):
     """A training framework's kernel and overlap choices, grouped by concern (module docstring).
 
-    Every field is also readable by its flat name (``FLAT_FIELDS``), e.g. ``stack.tp_comm_overlap`` is
-    ``stack.tp.comm_overlap``."""
+    Every field is also readable by its flat name (``FLAT_FIELDS``), e.g. ``stack.dtensor_tp`` is
+    ``stack.tp.dtensor``."""
 
     model_config = _SPEC
     name: str

@@ -67,7 +67,8 @@ from simtrain.stack_spec import (
 )
 
 __all__ = ["DEFAULT_STACK", "FA2_ON_HOPPER", "FLAT_FIELDS", "GROUPS", "STACKS", "OpFusion", "SoftwareStack",
-           "StackOverride", "derive", "get_stack", "resolve_stack", "stack_choice", "stack_from_text"]
+           "StackOverride", "derive", "get_stack", "override_names", "resolve_stack", "stack_choice",
+           "stack_from_text"]
 
 DEFAULT_STACK = "megatron-te"
 
@@ -76,8 +77,8 @@ DEFAULT_STACK = "megatron-te"
 OVERRIDABLE: tuple[str, ...] = tuple(g for g in GROUPS if g != "defaults")
 
 
-def nest_changes(changes: Mapping[str, Any], groups: tuple[str, ...] = GROUPS) -> tuple[dict[str, Any],
-                                                                                      list[InitErrorDetails]]:
+def nest_changes(changes: Mapping[str, Any],
+                 groups: tuple[str, ...] = GROUPS) -> tuple[dict[str, Any], list[InitErrorDetails]]:
     """Field changes given by group (``{"dp": {"grad_dtype": "bf16"}}``) or flat name (``{"grad_dtype":
     "bf16"}``) as one nested dict by group, and an error for each unknown name (with the valid names), field
     given twice, or field outside ``groups`` (a row default, ``ROW_DEFAULT_FIELDS``: what to set instead). A
@@ -85,8 +86,8 @@ def nest_changes(changes: Mapping[str, Any], groups: tuple[str, ...] = GROUPS) -
     nested: dict[str, Any] = {}
     errors: list[InitErrorDetails] = []
     for key, value in changes.items():
-        row_default = FLAT_FIELDS[key][0] if isinstance(key, str) and key in FLAT_FIELDS else key
-        if row_default == "defaults" and "defaults" not in groups:
+        group_of = FLAT_FIELDS[key][0] if isinstance(key, str) and key in FLAT_FIELDS else key
+        if group_of == "defaults" and "defaults" not in groups:
             instead = (ROW_DEFAULT_FIELDS[key] if key in ROW_DEFAULT_FIELDS else
                        ", ".join(ROW_DEFAULT_FIELDS[f] for f in ROW_DEFAULT_FIELDS))
             errors.append(_error("stack_row_default", f"{key}: a default for published rows (simtrain validate), "
@@ -299,7 +300,7 @@ class StackOverride(BaseModel):
         self._key = json.dumps(self.dump(), sort_keys=True)
 
     def overrides(self) -> dict[str, Any]:
-        """The fields given, nested by group (``{"tp": {"comm_overlap": False}}``)."""
+        """The fields given, nested by group (``{"tp": {"dtensor": False}}``)."""
         out: dict[str, Any] = {}
         for group in OVERRIDABLE:
             spec = getattr(self, group)
@@ -323,6 +324,11 @@ class StackOverride(BaseModel):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StackOverride) and self._key == other._key
+
+
+def override_names() -> list[str]:
+    """The flat names a StackOverride takes besides its fields (every field outside the row defaults)."""
+    return [flat for flat, (group, _) in FLAT_FIELDS.items() if group in OVERRIDABLE]
 
 
 def stack_choice(value: Any) -> str | StackOverride:

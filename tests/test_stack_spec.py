@@ -20,6 +20,7 @@ from simtrain.simulate import cluster_of, simulate
 from simtrain.stack_rules import optimizer_bytes_per_param
 from simtrain.stack_spec import FLAT_FIELDS, GROUPS, ROW_DEFAULT_FIELDS, OpFusion, SoftwareStack
 from simtrain.stacks import STACKS, StackOverride, get_stack, resolve_stack, stack_choice
+from simtrain.sweep import sweep
 
 #: Every preset's 33 fields as the SoftwareStack dataclass held them before the spec (written by that code).
 GOLDEN = json.loads((Path(__file__).parent / "data" / "stack_presets.json").read_text())
@@ -230,3 +231,12 @@ def test_the_readme_override_example_runs() -> None:
     run = load_config(_cfg(train["stack"]))
     assert run.train.stack_spec.attention == "fa3" and run.train.stack_spec.cpu_launch_s == 2.0e-6
     assert run.train.stack_spec.compiled_blocks  # the rest is torchtitan-compile's
+
+
+def test_a_sweep_grid_takes_a_stack_field_by_flat_name() -> None:
+    table = sweep(_cfg("megatron-te"), {"train.stack.attention": ["fa3", "fa2"]}, workers=1, whole_run=False)
+    fa3, fa2 = table.to_dict("records")
+    assert fa2["compute_s"] > fa3["compute_s"]
+    assert (fa2["train.stack.preset"], fa2["train.stack.attn.kernel"]) == ("megatron-te", "fa2")
+    with pytest.raises(ConfigError, match="'tp_comm_overlap' is not a field of train.stack"):
+        sweep(_cfg("megatron-te"), {"train.stack.tp_comm_overlap": [True, False]}, workers=1)
