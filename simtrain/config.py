@@ -23,6 +23,7 @@ from simtrain.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BA
 from simtrain.model import ModelSpec, preset
 from simtrain.safe_yaml import load_yaml, read_document
 from simtrain.schedules import REGISTRY, Schedule, ScheduleKind, schedule_of
+from simtrain.stacks import DEFAULT_STACK, SoftwareStack, StackOverride, resolve_stack, stack_choice
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
@@ -237,10 +238,12 @@ class TrainConfig(BaseModel):
     """Attention kernel: fused FlashAttention (no score matrix in memory) or unfused softmax(QK^T)V."""
     dropout: bool | None = None
     """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
-    stack: str = "megatron-te"
-    """Software stack (``simtrain.stacks.STACKS``): kernel fusion, CPU launch cost, FlashAttention 2 or 3:
-    megatron-te, megatron-legacy, torchtitan-eager, torchtitan-compile, torchtitan-compile-2024, composer-fsdp, deepspeed,
-    pytorch-eager."""
+    stack: str | StackOverride = DEFAULT_STACK
+    """Software stack (``simtrain.stacks``): a preset name, megatron-te, megatron-core, megatron-legacy,
+    torchtitan-eager, torchtitan-compile, torchtitan-compile-2024, composer-fsdp, deepspeed, pytorch-eager; or
+    a preset with fields overridden, ``{preset: torchtitan-compile, attn: {kernel: fa3}, cpu_launch_s:
+    2.0e-6}`` (``StackOverride``): kernel fusion, CPU launch cost, FlashAttention 2 or 3, FP8, TP, FSDP,
+    pipeline runtime and optimizer behaviour. ``stack_spec`` is the stack it stands for."""
 
     @field_validator("global_batch_tokens", mode="before")
     @classmethod
@@ -260,21 +263,25 @@ class TrainConfig(BaseModel):
             return int(count)
         return count
 
-    @field_validator("stack")
+    @field_validator("stack", mode="before")
     @classmethod
-    def _known_stack(cls, value: str) -> str:
-        from simtrain.stacks import STACKS
+    def _known_stack(cls, value: Any) -> Any:
+        return stack_choice(value)
 
-        if value.strip().lower() not in STACKS:
-            raise ValueError(f"unknown software stack; known stacks: {', '.join(STACKS)}")
-        return value.strip().lower()
+    @property
+    def stack_spec(self) -> SoftwareStack:
+        """The software stack this run uses: the preset with any overrides applied."""
+        return resolve_stack(self.stack)
+
+    @property
+    def stack_name(self) -> str:
+        """The stack's preset name (an overridden stack's preset)."""
+        return self.stack.preset if isinstance(self.stack, StackOverride) else self.stack
 
     @property
     def grad_bytes(self) -> float:
         """Bytes per gradient element: ``grad_dtype``, or the stack's default when it is None."""
-        from simtrain.stacks import get_stack
-
-        dtype = self.grad_dtype or get_stack(self.stack).grad_dtype
+        dtype = self.grad_dtype or self.stack_spec.grad_dtype
         return 4.0 if dtype == "fp32" else 2.0
 
     @property
@@ -393,6 +400,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             continue
         if parts[0] == "model" and len(parts) > 1 and isinstance(out.get("model"), str):
             out["model"] = {"preset": out["model"]}  # a preset name becomes {preset: name, ...overrides}
+        if parts[:2] == ["train", "stack"] and len(parts) > 2 and isinstance(out.get("train"), dict):
+            out["train"]["stack"] = _stack_mapping(out["train"].get("stack"))  # likewise a stack preset name
         node = out
         for i, part in enumerate(parts[:-1]):
             if node.get(part) is None:
@@ -407,6 +416,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     if problems:
         raise ConfigError(problems)
     return out
+
+
+def _stack_mapping(stack: Any) -> Any:
+    """``train.stack`` as a mapping that dotted overrides go into: a preset name ``n`` -> ``{preset: n}``."""
+    return {"preset": stack} if isinstance(stack, str) else stack
 
 
 def _jsonable(obj: Any) -> Any:

@@ -66,20 +66,14 @@ from simtrain.lowering import (
     LayerPlan,
     build_block,
     chunk_memory,
-    dp_overlaps,
     edge_segments,
     embedding_sync_bytes,
     first_layers,
-    fp32_grad_accumulation_kernel,
-    fsdp_keeps_unsharded,
-    grad_reduce_collective,
     layer_plans,
     leading_gemms,
-    optimizer_bytes_per_param,
     pp_runtime_bytes,
     recomputed_layers,
     split_layers,
-    tp_overlap_on,
 )
 from simtrain.memory import (
     ChunkMemory,
@@ -97,8 +91,23 @@ from simtrain.offload import stall_s
 from simtrain.ops import Kernel
 from simtrain.profile import compute_calibration
 from simtrain.routing import worst_rank_load
-from simtrain.schedules import Action, ActionCosts, Route, Schedule, makespan, schedule_of
-from simtrain.stacks import get_stack
+from simtrain.schedules import (
+    Action,
+    ActionCosts,
+    Route,
+    Schedule,
+    makespan,
+    schedule_of,
+)
+from simtrain.stack_rules import (
+    dp_overlaps,
+    fp32_grad_accumulation_kernel,
+    fsdp_keeps_unsharded,
+    grad_reduce_collective,
+    optimizer_bytes_per_param,
+    tp_overlap_on,
+)
+from simtrain.stacks import StackOverride
 from simtrain.topology import Topology
 
 MiB = 1024.0**2
@@ -251,7 +260,7 @@ class Estimator:
     fragmentation_ratio: float = 0.05
     topo: Topology = field(init=False)
     _colls: dict[tuple[str, tuple[int, ...]], tuple[tuple[float, float], ...]] = field(default_factory=dict)
-    _costs: dict[tuple[str, str, str], ComputeCostModel] = field(default_factory=dict)
+    _costs: dict[tuple[str, str | StackOverride, str], ComputeCostModel] = field(default_factory=dict)
     _plans: dict[tuple[object, ...], dict[int, LayerPlan]] = field(default_factory=dict)
     _edge_segs: dict[tuple[object, ...], EdgeSegments] = field(default_factory=dict)
     _times: dict[tuple[object, ...], dict[int, _LayerTimes]] = field(default_factory=dict)
@@ -351,7 +360,7 @@ class Estimator:
         if hit is None:
             gpu = self.cluster.gpu
             hit = self._costs[key] = ComputeCostModel(gpu, train.precision, calibration=compute_calibration(gpu),
-                                                      stack=get_stack(train.stack), fp8_recipe=train.fp8_recipe)
+                                                      stack=train.stack_spec, fp8_recipe=train.fp8_recipe)
         return hit
 
     def plans(self, layout: LayoutConfig, train: TrainConfig) -> dict[int, LayerPlan]:
@@ -501,7 +510,7 @@ class Estimator:
         max_layer = max(d + e for d, e in self.layer_params(layout))
         out = []
         for s, (dense, expert, layer) in enumerate(self.stage_params(layout)):
-            kept = layer if fsdp_keeps_unsharded(layout, train.stack) else 0.0
+            kept = layer if fsdp_keeps_unsharded(layout, train.stack_spec) else 0.0
             static = static_memory(dense, max_layer, sum(layers[s]), layout, train, shard, context, kept,
                                    dense + expert - layer)
             static["fp8_weights"] = fp8_weight_cache_bytes(layer, layout, train, shard)
@@ -547,7 +556,7 @@ class Estimator:
         m = self.model
         plans, st = self.plans(layout, train), self.structure(layout)
         shape = activation_shape(train, layout, m)
-        stack = get_stack(train.stack)
+        stack = train.stack_spec
         edges = (embedding_activation_bytes(m, shape), head_activation_bytes(m, shape),
                  loss_backward_transient_bytes(m, shape, stack.eager_loss, loss_parallel=stack.dtensor_tp))
         last = st.route.length - 1
@@ -608,7 +617,7 @@ class Estimator:
         mtp = [times[self.model.n_layers + k] for k in range(self.model.mtp_depth)]
         costs = [[_chunk_cost([times[i] for i in st.chunk(s, c)], st.position(s, c), last, layout, edge, mtp)
                   for c in range(len(st.layers[s]))] for s in range(layout.pp)]
-        stack, cost = get_stack(train.stack), self.cost_model(train)
+        stack, cost = train.stack_spec, self.cost_model(train)
         for row, params in zip(costs, self.chunk_params(layout), strict=True):
             for cc, (dense, expert, _) in zip(row, params, strict=True):
                 kernel = fp32_grad_accumulation_kernel(layout, train, stack, cost, dense + expert)
@@ -642,7 +651,7 @@ class Estimator:
         (``lowering.embedding_sync_bytes``), on rank 0's stage."""
         st = self.structure(layout)
         held = {st.position(0, c) for c in range(len(st.layers[0]))}
-        size = embedding_sync_bytes(self.model, layout, train, held, st.route.length, get_stack(train.stack))
+        size = embedding_sync_bytes(self.model, layout, train, held, st.route.length, train.stack_spec)
         return self.collective_s("all_reduce", grid.group("pp_emb", 0), size) if size > 0 else 0.0
 
     def _dp_groups(self, layout: LayoutConfig, grid: RankGrid) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -664,7 +673,7 @@ class Estimator:
         stage = layout.shard_stage
         bucket = layout.grad_bucket_MiB * MiB
         chunks = len(costs[0])
-        stack = get_stack(train.stack)
+        stack = train.stack_spec
         coll = grad_reduce_collective(layout, stack)
         overlap_reduce, overlap_gather = dp_overlaps(layout, stack)
         reduce_s = (self._bucketed_s(coll, group, grad_b * params, bucket)
@@ -700,7 +709,7 @@ class Estimator:
         """ZeRO-3/FSDP: exposed parameter gathers and gradient reduce-scatters, as lowering emits them
         (``_StageLowering._fsdp_gather`` / ``_fsdp_reduce``, after FSDP2's prefetch).
 
-        A stack that keeps a pipeline stage unsharded (``lowering.fsdp_keeps_unsharded``: torchtitan
+        A stack that keeps a pipeline stage unsharded (``stack_rules.fsdp_keeps_unsharded``: torchtitan
         under PP) gathers each layer once, in the first forward, and reduce-scatters everything after
         the stage's last backward, fully exposed. Otherwise every forward and backward action gathers
         each of its layers again: the dense part over the
@@ -736,7 +745,7 @@ class Estimator:
             return hit
 
         selective = lay.recompute in ("selective", "op_sac")
-        keep = fsdp_keeps_unsharded(lay, train.stack)
+        keep = fsdp_keeps_unsharded(lay, train.stack_spec)
         worst = busy_max = 0.0
         for s in range(lay.pp):
             rnd: list[_FsdpAction] = []
@@ -781,7 +790,7 @@ class Estimator:
     def _optimizer_s(self, layout: LayoutConfig, train: TrainConfig, params: float, experts: float) -> float:
         """The optimizer step as lowering charges it (``optimizer_bytes_per_param`` through HBM; experts
         sharded over the expert-data-parallel group)."""
-        per_param = optimizer_bytes_per_param(train, get_stack(train.stack))
+        per_param = optimizer_bytes_per_param(train, train.stack_spec)
         shard = layout.data_degree if layout.shard_stage >= 1 else 1
         expert_shard = _edp(layout) if layout.shard_stage >= 1 else 1
         return self.cost_model(train).memory_op("optimizer.step",

@@ -152,7 +152,7 @@ def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | N
     out: dict[str, Any] = {k: None for k in ROW_KEYS}
     out.update(run_id=p.run_id, source=p.source, gpu_type=p.gpu_type, n_gpus=p.n_gpus, visible=p.visible,
                status=p.status, mfu_convention=conv, source_mfu_pct=_source_mfu(p, conv),
-               stack=p.run.train.stack if p.run is not None else None,
+               stack=p.run.train.stack_name if p.run is not None else None,
                model=p.run.model.name if p.run is not None else (row.get("model") or None),
                layout=_layout_of(p, row),
                moe=p.run.model.is_moe if p.run is not None else None)

@@ -22,7 +22,6 @@ from simtrain.config import LayoutConfig, TrainConfig
 from simtrain.model import ModelSpec
 from simtrain.routing import worst_rank_load
 from simtrain.schedules import Action, split_backward_keys
-from simtrain.stacks import get_stack
 
 MiB = 1024.0**2
 CUBLAS_WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG default 4 MiB x 8)
@@ -58,7 +57,7 @@ def activation_shape(train: TrainConfig, layout: LayoutConfig, model: ModelSpec)
     """The activation shape of this run (dropout defaults on for GELU/GPT-style models)."""
     dropout = train.dropout if train.dropout is not None else model.activation == "gelu"
     sp = layout.sequence_parallel
-    gathered = sp and layout.tp > 1 and get_stack(train.stack).dtensor_tp
+    gathered = sp and layout.tp > 1 and train.stack_spec.dtensor_tp
     return ActivationShape(b=train.micro_batch_size, s=train.seq_len // layout.cp, t=layout.tp,
                            sp=sp, flash=train.attention_kernel == "flash", dropout=dropout,
                            expert_load=worst_rank_load(model, train, layout), gathered_inputs=gathered)
@@ -390,7 +389,7 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
         shard: size of the parameter-sharding group (dp, or the hybrid-shard group).
         gpu_context_bytes: CUDA context + NCCL buffers.
         unsharded_params: ZeRO-3 layer parameters this rank keeps gathered for the whole step
-            (``lowering.fsdp_keeps_unsharded``: torchtitan under PP); they and their gradients,
+            (``stack_rules.fsdp_keeps_unsharded``: torchtitan under PP); they and their gradients,
             accumulated unsharded in the reduce dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``),
             replace the per-layer gather buffers.
         root_params: parameters outside the transformer layers on this rank (embedding, final norm, LM
@@ -402,7 +401,7 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
     stage = layout.shard_stage
     grad_b = train.grad_bytes
     opt_b = 8.0 if train.optimizer == "sgd" else 12.0
-    torch_fsdp = stage >= 3 and get_stack(train.stack).torch_fsdp
+    torch_fsdp = stage >= 3 and train.stack_spec.torch_fsdp
     weights = 0.0 if torch_fsdp else 2.0 * params / (shard if stage >= 3 else 1)
     grads = grad_b * params / (shard if stage >= 2 else 1)
     optimizer = opt_b * params / (shard if stage >= 1 else 1)
@@ -425,7 +424,7 @@ def fp8_weight_cache_bytes(layer_params: float, layout: LayoutConfig, train: Tra
     keeps for the whole step (``SoftwareStack.fp8_weight_cache``: Transformer Engine caches both for fprop
     and dgrad), sharded with the weights under ZeRO-3/FSDP. A stack that re-quantises each weight at every
     use (torchao ``Float8Linear``) holds only the computing layer's casts, transiently: 0."""
-    if train.precision != "fp8" or not get_stack(train.stack).fp8_weight_cache:
+    if train.precision != "fp8" or not train.stack_spec.fp8_weight_cache:
         return 0.0
     return 2.0 * layer_params / (shard if layout.shard_stage >= 3 else 1)
 

@@ -6,7 +6,9 @@ cannot see is added: ``model`` also takes a preset name, ``{preset: ..., overrid
 ``{hf_config: path}`` (``RunConfig._resolve_model``), and the counts that accept "4M"/"1.4T" strings
 (fields with a ``mode="before"`` count validator) also take such a string. Fields of the ``run``
 section (``simtrain.batch``, whose models do not set ``use_attribute_docstrings``) get their docstrings
-read from the source, or the descriptions in ``_FALLBACK`` where they have none.
+read from the source, or the descriptions in ``_FALLBACK`` where they have none. ``train.stack`` takes a
+preset name or a ``StackOverride`` whose fields may also be given by their flat names
+(``simtrain.stacks``); the stack groups' fields carry no default there (an unset field is the preset's).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from simtrain.config import RunConfig
+from simtrain.stacks import DEFAULT_STACK, FLAT_FIELDS, STACKS, SoftwareStack, StackOverride
 
 __all__ = ["COUNT_PATTERN", "run_config_schema"]
 
@@ -76,7 +79,7 @@ def _count_fields(cls: type[BaseModel]) -> set[str]:
     out: set[str] = set()
     for dec in cls.__pydantic_decorators__.field_validators.values():
         if dec.info.mode == "before":
-            out.update(f for f in dec.info.fields if f != "model")
+            out.update(f for f in dec.info.fields if f not in ("model", "stack"))
     return out
 
 
@@ -110,6 +113,35 @@ def _model_property(described: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _stack_property(described: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """``train.stack``: a preset name, or a StackOverride whose fields also go by their flat names."""
+    override = defs["StackOverride"]
+    override["properties"]["preset"]["enum"] = list(STACKS)
+    for flat, (group, field) in FLAT_FIELDS.items():
+        if group not in StackOverride.model_fields:  # a row default: the run config states it itself
+            continue
+        spec = defs[SoftwareStack.model_fields[group].default.__class__.__name__]["properties"][field]
+        override["properties"][flat] = {**spec, "description": f"``{group}.{field}``: {spec.get('description', '')}"}
+    return {
+        "description": described.get("description", ""),
+        "default": DEFAULT_STACK,
+        "anyOf": [{"type": "string", "enum": list(STACKS), "description": "A software stack preset."},
+                  {"$ref": "#/$defs/StackOverride"}],
+    }
+
+
+def _stack_groups(defs: dict[str, Any]) -> None:
+    """Drop the class defaults of the stack groups' fields: an unset field keeps the preset's value."""
+    for group in StackOverride.model_fields:
+        if group == "preset":
+            continue
+        name = SoftwareStack.model_fields[group].default.__class__.__name__
+        for prop in defs.get(name, {}).get("properties", {}).values():
+            prop.pop("default", None)
+    for prop in defs.get("OpFusion", {}).get("properties", {}).values():
+        prop.pop("default", None)
+
+
 def run_config_schema() -> dict[str, Any]:
     """The JSON Schema of a run config file (a dict ready for ``json.dumps``)."""
     schema = RunConfig.model_json_schema(mode="validation")
@@ -120,7 +152,8 @@ def run_config_schema() -> dict[str, Any]:
         if node is None:
             continue
         props = node.get("properties", {})
-        for field in _count_fields(cls):
+        # the stack's before-validators refuse booleans and resolve presets; they take no count strings
+        for field in _count_fields(cls) if cls.__module__ not in ("simtrain.stack_spec", "simtrain.stacks") else ():
             if field in props:
                 props[field] = _allow_string(props[field])
         docs: dict[str, str] | None = None
@@ -132,4 +165,7 @@ def run_config_schema() -> dict[str, Any]:
             if text:
                 prop["description"] = text
     schema["properties"]["model"] = _model_property(schema["properties"]["model"])
+    _stack_groups(defs)
+    train = defs["TrainConfig"]["properties"]
+    train["stack"] = _stack_property(train["stack"], defs)
     return {"$schema": DRAFT, "title": "simtrain run config", **{k: v for k, v in schema.items() if k != "title"}}

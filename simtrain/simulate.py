@@ -19,13 +19,13 @@ from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec
 from simtrain.layout import RankGrid
 from simtrain.load import load_config
-from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower, microbatches
+from simtrain.lowering import Lowered, lower, microbatches
 from simtrain.memory import closed_form_peak, expert_static_memory, fp8_weight_cache_bytes, static_memory
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult
 from simtrain.roles import MAX_ROLES, roles
 from simtrain.routing import rank_load_factors, symmetric_load_factors
-from simtrain.stacks import get_stack
+from simtrain.stack_rules import fsdp_keeps_unsharded
 from simtrain.steady import SteadyPlan, affine_at, extrapolate, plan
 from simtrain.topology import Topology
 from simtrain.uncertainty import band_for, read_error_table
@@ -62,7 +62,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     gpu = cluster.gpu
     grid = RankGrid(run.layout)
     cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
-                            stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
+                            stack=run.train.stack_spec, fp8_recipe=run.train.fp8_recipe)
     mode = mode or run.sim.mode
     topo = Topology(cluster)
     notes = []
@@ -103,7 +103,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
                      f"roles on stage 0 are ranks {', '.join(str(r[0]) for r in reps)})")
     invariants.check(result, gpu, run.train.precision, min(lg.min_total for lg in res.ledgers.values()))
     result.notes.extend(notes)
-    result.error_band = band_for(result.step_time_s, run.train.stack, run.model.is_moe, gpu.name,
+    result.error_band = band_for(result.step_time_s, run.train.stack_name, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))
     return result
 
@@ -209,7 +209,7 @@ def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float
     edp = run.layout.expert_data_degree
     for s, prog in enumerate(lowered.programs):
         layer = lowered.stage_layer_params[s]
-        kept = layer if fsdp_keeps_unsharded(run.layout, run.train.stack) else 0.0
+        kept = layer if fsdp_keeps_unsharded(run.layout, run.train.stack_spec) else 0.0
         root = lowered.stage_params[s] + lowered.stage_expert_params[s] - layer
         prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
                                         run.layout, run.train, shard, context_bytes, kept, root)

@@ -1,327 +1,371 @@
-"""Software stacks: what the training framework changes about the cost of the same model and layout.
+"""Software stack presets, and a run's stack: a preset name or a preset with fields overridden.
 
-The same layout runs at different speeds under Megatron-Core with Transformer Engine, torchtitan
-(FSDP2, eager or ``torch.compile``), MosaicML Composer (FSDP) or DeepSpeed, because the frameworks
-differ in things a user chooses: whether memory-bound ops are fused, which attention kernel runs,
-how FP8 scales its tensors, which overlap features are on, and how much CPU time each kernel launch
-costs. A :class:`SoftwareStack` holds those choices as documented constants; ``train.stack`` in a
-RunConfig names one (default ``megatron-te``), and ``simtrain validate`` picks one from a row's
-``framework`` cell with :func:`stack_from_text`.
+The named stacks (``STACKS``) are presets of :class:`simtrain.stack_spec.SoftwareStack`, the spec whose
+fields (grouped by concern, each documented with its source) say what a framework changes about the cost
+of a run. Each preset is defined once, from the spec's defaults (fused kernels, FlashAttention-3, no
+overlap features: Megatron-like) or from another preset, by the fields it changes (:func:`derive`).
 
-Unfused traffic factors are [derived] from the op decomposition of the eager PyTorch code (bytes
-moved through HBM per element, bf16 = 2, fp32 = 4), relative to one fused kernel that reads its
-inputs and writes its output once (what ``costs.py`` charges for a fused op):
+``train.stack`` names a preset (``megatron-te``) or overrides any of its fields (:class:`StackOverride`)::
 
-- RMSNorm eager (torchtitan ``RMSNorm._norm``: ``x.float()``, ``pow(2)``, ``mean``, ``x * rsqrt``,
-  ``type_as``, ``* weight``): 2+4, 4+4, 4, 4+4, 4+2, 2+2 = 36 bytes/elem vs 4 fused, ~7 kernels.
-  Backward is similar (autograd saves the fp32 intermediates): ~9x, ~8 kernels.
-- RoPE eager (torchtitan ``apply_rotary_emb``: ``float()`` to complex, complex multiply,
-  ``view_as_real``, ``type_as`` for q and k): 2+4, 4+4, 4+2 = 20 bytes/elem vs 4 fused: 5x, ~6 kernels.
-- SwiGLU eager (``silu(w1 x) * w3 x``): silu 2+2, mul 2+2+2 = 10 vs 6 fused: ~1.7x, 2 kernels.
-- Megatron-core's vocab-parallel cross-entropy without ``--cross-entropy-loss-fusion`` (off by default
-  in Megatron-LM's arguments; NeMo and Megatron-Bridge recipes turn it on): ``logits.float()`` (2+4),
-  max (4), subtract the max in place (4+4), exp in place (4+4), sum (4), divide in place to the saved
-  softmax (4+4); backward multiplies it in place by the loss gradient (4+4) and casts it to BF16 (4+2):
-  52 bytes/elem vs 16 fused (10 + 6), ~3.25x, ~7 kernels (megatron/core/tensor_parallel/cross_entropy.py).
-- Residual add: one kernel either way (1x); GELU with bias eager: bias add + gelu = 2 passes (2x).
-- Cross-entropy eager (``logits.float()``, ``log_softmax``, ``nll_loss``): 2+4, 4+4 (two passes
-  for max and sum), 4 = 18 bytes/elem vs ~10 for a fused vocab-parallel kernel: ~1.8x.
-- Ring-attention merge (context parallelism, one per ring step: the step's partial output rescaled by
-  its log-sum-exp and added into the running output): Transformer Engine fuses it (``jit_fuser``
-  ``flash_attn_fwd_out_correction``: read the step's bf16 output, read and write the fp32 running
-  output, 10 bytes/elem); torch's ring attention (``torch.distributed.tensor.experimental._attention``
-  ``_SDPAMerger.step``) runs it as eager ops: ``(out1 - out2).float()``, ``sigmoid(lse diff) *``,
-  ``out1 -``, ``.to(dtype)``: 6+6+8+8+6 = 34 bytes/elem, ~3.4x, 5 kernels; it runs inside the DTensor
-  dispatch of SDPA, outside the compiled regions.
-- ``torch.compile`` (TorchInductor) fuses each of these chains into one or two Triton kernels that
-  read and write each tensor once (Ansel et al., ASPLOS'24 "PyTorch 2", sec. 5: pointwise and
-  reduction fusion), so its factors are ~1x with one or two kernels per op.
+    train:
+      stack: {preset: torchtitan-compile, attn: {kernel: fa3}, cpu_launch_s: 2.0e-6}
 
-CPU launch cost per kernel: eager PyTorch spends ~5-10 us of CPU per op when CPU-bound (reference
-hardware-collectives-memory.md sec. 3 "Isolation vs in situ"); FSDP2's per-parameter hooks add to
-it. Inductor-compiled regions and CUDA graphs launch far less (CUDA graphs: one launch per graph).
-A kernel costs max(GPU time, CPU launch time): the CPU runs ahead of the GPU until kernels get
-shorter than their launch.
-
-Attention kernels on Hopper: FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) reaches
-~309-370 TFLOP/s forward at head dim 128 (31-37 % of the H100 dense peak), FlashAttention-3 and
-cuDNN's fused attention (Transformer Engine's default on Hopper) ~467-648 TFLOP/s (47-65 %) (Shah
-et al. 2024, FA3 paper Fig. 5; reference Table D). On Ampere FA2 is the best kernel; GPU profiles
-hold the best kernel's efficiency, and ``fa2`` scales it on Hopper and later by ``FA2_ON_HOPPER``.
+Fields are given by group (``attn: {kernel: fa3}``, ``fusion: {norm: {kernels: 3}}``) or by their flat
+name (``attention: fa3``, ``tp_async_grad_allreduce: false``; ``stack_spec.FLAT_FIELDS``); ``--set
+train.stack.attention=fa2`` does the same from the command line. A fusion given in part (``{kernels: 3}``)
+keeps the preset's other value. The row defaults (``defaults``: ZeRO stage, sequence parallelism, TP
+overlap, FP8 recipe, micro-batch split) are what a published row inherits; a run config states them in
+its layout and train sections, so an override of one is refused with the field to set instead. :func:`resolve_stack` turns either form into the
+stack every part of simtrain uses (``TrainConfig.stack_spec``). ``simtrain validate`` picks a preset
+from a row's ``framework`` cell with :func:`stack_from_text`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Literal
+from functools import lru_cache
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from simtrain.errors import ConfigError, problem
+from simtrain.stack_spec import (
+    COMPILED_REDUCTION,
+    EAGER_ACT,
+    EAGER_CP_MERGE,
+    EAGER_LOSS,
+    EAGER_NORM,
+    EAGER_ROPE,
+    FA2_ON_HOPPER,
+    FLAT_FIELDS,
+    FUSED,
+    GROUPS,
+    MEGATRON_UNFUSED_LOSS,
+    ROW_DEFAULT_FIELDS,
+    US,
+    AttentionSpec,
+    DataParallelSpec,
+    Fp8Spec,
+    FsdpSpec,
+    FusionSpec,
+    LaunchSpec,
+    OpFusion,
+    PipelineSpec,
+    SoftwareStack,
+    TensorParallelSpec,
+)
 
-US = 1e-6
-
-#: FA2 / FA3 forward throughput on H100 at head dim 128: midpoints 340 / 558 TFLOP/s (FA3 paper Fig. 5,
-#: reference Table D) = 0.61. Applied to GPUs with FA3-class kernels (Hopper, Blackwell) only.
-FA2_ON_HOPPER = 0.61
-
-
-@dataclass(frozen=True, slots=True)
-class OpFusion:
-    """How one kind of memory-bound op runs: HBM traffic relative to one fused pass, kernels launched."""
-
-    bytes_factor: float = 1.0
-    kernels: int = 1
-
-
-FUSED = OpFusion(1.0, 1)
-
-
-@dataclass(frozen=True, slots=True)
-class SoftwareStack:
-    """A training framework's kernel and overlap choices (constants documented in the module docstring).
-
-    Attributes:
-        name: registry key (``train.stack``).
-        description: what it stands for, with versions.
-        norm, rope, activation, residual, loss: fusion of each memory-bound op kind (forward and backward).
-        cpu_launch_s: CPU time to launch one kernel, seconds (0 = launches never stall the GPU).
-        attention: ``fa3`` (FlashAttention-3 / cuDNN fused attention), ``fa2`` (FlashAttention-2 / SDPA),
-            or ``unfused`` (Megatron's fused-softmax core attention, scores materialised).
-        fp8_recipe: default FP8 scaling when a run asks for fp8 without naming one.
-            (the quantisation traffic of each recipe is ``simtrain.costs.FP8_CAST_BYTES``).
-        tp_comm_overlap: TP communication overlapped with GEMMs by default (Megatron userbuffers /
-            torchtitan async TP).
-        zero_stage: default ZeRO stage when a row does not say (Megatron distributed optimizer = 1).
-        sequence_parallel: sequence parallelism on whenever tp > 1.
-        pp_microbatches_equal_pp: the framework splits a local batch into ``pp`` micro-batches by default
-            (torchtitan ``pipeline_parallel_microbatches``) instead of taking a micro-batch size.
-        eager_loss: the cross-entropy runs in eager PyTorch on an fp32 copy of the logits
-            (``F.cross_entropy(logits.float(), labels)``), whose backward holds two fp32 logit-sized
-            gradients beside the saved log-softmax (``memory.loss_backward_transient_bytes``).
-    """
-
-    name: str
-    description: str
-    norm: OpFusion = FUSED
-    rope: OpFusion = FUSED
-    activation: OpFusion = FUSED
-    residual: OpFusion = FUSED
-    loss: OpFusion = FUSED
-    cpu_launch_s: float = 0.0
-    attention: Literal["fa3", "fa2", "unfused"] = "fa3"
-    fp8_recipe: Literal["delayed", "current", "blockwise"] = "delayed"
-    tp_comm_overlap: bool = False
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    sequence_parallel: bool = True
-    pp_microbatches_equal_pp: bool = False
-    eager_loss: bool = False
-    zero1_grad_all_reduce: bool = False
-    """Under pipeline parallelism ZeRO-1 all-reduces the accumulated gradients instead of
-    reduce-scattering them; each rank then steps its optimizer shard and all-gathers the updated bf16
-    parameters (DeepSpeed's BF16_Optimizer under its pipeline engine: ``PipelineEngine._bf16_reduce_grads``
-    runs ``buffered_allreduce_fallback`` on the fp32 ``get_grads_for_reduction()``)."""
-    fp32_grad_accumulation_pass: bool = False
-    """Under pipeline parallelism each micro-batch's BF16 gradients are added into FP32 copies by a
-    separate pass after its backward, before the gradient is sent upstream (DeepSpeed ``PipelineEngine.
-    _exec_backward_pass`` with the BF16 optimizer: ``optimizer.update_hp_grads(clear_lp_grads=False)``,
-    per parameter ``hp_grad.add_(lp.grad.to(float32))``: 18 bytes per parameter through HBM;
-    ``lowering.FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM``). Megatron-core accumulates into its FP32
-    ``main_grad`` inside the weight-gradient GEMM (gradient-accumulation fusion): no pass."""
-    fp8_weight_cache: bool = False
-    """FP8 weights are quantised once per step and reused by the step's other micro-batches (Transformer
-    Engine's ``is_first_microbatch``: ``update_fp8_weights = is_first_microbatch is None or
-    is_first_microbatch`` in ``te.pytorch.module.linear._Linear.forward``; Megatron-core's TE layers pass
-    it unless ``disable_parameter_transpose_cache``). False: a per-tensor current-scaling forward
-    re-quantises its weight every time (torchao ``Float8Linear``)."""
-    pp_dp_overlap: bool = True
-    """Under pipeline parallelism the data-parallel gradient reduction and the ZeRO-1/2 parameter
-    all-gather overlap compute as the layout's ``overlap_grad_reduce`` / ``overlap_param_gather`` ask
-    (Megatron-core). False: the framework runs them as blocking steps of its schedule, the reduction
-    after the pipeline flush and the gather after the optimizer step (DeepSpeed ``PipelineEngine``:
-    ``ReduceGrads`` then ``OptimizerStep`` instructions; ``lowering.dp_overlaps``)."""
-    torch_pipelining: bool = False
-    """Pipeline parallelism through ``torch.distributed.pipelining``, whose stages keep per-micro-batch
-    receive buffers and the last stage's outputs for the whole step
-    (``memory.pipeline_stage_buffer_bytes``)."""
-    attn_merge: OpFusion = FUSED
-    """Fusion of the ring-attention merge of each context-parallel step (module docstring)."""
-    fp8_tp_gather: bool = False
-    """Tensorwise FP8 casts a column-parallel layer's input on its sequence shard and all-gathers it in
-    FP8 (``BlockBuilder.fp8_tp_gather``; torchao Float8ColwiseParallel, the torchtitan default)."""
-    torch_cp: bool = False
-    """Context parallelism through torch's ring attention (``context_parallel``; ``BlockBuilder.torch_cp``)
-    rather than Transformer Engine's KV ring."""
-    dtensor_tp: bool = False
-    """Tensor parallelism through DTensor with separate q/k/v and gate/up linears (``BlockBuilder.dtensor_tp``):
-    sequence parallelism shards the sequence dim of [batch, seq, hidden] (Shard(1)), so each unfused TP
-    all-gather / reduce-scatter pays a full-tensor copy, and async TP cannot fuse the backward
-    reduce-scatters of summed input gradients. Megatron-core keeps [seq, batch, hidden], gathers along
-    dim 0 in place and fuses QKV and FC1 into one GEMM each."""
-    fsdp_reshard_under_pp: bool = True
-    """ZeRO-3/FSDP with pipeline parallelism re-gathers each layer's parameters for every micro-batch
-    (True), or keeps a stage's parameters unsharded from the first forward to the end of the step and
-    reduce-scatters its accumulated gradients once, after the stage's last backward (False):
-    torchtitan's ``apply_fsdp`` passes ``reshard_after_forward=not pp_enabled`` ("do not reshard after
-    forward to avoid per-microbatch all-gathers"), and ``torch.distributed.pipelining``'s
-    ``PipelineStage.backward_maybe_with_nosync`` sets ``set_reshard_after_backward(False)`` and
-    ``set_requires_gradient_sync(False)`` until the last backward, then runs FSDP's post-backward."""
-    fsdp_param_copies: bool = False
-    """FSDP2's per-parameter sharding copies: each all-gather is followed by a copy-out of the flat
-    output into the unsharded parameters (``foreach_all_gather_copy_out``: read and write 2 bytes per
-    parameter), and each reduce-scatter is preceded by a copy-in of the unsharded gradients into the
-    flat input, cast to the reduce dtype (``foreach_reduce``'s ``_chunk_cat``: read 2, write the
-    gradient bytes) (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP1 and ZeRO gather
-    into flat buffers the parameters are views of, without a copy-out; FSDP1's gradient side is
-    ``fsdp_flat_grads``."""
-    foreach_optimizer: bool = False
-    """The optimizer step runs PyTorch's multi-tensor (``foreach``) AdamW and ``clip_grad_norm_(foreach=True)``
-    instead of one fused kernel (torchtitan's default: ``"fused": fused, "foreach": not fused`` with
-    ``--optimizer.fused`` off; ``lowering.optimizer_bytes_per_param``)."""
-    fsdp_flat_grads: bool = False
-    """FSDP1's FlatParameter gradient path before each reduce-scatter (``lowering.fsdp1_grad_bytes``):
-    autograd builds a unit's flat gradient by concatenating its parameters' gradients (the parameters are
-    views split from the flat parameter, torch/distributed/fsdp/_flat_param.py ``_get_unflat_views``, whose
-    backward ``split_with_sizes_backward`` is a ``cat``: read and write 2 B per parameter), casts it to a
-    reduce dtype other than the parameter dtype (``_post_backward_hook``), and divides it in place by the
-    gradient pre-divide factor (``_reduce_grad``: ``_div_if_needed(padded_unsharded_grad,
-    _gradient_predivide_factor)``, a factor > 1 for any sharding group > 1; torch/distributed/fsdp/
-    _runtime_utils.py). FSDP2 copies instead (``fsdp_param_copies``) and lets NCCL average fp32/bf16."""
-    compiled_blocks: bool = False
-    """The transformer blocks run under ``torch.compile``: AOTAutograd's min-cut partitioner saves for
-    backward only the tensors its backward graph reads, so op-level SAC does not keep the outputs its
-    policy marks MUST_SAVE that nothing in the backward reads (the row-parallel projections feeding the
-    residual add; ``memory.op_sac_activation_bytes``); eager SAC caches them all until the recompute."""
-    torch_fsdp: bool = False
-    """ZeRO-3 is PyTorch FSDP (FSDP1 or FSDP2) under a mixed-precision policy (``memory.static_memory``):
-    the sharded parameter stays in fp32 and is the optimizer's master weight, so no bf16 shard is kept
-    beside it (the bf16 copy exists only unsharded, gathered; FSDP2 ``MixedPrecisionPolicy`` casts in
-    ``FSDPParam.init_all_gather_outputs``; FSDP1 frees its ``_mp_shard`` after each all-gather), and the
-    root unit, the parameters outside the wrapped blocks (embedding, final norm, LM head), is never
-    resharded after forward: its gathered bf16 parameters live from the forward's start to the end of
-    the backward (FSDP2 ``FSDPState._lazy_init`` sets the root group's ``post_forward_mesh_info = None``;
-    FSDP1 ``_post_forward_reshard`` skips the root handle). DeepSpeed ZeRO-3 keeps a bf16 partition
-    beside its fp32 master partition (False)."""
-    tp_async_grad_allreduce: bool = False
-    """Without sequence parallelism, TP's column-parallel layers all-reduce their input gradient beside
-    their weight-gradient GEMM (Megatron-LM >= v2.6 ``async_grad_allreduce``, on unless
-    ``--no-async-tensor-model-parallel-allreduce``; Transformer Engine's linears): ``BlockBuilder.
-    tp_async_grad_allreduce``. False: after the layer's backward, blocking (BigScience's Megatron-DeepSpeed
-    ``copy_to_tensor_model_parallel_region``; DTensor)."""
-    grad_dtype: Literal["fp32", "bf16"] = "fp32"
-    """Gradient buffer and data-parallel reduction dtype when a run does not set ``train.grad_dtype``.
-    Megatron-LM accumulates into fp32 ``main_grad`` for bf16 training unless ``--grad-reduce-in-bf16``;
-    NeMo's performance configs pass ``optim.grad_sync_dtype=bf16`` (NeMo-Framework-Launcher
-    examples/training/*/h100/*.sh, conf/training/nemotron/nemotron_340b.yaml), which NeMo maps to
-    ``DistributedDataParallelConfig(grad_reduce_in_fp32=False)`` (megatron_gpt_model.py
-    ``setup_mcore_distributed_parallel``), and Megatron-Bridge's performance recipes set
-    ``cfg.ddp.grad_reduce_in_fp32 = False`` (scripts/performance/configs/*): a bf16 buffer."""
-    ddp_grad_passes: int = 1
-    """Passes over a DDP bucket's gradients besides the all-reduce (each reads and writes them):
-    Megatron-core DDP accumulates into the contiguous bucket and only scales it (1); PyTorch DDP's
-    reducer copies each grad into the flat bucket, divides it by the world size and copies it back
-    (3; torch/csrc/distributed/c10d/reducer.cpp, without gradient_as_bucket_view)."""
-
-    def fusion_of(self, kernel_name: str) -> OpFusion:
-        """The fusion of the memory-bound op a kernel name belongs to (names as ``simtrain.blocks`` emits)."""
-        base = kernel_name.split(".")[0]
-        if base.startswith(("ln", "final_norm", "norm")):
-            return self.norm
-        if base.startswith("rope"):
-            return self.rope
-        if base.startswith("act"):
-            return self.activation
-        if base.startswith("residual"):
-            return self.residual
-        if base.startswith("cross_entropy"):
-            return self.loss
-        if base.startswith("cp_merge"):
-            return self.attn_merge
-        return FUSED
-
-
-# Eager PyTorch op decompositions (module docstring): RMSNorm 9x / 7 kernels, RoPE 5x / 6, SwiGLU 1.7x / 2,
-# cross-entropy 1.8x / 4.
-EAGER_NORM, EAGER_ROPE, EAGER_ACT, EAGER_LOSS = OpFusion(9.0, 7), OpFusion(5.0, 6), OpFusion(1.7, 2), OpFusion(1.8, 4)
-# torch ring attention's eager merge of each CP step (module docstring): 34 / 10 bytes per element, 5 kernels.
-EAGER_CP_MERGE = OpFusion(3.4, 5)
-# Megatron-core's unfused vocab-parallel cross-entropy (module docstring): 52 / 16 bytes per element, 7 kernels.
-MEGATRON_UNFUSED_LOSS = OpFusion(3.25, 7)
-# What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP, fp32 master shards
-# and a root kept gathered), torch pipelining
-# (local batch split into pp micro-batches), DTensor TP with FP8 all-gathers, torch ring attention, the
-# foreach AdamW.
-TORCHTITAN: Mapping[str, Any] = MappingProxyType(dict(
-    pp_microbatches_equal_pp=True, fsdp_reshard_under_pp=False, fsdp_param_copies=True, attn_merge=EAGER_CP_MERGE,
-    dtensor_tp=True, fp8_tp_gather=True, torch_cp=True, torch_pipelining=True, foreach_optimizer=True,
-    torch_fsdp=True))
-# TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
-COMPILED_REDUCTION = OpFusion(1.0, 2)
-# Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
-# without FlashAttention (Megatron-LM 2021-2022; Korthikanti et al. 2022 sec. 5).
-
-STACKS: dict[str, SoftwareStack] = {
-    s.name: s
-    for s in (
-        SoftwareStack(
-            "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
-            "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
-            "gradient reduction); NeMo performance recipes", attention="fa3", fp8_recipe="delayed",
-            tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0, tp_async_grad_allreduce=True, grad_dtype="bf16",
-            fp8_weight_cache=True),
-        SoftwareStack(
-            "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer Engine, as "
-            "megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless asked)",
-            loss=MEGATRON_UNFUSED_LOSS, attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
-            cpu_launch_s=0.0, tp_async_grad_allreduce=True, fp8_weight_cache=True),
-        SoftwareStack(
-            "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
-            "scale-mask-softmax, no FlashAttention, no distributed optimizer)", attention="unfused",
-            zero_stage=0, cpu_launch_s=0.0, tp_async_grad_allreduce=True),
-        SoftwareStack(
-            "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
-            "FlashAttention-2, tensorwise dynamic float8)", norm=EAGER_NORM, rope=EAGER_ROPE,
-            activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US,
-            eager_loss=True, **TORCHTITAN),
-        SoftwareStack(
-            "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile (Inductor-fused "
-            "elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); the loss "
-            "is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
-            norm=COMPILED_REDUCTION, loss=COMPILED_REDUCTION,
-            attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            compiled_blocks=True, **TORCHTITAN),
-        SoftwareStack(
-            "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block torch.compile; the loss "
-            "ran eager (train.py: 'compiling loss function causes CUDA errors, turning off for now')",
-            norm=COMPILED_REDUCTION, loss=EAGER_LOSS,
-            attention="fa2", fp8_recipe="current", cpu_launch_s=4 * US,
-            eager_loss=True, compiled_blocks=True, **TORCHTITAN),
-        SoftwareStack(
-            "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
-            "low-precision LayerNorm, eager elementwise ops)", norm=OpFusion(3.0, 4),
-            activation=OpFusion(2.0, 2), loss=OpFusion(1.8, 4), attention="fa2", cpu_launch_s=8 * US,
-            fsdp_flat_grads=True, torch_fsdp=True),
-        SoftwareStack(
-            "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
-            "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
-            "fork that trained BLOOM (tr11 launch script) has none)",
-            attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False,
-            zero1_grad_all_reduce=True, pp_dp_overlap=False, fp32_grad_accumulation_pass=True),
-        SoftwareStack(
-            "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
-            "FlashAttention-2)", norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT,
-            loss=EAGER_LOSS, attention="fa2", fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False,
-            eager_loss=True, ddp_grad_passes=3, attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True,
-            torch_fsdp=True),
-    )
-}
+__all__ = ["DEFAULT_STACK", "FA2_ON_HOPPER", "FLAT_FIELDS", "GROUPS", "STACKS", "OpFusion", "SoftwareStack",
+           "StackOverride", "derive", "get_stack", "override_names", "resolve_stack", "stack_choice",
+           "stack_from_text"]
 
 DEFAULT_STACK = "megatron-te"
 
 
-def get_stack(name: str, path: str = "train.stack") -> SoftwareStack:
-    """The stack registered as ``name``; ConfigError at ``path`` listing the valid names otherwise."""
+#: The groups a run config may override (``StackOverride``): all but the row defaults, which it states itself.
+OVERRIDABLE: tuple[str, ...] = tuple(g for g in GROUPS if g != "defaults")
+
+
+def nest_changes(changes: Mapping[str, Any],
+                 groups: tuple[str, ...] = GROUPS) -> tuple[dict[str, Any], list[InitErrorDetails]]:
+    """Field changes given by group (``{"dp": {"grad_dtype": "bf16"}}``) or flat name (``{"grad_dtype":
+    "bf16"}``) as one nested dict by group, and an error for each unknown name (with the valid names), field
+    given twice, or field outside ``groups`` (a row default, ``ROW_DEFAULT_FIELDS``: what to set instead). A
+    model value (an ``OpFusion``) stands for all its fields."""
+    nested: dict[str, Any] = {}
+    errors: list[InitErrorDetails] = []
+    for key, value in changes.items():
+        group_of = FLAT_FIELDS[key][0] if isinstance(key, str) and key in FLAT_FIELDS else key
+        if group_of == "defaults" and "defaults" not in groups:
+            instead = (ROW_DEFAULT_FIELDS[key] if key in ROW_DEFAULT_FIELDS else
+                       ", ".join(ROW_DEFAULT_FIELDS[f] for f in ROW_DEFAULT_FIELDS))
+            errors.append(_error("stack_row_default", f"{key}: a default for published rows (simtrain validate), "
+                                 f"not a stack override; a run config states it itself: set {instead}",
+                                 (str(key),), value))
+        elif key in groups and isinstance(value, Mapping):
+            errors += _unknown_keys(SoftwareStack.model_fields[key].annotation, value, (key,))
+            for sub, v in value.items():
+                _put(nested, (key, sub), v, (key, sub), errors)
+        elif key in groups and isinstance(value, BaseModel):
+            for sub in value.model_fields_set:
+                _put(nested, (key, sub), getattr(value, sub), (key, sub), errors)
+        elif isinstance(key, str) and key in FLAT_FIELDS:
+            group, sub = FLAT_FIELDS[key]
+            cls = type(getattr(SoftwareStack.model_fields[group].default, sub))
+            if isinstance(cls, type) and issubclass(cls, BaseModel) and isinstance(value, Mapping):
+                errors += _unknown_keys(cls, value, (key,))
+            _put(nested, (group, sub), value, (key,), errors)
+        elif key in groups:  # not a mapping: the group's model says what it wants
+            nested[key] = value
+        else:
+            errors.append(_error("unknown_stack_field", f"unknown stack field {key!r}; valid: preset, a group ("
+                                 f"{', '.join(groups)}) or a field's flat name ("
+                                 f"{', '.join(f for f, (g, _) in FLAT_FIELDS.items() if g in groups)})",
+                                 (str(key),), value))
+    return nested, errors
+
+
+def _put(nested: dict[str, Any], where: tuple[str, str], value: Any, loc: tuple[str, ...],
+         errors: list[InitErrorDetails]) -> None:
+    group = nested.setdefault(where[0], {})
+    if not isinstance(group, dict):
+        return
+    if where[1] in group:
+        errors.append(_error("stack_field_twice", f"{where[0]}.{where[1]} is given twice (by group and by flat "
+                                                  "name); give it once", loc, value))
+    group[where[1]] = value.model_dump() if isinstance(value, BaseModel) else value
+
+
+def _unknown_keys(cls: Any, data: Mapping[str, Any], loc: tuple[str, ...]) -> list[InitErrorDetails]:
+    """An error for each key of ``data`` that is not a field of the model ``cls`` (nested models too)."""
+    if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+        return []
+    out: list[InitErrorDetails] = []
+    for key, value in data.items():
+        info = cls.model_fields.get(key) if isinstance(key, str) else None
+        if info is None:
+            out.append(_error("unknown_stack_field", f"unknown field of {'.'.join(loc)}; valid: "
+                                                     f"{', '.join(cls.model_fields)}", (*loc, str(key)), value))
+        elif isinstance(value, Mapping):
+            out += _unknown_keys(info.annotation, value, (*loc, key))
+    return out
+
+
+def _error(kind: str, message: str, loc: tuple[str, ...], value: Any) -> InitErrorDetails:
+    # braces would be read as the error template's placeholders
+    text = message.replace("{", "(").replace("}", ")")
+    return InitErrorDetails(type=PydanticCustomError(kind, text), loc=loc, input=value)
+
+
+def _merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (a stack's dump) with ``changes`` (nested by group) merged in, mappings key by key."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) \
+            else value
+    return out
+
+
+def derive(base: SoftwareStack | None, name: str, description: str, **changes: Any) -> SoftwareStack:
+    """A stack named ``name``: ``base`` (None: the spec's defaults) with ``changes`` (by group or flat name,
+    as ``StackOverride`` takes them) applied. Raises ValueError on an unknown field or a bad value."""
+    nested, errors = nest_changes(changes)
+    if errors:
+        raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['type']}" for e in errors))
+    start = base.model_dump() if base is not None else {}
+    return SoftwareStack.model_validate(_merge({**start, "name": name, "description": description}, nested))
+
+
+# What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP, fp32 master shards
+# and a root kept gathered), torch pipelining (local batch split into pp micro-batches), DTensor TP with FP8
+# all-gathers, torch ring attention, the foreach AdamW.
+_TORCHTITAN: Mapping[str, Any] = {
+    "fusion": {"attn_merge": EAGER_CP_MERGE}, "attn": {"torch_ring": True}, "fp8": {"tp_gather": True},
+    "tp": {"dtensor": True}, "fsdp": {"reshard_under_pp": False, "param_copies": True, "pytorch": True},
+    "pipeline": {"torch_pipelining": True}, "dp": {"foreach_optimizer": True},
+    "defaults": {"pp_microbatches_equal_pp": True}}
+
+
+def _presets() -> dict[str, SoftwareStack]:
+    """The built-in stacks, each defined once (from the spec's defaults or from another preset)."""
+    out: dict[str, SoftwareStack] = {}
+
+    def add(stack: SoftwareStack) -> None:
+        out[stack.name] = stack
+
+    add(derive(
+        None, "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
+        "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
+        "gradient reduction); NeMo performance recipes",
+        attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0,
+        tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True))
+    add(derive(
+        out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
+        "Engine, as megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless "
+        "asked)",
+        # Megatron-LM's main_grad: fp32 unless --grad-reduce-in-bf16 (dp.grad_dtype)
+        loss=MEGATRON_UNFUSED_LOSS, grad_dtype="fp32"))
+    # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
+    # without FlashAttention (Megatron-LM 2021-2022; Korthikanti et al. 2022 sec. 5).
+    add(derive(
+        None, "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
+        "scale-mask-softmax, no FlashAttention, no distributed optimizer)",
+        attention="unfused", zero_stage=0, cpu_launch_s=0.0, tp_async_grad_allreduce=True))
+    add(derive(
+        None, "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
+        "FlashAttention-2, tensorwise dynamic float8)",
+        **_TORCHTITAN, norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2",
+        fp8_recipe="current", cpu_launch_s=8 * US, eager_loss=True))
+    add(derive(
+        out["torchtitan-eager"], "torchtitan-compile", "torchtitan with FSDP2 and per-block torch.compile "
+        "(Inductor-fused elementwise ops, SDPA FlashAttention-2, tensorwise dynamic float8 with fused casts); "
+        "the loss is compiled too (torchtitan 2025: build_cross_entropy_loss compiles it with the model)",
+        norm=COMPILED_REDUCTION, rope=FUSED, activation=FUSED, loss=COMPILED_REDUCTION, cpu_launch_s=4 * US,
+        eager_loss=False, compiled_blocks=True))
+    add(derive(
+        out["torchtitan-compile"], "torchtitan-compile-2024", "torchtitan of 2024 with FSDP2 and per-block "
+        "torch.compile; the loss ran eager (train.py: 'compiling loss function causes CUDA errors, turning off "
+        "for now')",
+        loss=EAGER_LOSS, eager_loss=True))
+    add(derive(
+        None, "composer-fsdp", "MosaicML Composer / llm-foundry with PyTorch FSDP (FlashAttention-2, "
+        "low-precision LayerNorm, eager elementwise ops)",
+        norm=OpFusion(bytes_factor=3.0, kernels=4), activation=OpFusion(bytes_factor=2.0, kernels=2),
+        loss=EAGER_LOSS, attention="fa2", cpu_launch_s=8 * US, fsdp_flat_grads=True, torch_fsdp=True))
+    add(derive(
+        None, "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
+        "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
+        "fork that trained BLOOM (tr11 launch script) has none)",
+        attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False,
+        zero1_grad_all_reduce=True, pp_dp_overlap=False, fp32_grad_accumulation_pass=True))
+    add(derive(
+        None, "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
+        "FlashAttention-2)",
+        norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2",
+        fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False, eager_loss=True, ddp_grad_passes=3,
+        attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True, torch_fsdp=True))
+    return out
+
+
+#: The presets by name (``train.stack``).
+STACKS: Mapping[str, SoftwareStack] = _presets()
+
+
+def _known(name: str) -> str:
+    key = name.strip().lower()
+    if key not in STACKS:
+        raise ValueError(f"unknown software stack; known stacks: {', '.join(STACKS)}")
+    return key
+
+
+class StackOverride(BaseModel):
+    """A preset with some fields overridden: ``{preset: name, <group>: {field: value}, <flat name>: value}``.
+
+    Only the fields given are overrides (``overrides()``); the rest are the preset's. Dumps as the preset
+    name and the overrides by group, which validates back to an equal override."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    preset: str = DEFAULT_STACK
+    """The preset the overrides apply to (``simtrain.stacks.STACKS``)."""
+    fusion: FusionSpec | None = None
+    """Fusion of the memory-bound ops (the fields given replace the preset's)."""
+    attn: AttentionSpec | None = None
+    """Attention kernel and context-parallel ring (the fields given replace the preset's)."""
+    fp8: Fp8Spec | None = None
+    """FP8 policy (the fields given replace the preset's)."""
+    tp: TensorParallelSpec | None = None
+    """Tensor-parallel behaviour (the fields given replace the preset's)."""
+    fsdp: FsdpSpec | None = None
+    """ZeRO-3 / FSDP behaviour (the fields given replace the preset's)."""
+    pipeline: PipelineSpec | None = None
+    """Pipeline runtime (the fields given replace the preset's)."""
+    dp: DataParallelSpec | None = None
+    """Data-parallel and optimizer behaviour (the fields given replace the preset's)."""
+    launch: LaunchSpec | None = None
+    """Host launch cost (the fields given replace the preset's)."""
+    _key: str = PrivateAttr("")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, value: Any) -> Any:
+        """Flat names into their groups; unknown names refused with the valid ones."""
+        if not isinstance(value, Mapping):
+            return value
+        rest = {k: v for k, v in value.items() if k != "preset"}
+        nested, errors = nest_changes(rest, OVERRIDABLE)
+        if errors:
+            raise ValidationError.from_exception_data("StackOverride", errors)
+        return {"preset": value["preset"], **nested} if "preset" in value else nested
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        return _known(value)
+
+    def model_post_init(self, context: Any, /) -> None:
+        # identity is what was given: a field set to its class default still overrides the preset's value
+        self._key = json.dumps(self.dump(), sort_keys=True)
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields given, nested by group (``{"tp": {"dtensor": False}}``)."""
+        out: dict[str, Any] = {}
+        for group in OVERRIDABLE:
+            spec = getattr(self, group)
+            if spec is not None and group in self.model_fields_set:
+                given = spec.model_dump(mode="json", exclude_unset=True)
+                if given:
+                    out[group] = given
+        return out
+
+    @model_serializer(mode="plain")
+    def dump(self) -> dict[str, Any]:
+        """The preset name and the overrides by group."""
+        return {"preset": self.preset, **self.overrides()}
+
+    def __repr_args__(self) -> Any:
+        # the overrides only: the groups' other fields are the preset's, not the defaults a full repr shows
+        return list(self.dump().items())
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StackOverride) and self._key == other._key
+
+
+def override_names() -> list[str]:
+    """The flat names a StackOverride takes besides its fields (every field outside the row defaults)."""
+    return [flat for flat, (group, _) in FLAT_FIELDS.items() if group in OVERRIDABLE]
+
+
+def stack_choice(value: Any) -> str | StackOverride:
+    """A ``train.stack`` value as stored: a preset name (lower case), or a StackOverride when fields are
+    overridden (``{preset: name}`` alone is the name). ValueError for an unknown preset or a value of
+    another kind; a ValidationError with the field's path for a bad override."""
+    if isinstance(value, str):
+        return _known(value)
+    if isinstance(value, Mapping):
+        value = StackOverride.model_validate(dict(value))
+    if isinstance(value, StackOverride):
+        return value if value.overrides() else value.preset
+    raise ValueError(f"not a software stack; give a preset name ({', '.join(STACKS)}) or a preset with fields "
+                     "overridden, {preset: name, group: {field: value}, flat_name: value}")
+
+
+@lru_cache(maxsize=256)
+def _resolve(ref: StackOverride) -> SoftwareStack:
+    base = STACKS[ref.preset]
+    changes = ref.overrides()
+    what = ", ".join(f"{g}.{k}={v!r}" for g, fields in changes.items() for k, v in fields.items())
+    return SoftwareStack.model_validate(_merge({**base.model_dump(), "description": f"{base.description}; "
+                                                f"overridden: {what}"}, changes))
+
+
+def resolve_stack(choice: str | StackOverride) -> SoftwareStack:
+    """The stack a ``train.stack`` value stands for: the preset, with any overrides applied."""
+    if isinstance(choice, StackOverride):
+        return _resolve(choice)
+    return get_stack(choice)
+
+
+def get_stack(name: str | StackOverride, path: str = "train.stack") -> SoftwareStack:
+    """The stack registered as ``name`` (or a StackOverride resolved); ConfigError at ``path`` listing the
+    valid names otherwise."""
+    if isinstance(name, StackOverride):
+        return _resolve(name)
     stack = STACKS.get(str(name).strip().lower())
     if stack is None:
         raise ConfigError(problem(path, name, f"known stacks: {', '.join(STACKS)}"))

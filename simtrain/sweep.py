@@ -35,6 +35,7 @@ from simtrain.errors import ConfigError, InfeasibleLayout, Problem, SimtrainErro
 from simtrain.load import load_config
 from simtrain.results import AXES, StepResult
 from simtrain.safe_yaml import load_yaml
+from simtrain.stacks import StackOverride, override_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -98,7 +99,8 @@ def key_problem(key: str) -> Problem | None:
         where = ".".join(parts[:i]) or "the config"
         if cls is None:
             return Problem("--grid", f"{key!r}: {where} is a single value, it has no field {part!r}")
-        valid = list(cls.model_fields) + (["preset", "hf_config"] if cls is ModelSpec else [])
+        valid = list(cls.model_fields) + (["preset", "hf_config"] if cls is ModelSpec else []) + (
+            override_names() if cls is StackOverride else [])  # a stack field by its flat name (simtrain.stacks)
         if part not in valid:
             return Problem("--grid", f"{key!r}: {part!r} is not a field of {where}; valid: {', '.join(valid)}")
         if part not in cls.model_fields:  # model.preset / model.hf_config: a string

@@ -92,7 +92,7 @@ def test_a_kept_stage_adds_each_microbatch_gradients_into_fp32_before_reducing()
     ends with ``unsharded_accumulated_grad += grad`` over the chunk's parameters (fp32 read + bf16 read +
     fp32 write = 10 B each), and the stage's reduce-scatters follow the last one. A bf16 reduce dtype keeps
     autograd's own accumulation (no pass); without PP FSDP2 reduce-scatters every backward (no pass)."""
-    from simtrain.lowering import FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM
+    from simtrain.stack_rules import FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM
 
     micro = SEQS // DP
     titan = _lowered("torchtitan-eager")

@@ -202,8 +202,8 @@ def test_deepspeed_bf16_optimizer_adds_each_microbatch_gradients_into_fp32() -> 
     backward (hp_grad.add_(lp.grad.to(float32)): 18 bytes per parameter of the rank's chunk), before the
     gradient goes upstream; Megatron-core fuses the FP32 accumulation into the wgrad GEMM (no pass), and
     without PP the pass is not run (the BF16 optimizer path modelled is the pipeline engine's)."""
-    from simtrain.lowering import FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM
     from simtrain.ops import OpKind
+    from simtrain.stack_rules import FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM
     from simtrain.stacks import get_stack
 
     cfg = dict(BASE, hardware=dict(n_nodes=2), layout=dict(pp=2, dp=8, zero_stage=1))

@@ -100,12 +100,10 @@ def finish(data: dict[str, Any], unknown: list[str], ignored: list[str], notes: 
     A gradient dtype equal to the stack's default and a dropout equal to the model's default (on for GELU
     models) are stored as None, as a hand-written config would leave them.
     """
-    from simtrain.stacks import get_stack
-
     run = load_config(data)
     tr = run.train
     update: dict[str, Any] = {}
-    if tr.grad_dtype is not None and tr.grad_dtype == get_stack(tr.stack).grad_dtype:
+    if tr.grad_dtype is not None and tr.grad_dtype == tr.stack_spec.grad_dtype:
         update["grad_dtype"] = None
     if tr.dropout is not None and tr.dropout == (run.model.activation == "gelu"):
         update["dropout"] = None

@@ -135,10 +135,12 @@ def _train_flags(run: RunConfig, out: list[tuple[str, Any]], skipped: list[str])
         out += [("--fp8-format", "hybrid"), ("--fp8-recipe", recipe)]
     if tr.grad_bytes == 2.0:
         out.append(("--grad-reduce-in-bf16", None))
-    if tr.stack == "megatron-te":
+    if tr.stack_name == "megatron-te":
         out.append(("--cross-entropy-loss-fusion", None))
-    elif tr.stack != "megatron-core":
-        skipped.append(f"train.stack {tr.stack}: Megatron-LM arguments read back as megatron-core")
+    elif tr.stack_name != "megatron-core":
+        skipped.append(f"train.stack {tr.stack_name}: Megatron-LM arguments read back as megatron-core")
+    if not isinstance(tr.stack, str):
+        skipped.append(f"train.stack overrides {tr.stack.overrides()}: not written (the preset's values are read back)")
     dropout = tr.dropout if tr.dropout is not None else run.model.activation == "gelu"
     value = "0.1" if dropout else "0.0"
     out += [("--attention-dropout", value), ("--hidden-dropout", value)]

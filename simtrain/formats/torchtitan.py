@@ -354,11 +354,13 @@ def write_torchtitan(run: RunConfig) -> tuple[str, list[str]]:
                             "mixed_precision_param": "bfloat16",
                             "mixed_precision_reduce": "bfloat16" if tr.grad_bytes == 2.0 else "float32"}  # fmt: skip
     sections["activation_checkpoint"] = _ac_section(run, skipped)
-    compiled = tr.stack in ("torchtitan-compile", "torchtitan-compile-2024")
+    compiled = tr.stack_name in ("torchtitan-compile", "torchtitan-compile-2024")
     sections["compile"] = {"enable": compiled,
-                           "components": ["model", "loss"] if tr.stack != "torchtitan-compile-2024" else ["model"]}
-    if not tr.stack.startswith("torchtitan"):
-        skipped.append(f"train.stack {tr.stack}: read back as torchtitan-{'compile' if compiled else 'eager'}")
+                           "components": ["model", "loss"] if tr.stack_name != "torchtitan-compile-2024" else ["model"]}
+    if not tr.stack_name.startswith("torchtitan"):
+        skipped.append(f"train.stack {tr.stack_name}: read back as torchtitan-{'compile' if compiled else 'eager'}")
+    if not isinstance(tr.stack, str):
+        skipped.append(f"train.stack overrides {tr.stack.overrides()}: not written (the preset's values are read back)")
     sections["optimizer"] = {"name": "Adam" if tr.optimizer == "adam" else "AdamW"}
     if tr.optimizer == "sgd":
         skipped.append("train.optimizer sgd: written as AdamW")

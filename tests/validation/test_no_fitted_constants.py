@@ -13,7 +13,7 @@ from simtrain.csv_cells import read_rows
 from simtrain.model import list_presets
 
 ROOT = Path(__file__).resolve().parents[2]
-CONSTANT_FILES = [ROOT / "simtrain" / "stacks.py", ROOT / "simtrain" / "costs.py",
+CONSTANT_FILES = [*(ROOT / "simtrain" / f for f in ("stacks.py", "stack_spec.py", "stack_rules.py")), ROOT / "simtrain" / "costs.py",
                   *sorted((ROOT / "simtrain" / "data" / "hardware_profiles").glob("**/*.yaml"))]
 
 
