@@ -1,8 +1,9 @@
 """The registry of collective algorithms NCCL (and a calibrated profile) can run, one class each.
 
-An algorithm says whether it ``applies`` to a collective on a group, its ``phases`` of flows for a
-1-byte collective (every flow scales linearly with the size), its ``latency_s`` per protocol, and
-its protocols' wire factors; ``candidates`` turns that into one :class:`Candidate` per protocol.
+An algorithm says whether it ``applies`` to a collective on a group and offers ``candidates`` there.
+Most are a :class:`FlowAlgorithm`: its ``phases`` of flows for a 1-byte collective (every flow scales
+linearly with the size), its ``latency_s`` per protocol and its protocols' wire factors, one
+:class:`Candidate` per protocol.
 ``collectives.collective_candidates`` asks every registered algorithm, in registry order (ties in
 predicted time go to the earlier candidate, as before). Adding an algorithm is a class here plus a
 line in :data:`ALGORITHMS`. Algorithms (reference Table B, B2):
@@ -67,7 +68,7 @@ class Group:
     gpus: tuple[int, ...]
     by_node: dict[int, list[int]]
     net_lat_s: float
-    _memo: dict[str, Phases] = field(default_factory=dict)
+    _memo: dict[str, Phases] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, topo: Topology, gpus: tuple[int, ...]) -> Group:
@@ -106,16 +107,27 @@ class Group:
 
 
 class CollectiveAlgorithm(ABC):
-    """One algorithm: where it applies, its flows, its latency per protocol."""
+    """One algorithm of the registry: where it applies and the candidates it offers there."""
 
     name: ClassVar[str]
-    protocols: ClassVar[tuple[str, ...]] = ("Simple",)
     replaces_others: ClassVar[bool] = False
     """When it yields candidates, they are the only ones (a measured curve stands for NCCL's choice)."""
 
     @abstractmethod
     def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
         """Whether this algorithm can run ``coll`` on ``group`` (of at least 2 GPUs)."""
+
+    @abstractmethod
+    def candidates(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec,
+                   others: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
+        """Its (protocol) candidates for ``coll`` on ``group``, planned for a 1-byte collective
+        (``others``: the candidates of the algorithms that do not replace others, for one that does)."""
+
+
+class FlowAlgorithm(CollectiveAlgorithm):
+    """An algorithm given by its flows and NCCL's latency formula, one candidate per protocol."""
+
+    protocols: ClassVar[tuple[str, ...]] = ("Simple",)
 
     @abstractmethod
     def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
@@ -131,8 +143,7 @@ class CollectiveAlgorithm(ABC):
 
     def candidates(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec,
                    others: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
-        """One candidate per protocol, sharing one set of phases (``others``: the candidates of the
-        algorithms that do not replace others, for one that does)."""
+        """One candidate per protocol, all sharing one set of phases."""
         phases = self.phases(coll, group, topo, gpu)
         return tuple(Candidate(self.name, proto, self.latency_s(coll, group, proto), phases, self.wire_factor(proto))
                      for proto in self.protocols)
@@ -147,7 +158,7 @@ def _a2a_latency(group: Group) -> float:
     return ring_latency(K.ALL_TO_ALL, group.p, group.n_nodes, "Simple", "ring", group.net_lat_s)
 
 
-class RingShift(CollectiveAlgorithm):
+class RingShift(FlowAlgorithm):
     """Ring attention's KV exchange: every GPU sends its block to the next rank (P2P send/recv pairs,
     Megatron-core p2p context parallelism), at a point-to-point latency (``collectives.plan_send``)."""
 
@@ -166,7 +177,7 @@ class RingShift(CollectiveAlgorithm):
         return BASE_LAT_US["ring"]["Simple"] * US + hop
 
 
-class Pairwise(CollectiveAlgorithm):
+class Pairwise(FlowAlgorithm):
     """All-to-all: S/p from every GPU to every peer (also the deduplicated all-to-all on one node or on
     nodes holding unequal parts of the group, where there is nothing to deduplicate)."""
 
@@ -193,7 +204,7 @@ def node_hit_probability(n_nodes: int, k: int, n_experts: int, m_nodes: int = 0)
     return 1.0 - math.comb(others, k) / math.comb(n_experts, k) if k <= n_experts else 1.0
 
 
-class NodeLimitedA2A(CollectiveAlgorithm):
+class NodeLimitedA2A(FlowAlgorithm):
     """All-to-all of S bytes per GPU (k copies of each token, ``NodeLimited`` options) that crosses the
     network once per remote node a token is routed to, to the rail peer, which forwards its copies over
     NVLink (DeepEP's internode kernels; HybridEP likewise). Per GPU: S/k x P(node hit) to each remote
@@ -233,7 +244,7 @@ def _ring_phases(coll: Collective, group: Group, topo: Topology) -> Phases:
     return group.shared("ring", lambda: (ring_flows(topo, group.gpus, per_gpu),))
 
 
-class Ring(CollectiveAlgorithm):
+class Ring(FlowAlgorithm):
     """NCCL's ring for all-reduce, all-gather and reduce-scatter, in every protocol."""
 
     name = "ring"
@@ -249,7 +260,7 @@ class Ring(CollectiveAlgorithm):
         return ring_latency(coll.kind, group.p, group.n_nodes, protocol, "ring", group.net_lat_s)
 
 
-class Tree(CollectiveAlgorithm):
+class Tree(FlowAlgorithm):
     """NCCL's tree all-reduce across nodes: the ring's traffic at the tree derate, log-depth latency."""
 
     name = "tree"
@@ -268,7 +279,7 @@ class Tree(CollectiveAlgorithm):
         return WIRE_FACTOR[protocol] / TREE_DERATE
 
 
-class Hierarchical2D(CollectiveAlgorithm):
+class Hierarchical2D(FlowAlgorithm):
     """All-reduce over m nodes x k GPUs: reduce-scatter in the node, all-reduce S/k across nodes on each
     rail, all-gather in the node (Table B "Hierarchical (2D)")."""
 
@@ -291,7 +302,7 @@ class Hierarchical2D(CollectiveAlgorithm):
                 + ring_latency(K.ALL_REDUCE, m, m, "Simple", "ring", group.net_lat_s))
 
 
-class Nvls(CollectiveAlgorithm):
+class Nvls(FlowAlgorithm):
     """NVLink SHARP all-reduce in one NVSwitch node: each GPU sends S to the switch and gets S back at
     the calibrated NVLS algbw (reference note 1)."""
 
@@ -317,7 +328,6 @@ class MeasuredTable(CollectiveAlgorithm):
     time. Only for option-free collectives: the calibration times the plain ``torch.distributed`` ones."""
 
     name = "measured"
-    protocols = ("measured",)
     replaces_others = True
     _BASES: ClassVar[tuple[str, ...]] = ("ring", "pairwise", "p2p")
 
@@ -329,12 +339,6 @@ class MeasuredTable(CollectiveAlgorithm):
     def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
         table = self._table(gpu)
         return coll.options is None and table is not None and (coll.kind, group.p, group.n_nodes) in table.curves
-
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
-        raise NotImplementedError("a measured candidate reuses another algorithm's phases (candidates)")
-
-    def latency_s(self, coll: Collective, group: Group, protocol: str) -> float:
-        raise NotImplementedError("a measured candidate's latency is its curve's (candidates)")
 
     def candidates(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec,
                    others: tuple[Candidate, ...]) -> tuple[Candidate, ...]:

@@ -14,7 +14,7 @@ from simtrain.cli import main
 from simtrain.collective_algorithms import (
     ALGORITHMS,
     AlgorithmRegistry,
-    CollectiveAlgorithm,
+    FlowAlgorithm,
     Group,
     node_hit_probability,
 )
@@ -149,7 +149,7 @@ def test_kinds_without_an_algorithm_are_an_error() -> None:
         collective_candidates(CollectiveKind.BROADCAST, (0, 1), Topology(c), c.gpu)
 
 
-class _Teleport(CollectiveAlgorithm):
+class _Teleport(FlowAlgorithm):
     """A toy all-gather: one flow per GPU to its neighbour, and no latency at all."""
 
     name = "teleport"
