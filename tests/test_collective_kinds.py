@@ -244,3 +244,27 @@ def test_calibration_parses_its_collectives_list() -> None:
     assert all(type(p["collective"]) is str for _, p in plan)  # the journal keeps the string names
     assert _parser().parse_args(["--out", "x", "--device", "cpu"]).collectives == COLLECTIVES
     assert math.isclose(busbw_factor(CollectiveKind(plan[0][1]["collective"]), 2), 0.5)
+
+
+def test_a_measured_curve_stands_for_plain_collectives_only() -> None:
+    """A calibrated profile times the plain torch collective: its all-to-all curve replaces the pairwise
+    plan, but not the deduplicated (node-limited) all-to-all's."""
+    from types import SimpleNamespace
+
+    from simtrain.calibrated import CollectiveTable, Curve
+    from simtrain.collective_algorithms import MeasuredTable
+    from simtrain.collective_flows import MeasuredCandidate
+
+    c = build_cluster("dgx-h100", 2)
+    topo, gpus = Topology(c), tuple(range(16))
+    table = CollectiveTable({(CollectiveKind.ALL_TO_ALL, 16, 2): Curve((1.0, 2.0), (1e-5, 2e-5), 0.0, 1e5)})
+    measured_gpu = SimpleNamespace(collectives=table)
+    group = Group.of(topo, gpus)
+    limited = Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(0, 8, 128))
+    algo = MeasuredTable()
+    assert algo.applies(ALL_TO_ALL, group, topo, measured_gpu)  # type: ignore[arg-type]
+    assert not algo.applies(limited, group, topo, measured_gpu)  # type: ignore[arg-type]
+    assert not algo.applies(ALL_REDUCE, group, topo, measured_gpu)  # not measured
+    pairwise = collective_candidates(ALL_TO_ALL, gpus, topo, c.gpu)
+    (cand,) = algo.candidates(ALL_TO_ALL, group, topo, measured_gpu, pairwise)  # type: ignore[arg-type]
+    assert isinstance(cand, MeasuredCandidate) and cand.latency_s == 1e-5 and cand.base_phases is pairwise[0].base_phases
