@@ -45,10 +45,13 @@ from calibration.device import describe, fingerprint
 from calibration.journal import Journal, measurement_key
 from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
 from calibration.writer import build_profile, write_profile
+from simtrain.collective_kinds import CollectiveKind
 from simtrain.profile import JOURNAL_FILE, profile_folder
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+#: What this script measures (a profile stores each by its string value: ``simtrain.profile`` parses it back).
+COLLECTIVES = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER,
+               CollectiveKind.ALL_TO_ALL, CollectiveKind.BROADCAST, CollectiveKind.SEND)
 FAIL_RANK_ENV = "SIMTRAIN_CALIBRATION_FAIL_RANK"  # fault injection for tests: this rank raises at start
 WINDOW_S = 0.6  # seconds each rank spends in an interference window
 #: Contention kernel shapes without a target run: (micro-batch size, sequence length, hidden, FFN width,
@@ -76,6 +79,16 @@ class Effort:
         return cls(2, 0.3, 0.2, 5, 1, 16 * MiB) if quick else cls()
 
 
+def _kinds(text: str) -> tuple[CollectiveKind, ...]:
+    """The ``--collectives`` list: names of measurable kinds, comma separated."""
+    valid = {k.value: k for k in COLLECTIVES}
+    bad = [k for k in text.split(",") if k and k not in valid]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))} not measurable; expected a comma-separated "
+                                         f"subset of {','.join(valid)}")
+    return tuple(valid[k] for k in text.split(",") if k)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m calibration.collectives",
                                 description="Measure collectives (and multi-process compute effects) for a profile.")
@@ -86,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-bytes", type=int, default=KiB)
     p.add_argument("--max-bytes", type=int, help="largest message (default: 1 GiB on cuda, 64 MiB on cpu)")
     p.add_argument("--size-factor", type=int, help="ratio between message sizes (default 2 on cuda, 4 on cpu)")
-    p.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated subset")
+    p.add_argument("--collectives", type=_kinds, default=COLLECTIVES, help="comma-separated subset of "
+                   + ",".join(COLLECTIVES))
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout, seconds")
     p.add_argument("--fresh", action="store_true", help="discard the journal instead of resuming it")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter windows (smoke runs)")
@@ -144,34 +158,36 @@ class Ctx:
         return None if len(ranks) == self.world else self.groups[ranks]
 
 
-def _op(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx) -> Callable[[], None]:
+def _op(kind: CollectiveKind, ranks: tuple[int, ...], size: int, ctx: Ctx) -> Callable[[], None]:
     """A callable running one collective of nccl-tests size ``size`` on ``ranks`` (fp32 elements)."""
     p, group = len(ranks), ctx.group(ranks)
     n = max(size // 4 // p, 1) * p
     dev = ctx.device
-    if kind == "all_reduce":
+    if kind is CollectiveKind.ALL_REDUCE:
         x = torch.randn(n, device=dev)
         return lambda: dist.all_reduce(x, group=group)
-    if kind == "all_gather":
+    if kind is CollectiveKind.ALL_GATHER:
         x, out = torch.randn(n // p, device=dev), torch.empty(n, device=dev)
         gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
         return lambda: gather(out, x, group=group)
-    if kind == "reduce_scatter":
+    if kind is CollectiveKind.REDUCE_SCATTER:
         x, out = torch.randn(n, device=dev), torch.empty(n // p, device=dev)
         scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
         return lambda: scatter(out, x, group=group)
-    if kind == "all_to_all":
+    if kind is CollectiveKind.ALL_TO_ALL:
         x, out = torch.randn(n, device=dev), torch.empty(n, device=dev)
         return lambda: dist.all_to_all_single(out, x, group=group)
-    if kind == "broadcast":
+    if kind is CollectiveKind.BROADCAST:
         x = torch.randn(n, device=dev)
         return lambda: dist.broadcast(x, src=ranks[0], group=group)
+    if kind is not CollectiveKind.SEND:
+        raise ValueError(f"calibration does not measure a {kind.value}")
     x = torch.randn(n, device=dev)
     peer = ranks[-1] if ctx.rank == ranks[0] else ranks[0]
     return (lambda: dist.send(x, peer)) if ctx.rank == ranks[0] else (lambda: dist.recv(x, peer))
 
 
-def time_collective(kind: str, ranks: tuple[int, ...], size: int, ctx: Ctx, effort: Effort = Effort()
+def time_collective(kind: CollectiveKind, ranks: tuple[int, ...], size: int, ctx: Ctx, effort: Effort = Effort()
                     ) -> dict[str, float]:
     """Median over repetitions of the slowest member's time; call on every member of ``ranks``."""
     group = ctx.group(ranks)
@@ -205,15 +221,15 @@ def collective_plan(args: argparse.Namespace, world: int, per_node: int) -> list
     """(kind, params) of every collective measurement."""
     max_bytes = args.max_bytes or (GiB if args.device == "cuda" else 64 * MiB)
     factor = args.size_factor or (2 if args.device == "cuda" else 4)
-    kinds = [k for k in args.collectives.split(",") if k]
+    kinds = _kinds(args.collectives) if isinstance(args.collectives, str) else args.collectives
     plan = []
     for ranks, nodes in groups_to_measure(world, per_node):
         for kind in kinds:
-            if kind == "send" and len(ranks) != 2 and not (nodes > 1 and len(ranks) == nodes):
+            if kind is CollectiveKind.SEND and len(ranks) != 2 and not (nodes > 1 and len(ranks) == nodes):
                 continue
             for size in message_sizes(args.min_bytes, max_bytes, factor):
-                rr, nn = (ranks, nodes) if kind != "send" else ((ranks[0], ranks[1]), min(nodes, 2))
-                plan.append(("collective", {"collective": kind, "ranks": len(rr), "nodes": nn, "size_bytes": size,
+                rr, nn = (ranks, nodes) if kind is not CollectiveKind.SEND else ((ranks[0], ranks[1]), min(nodes, 2))
+                plan.append(("collective", {"collective": kind.value, "ranks": len(rr), "nodes": nn, "size_bytes": size,
                                             "members": list(rr)}))
     return plan
 
@@ -428,7 +444,7 @@ def _measure_all(args: argparse.Namespace, rank: int, world: int, per_node: int,
     for kind, params in todo:
         members = tuple(params["members"])
         if rank in members:
-            stats = time_collective(params["collective"], members, params["size_bytes"], ctx, effort)
+            stats = time_collective(CollectiveKind(params["collective"]), members, params["size_bytes"], ctx, effort)
             if journal is not None:
                 journal.add(kind, params, "ok", stats)
         dist.barrier()

@@ -20,6 +20,7 @@ from calibration.fit import fit_curve, fit_gemm
 from calibration.insitu import in_situ_factor
 from calibration.shapes import Target
 from simtrain.calibrated import busbw_factor
+from simtrain.collective_kinds import CollectiveKind
 from simtrain.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION, parse_profile
 from simtrain.trace import write_atomic
 
@@ -88,7 +89,7 @@ def _collective_row(r: dict[str, Any]) -> list[Any]:
     p = r["params"]
     med = (r.get("stats") or {}).get("median_s")
     algbw = p["size_bytes"] / med if med and r["status"] == "ok" else None
-    busbw = algbw * busbw_factor(p["collective"], p["ranks"]) if algbw else None
+    busbw = algbw * busbw_factor(CollectiveKind(p["collective"]), p["ranks"]) if algbw else None
     return [p["collective"], p["ranks"], p["nodes"], p["size_bytes"], *_stat_cols(r), algbw, busbw]
 
 

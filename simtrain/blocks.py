@@ -19,6 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from simtrain.collective_kinds import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    REDUCE_SCATTER,
+    RING_SHIFT,
+    Collective,
+    CollectiveKind,
+    NodeLimited,
+)
 from simtrain.costs import FLASH_BLOCK, ComputeCostModel
 from simtrain.memory import op_sac_recomputed
 from simtrain.model import ModelSpec
@@ -67,7 +77,7 @@ class Comm:
     """A collective of the ``axis`` group between compute segments. The next compute segment waits for
     it, or, when ``overlap`` is set, the one after that (the next runs while it is in flight)."""
 
-    coll: str
+    coll: Collective
     size_bytes: float
     axis: str = "tp"
     overlap: bool = False
@@ -210,7 +220,7 @@ class BlockBuilder:
         ``amax_casts`` key) run; none without TP."""
         if self.t == 1:
             return []
-        return [Comm("all_reduce", AMAX_BYTES, fusable=False) for _ in range(self.amax_casts.get(where, 0))]
+        return [Comm(ALL_REDUCE, AMAX_BYTES, fusable=False) for _ in range(self.amax_casts.get(where, 0))]
 
     def _gemm_bwd(self, name: str, n: int, k: int) -> tuple[Kernel, Kernel]:
         return (self.cost.gemm(name + ".dgrad", self.T, k, n), self.cost.gemm(name + ".wgrad", k, n, self.T))
@@ -332,17 +342,17 @@ class BlockBuilder:
             return self._torch_ring(backward, heads)
         if self.cp_comm == "p2p":
             step = (self._flash(backward, self.s, self.s, heads, kv_heads), self._ring_merge(backward, heads, kv_heads))
-            return [Ring(self.cp, step, Comm("ring_shift", kv_bytes * (2 if backward else 1), "cp"))]
+            return [Ring(self.cp, step, Comm(RING_SHIFT, kv_bytes * (2 if backward else 1), "cp"))]
         if self.cp_comm == "all_gather":
-            core: list[Segment] = [Comm("all_gather", kv_bytes * self.cp, "cp"),
+            core: list[Segment] = [Comm(ALL_GATHER, kv_bytes * self.cp, "cp"),
                                    (self._flash(backward, self.s, self.s * self.cp, heads, kv_heads),)]
-            return [*core, Comm("reduce_scatter", kv_bytes * self.cp, "cp")] if backward else core
+            return [*core, Comm(REDUCE_SCATTER, kv_bytes * self.cp, "cp")] if backward else core
         s_full = self.s * self.cp
         qkv = 2.0 * self.T * (heads + 2 * kv_heads) * m.d_head
         out = 2.0 * self.T * heads * m.d_head
         attn = (self._flash(backward, s_full, s_full, heads // self.cp, max(kv_heads // self.cp, 1)),)
         first, last = (out, qkv) if backward else (qkv, out)
-        return [Comm("all_to_all", first, "cp"), attn, Comm("all_to_all", last, "cp")]
+        return [Comm(ALL_TO_ALL, first, "cp"), attn, Comm(ALL_TO_ALL, last, "cp")]
 
     def _torch_ring(self, backward: bool, heads: int) -> list[Segment]:
         """torch's ring attention (``torch_cp``): the expanded K and V all-gathered beside the first block,
@@ -353,8 +363,8 @@ class BlockBuilder:
         merge_k = self._ring_merge(backward, heads, heads)
         cat = self.cost.memory_op("cp_cat.bwd" if backward else "cp_cat",
                                   2.0 * kv * (2.0 + (4.0 if backward else 0.0)))  # read + write bf16 KV (+ fp32 dKV)
-        gather = Comm("all_gather", 2.0 * kv * self.cp, "cp", overlap=True)
-        hop = Comm("ring_shift", 4.0 * kv, "cp") if backward else None
+        gather = Comm(ALL_GATHER, 2.0 * kv * self.cp, "cp", overlap=True)
+        hop = Comm(RING_SHIFT, 4.0 * kv, "cp") if backward else None
         return [gather, Ring(self.cp, (flash, merge_k, cat), hop)]
 
     def _ring_merge(self, backward: bool, heads: int, kv_heads: int) -> Kernel:
@@ -427,10 +437,10 @@ class BlockBuilder:
         if self.t == 1:
             return merge([(ln1, *attn, res1, ln2, *mlp)])
         if not self.sp:
-            return merge([(ln1, *attn), Comm("all_reduce", size), (res1, ln2, *mlp)])
+            return merge([(ln1, *attn), Comm(ALL_REDUCE, size), (res1, ln2, *mlp)])
         gather = self._gather_bytes(size)
-        mlp_gather: list[Segment] = [] if moe else [Comm("all_gather", gather)]
-        return merge([(ln1,), Comm("all_gather", gather), tuple(attn), (res1, ln2), *mlp_gather, tuple(mlp)])
+        mlp_gather: list[Segment] = [] if moe else [Comm(ALL_GATHER, gather)]
+        return merge([(ln1,), Comm(ALL_GATHER, gather), tuple(attn), (res1, ln2), *mlp_gather, tuple(mlp)])
 
     def _mlp_forward(self, moe: bool) -> list[Segment]:
         h, _, _, f, n_up = self._dims
@@ -460,15 +470,15 @@ class BlockBuilder:
         if self.t == 1:
             return merge([(ln1,), *attn, (res1, ln2), *mlp, (res2,)])
         if not self.sp:
-            return merge([(ln1,), *attn, Comm("all_reduce", size), (res1, ln2), *mlp, Comm("all_reduce", size),
+            return merge([(ln1,), *attn, Comm(ALL_REDUCE, size), (res1, ln2), *mlp, Comm(ALL_REDUCE, size),
                           (res2,)])
         gather = self._gather_bytes(size)
         amax_attn, amax_mlp = self._amax("attn_fwd"), self._amax("mlp_fwd")
         if moe:  # tokens stay sequence-sharded into the MoE block; dispatch moves them (Megatron-core)
-            return merge([(ln1,), *amax_attn, Comm("all_gather", gather), *attn, Comm("reduce_scatter", size),
+            return merge([(ln1,), *amax_attn, Comm(ALL_GATHER, gather), *attn, Comm(REDUCE_SCATTER, size),
                           (res1, ln2), *mlp, (res2,)])
-        return merge([(ln1,), *amax_attn, Comm("all_gather", gather), *attn, Comm("reduce_scatter", size),
-                      (res1, ln2), *amax_mlp, Comm("all_gather", gather), *mlp, Comm("reduce_scatter", size),
+        return merge([(ln1,), *amax_attn, Comm(ALL_GATHER, gather), *attn, Comm(REDUCE_SCATTER, size),
+                      (res1, ln2), *amax_mlp, Comm(ALL_GATHER, gather), *mlp, Comm(REDUCE_SCATTER, size),
                       (res2,)])
 
     def _layer_backward(self, layer: int | None = None) -> list[Segment]:
@@ -494,21 +504,21 @@ class BlockBuilder:
             # SP: the output gradient of each row-parallel layer is all-gathered (an MoE block gathers its own),
             # after the all-reduce of its FP8 amax where current scaling runs one; no SP: an MoE block's input
             # gradient is all-reduced after it
-            out_grad: list[Segment] = [Comm("all_gather", size)] if self.sp else []
+            out_grad: list[Segment] = [Comm(ALL_GATHER, size)] if self.sp else []
             before_mlp = [] if moe else [*self._amax("mlp_bwd"), *out_grad]
-            after_mlp: list[Segment] = [Comm("all_reduce", size)] if moe and not self.sp else []
+            after_mlp: list[Segment] = [Comm(ALL_REDUCE, size)] if moe and not self.sp else []
             return merge([(res2,), *before_mlp, *mlp, *after_mlp, (ln2, res1), *self._amax("attn_bwd"), *out_grad,
                           *attn, (ln1,)])
         if not self.sp:
-            return merge([(res2,), *mlp, Comm("all_reduce", size), (ln2, res1), *attn, Comm("all_reduce", size),
+            return merge([(res2,), *mlp, Comm(ALL_REDUCE, size), (ln2, res1), *attn, Comm(ALL_REDUCE, size),
                           (ln1,)])
-        summed = Comm("reduce_scatter", size, fusable=False)  # dX of separate projections
+        summed = Comm(REDUCE_SCATTER, size, fusable=False)  # dX of separate projections
         amax_attn, amax_mlp = self._amax("attn_bwd"), self._amax("mlp_bwd")
         if moe:
-            return merge([(res2,), *mlp, (ln2, res1), *amax_attn, Comm("all_gather", size), *attn, summed,
+            return merge([(res2,), *mlp, (ln2, res1), *amax_attn, Comm(ALL_GATHER, size), *attn, summed,
                           (ln1,)])
-        return merge([(res2,), *amax_mlp, Comm("all_gather", size), *mlp, summed, (ln2, res1),
-                      *amax_attn, Comm("all_gather", size), *attn, summed, (ln1,)])
+        return merge([(res2,), *amax_mlp, Comm(ALL_GATHER, size), *mlp, summed, (ln2, res1),
+                      *amax_attn, Comm(ALL_GATHER, size), *attn, summed, (ln1,)])
 
     def _column_backward(self, kernels: tuple[Kernel, ...], first_column: int) -> list[Segment]:
         """Megatron's backward of column-parallel GEMMs (``kernels[first_column:]``, their dgrad and wgrad
@@ -530,10 +540,10 @@ class BlockBuilder:
         wgrads = tuple(k for k in column if k.name.endswith(".wgrad"))
         dgrads = tuple(k for k in column if not k.name.endswith(".wgrad"))
         if not self.sp:
-            return [(*kernels[:first_column], *dgrads), Comm("all_reduce", size, fusable=False).overlapped(),
+            return [(*kernels[:first_column], *dgrads), Comm(ALL_REDUCE, size, fusable=False).overlapped(),
                     wgrads]
-        return [kernels[:first_column], Comm("all_gather", size, fusable=False).overlapped(), dgrads,
-                Comm("reduce_scatter", size, fusable=False).overlapped(), wgrads]
+        return [kernels[:first_column], Comm(ALL_GATHER, size, fusable=False).overlapped(), dgrads,
+                Comm(REDUCE_SCATTER, size, fusable=False).overlapped(), wgrads]
 
     # -- mixture of experts ----------------------------------------------------------------------
     @property
@@ -612,7 +622,8 @@ class BlockBuilder:
         # topk_group nodes under group-limited routing) and fans out over NVLink (collectives.py
         # "node_limited" a2a)
         limit = moe.topk_group if moe.group_limited else 0
-        coll = f"all_to_all_nodes_{limit}_{k}_{moe.n_experts}" if self.ep_dedup else "all_to_all"
+        coll = (Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(limit, k, moe.n_experts)) if self.ep_dedup
+                else ALL_TO_ALL)
         return (Comm(coll, copies * self.dispatch_bytes_per_elem, "ep"),
                 Comm(coll, copies * 2.0, "ep"), copies * 2.0 * self.etp)
 
@@ -635,7 +646,7 @@ class BlockBuilder:
         dispatch, combine, gathered = self._moe_comms()
         experts: list[Segment] = [self._sorted_experts(False)]
         if self.etp > 1:
-            experts = [Comm("all_gather", gathered, "etp"), *experts, Comm("reduce_scatter", gathered, "etp")]
+            experts = [Comm(ALL_GATHER, gathered, "etp"), *experts, Comm(REDUCE_SCATTER, gathered, "etp")]
         unpermute = (c.memory_op("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
         shared = self._shared(False)
         if self.ep_overlap:
@@ -653,7 +664,7 @@ class BlockBuilder:
         unpermute = (c.memory_op("moe.unpermute.bwd", (k + 1) * 2.0 * tokens * h),)
         experts: list[Segment] = [self._sorted_experts(True)]
         if self.etp > 1:
-            experts = [Comm("all_gather", gathered, "etp"), *experts, Comm("reduce_scatter", gathered, "etp")]
+            experts = [Comm(ALL_GATHER, gathered, "etp"), *experts, Comm(REDUCE_SCATTER, gathered, "etp")]
         router = (c.memory_op("moe.permute.bwd", 2 * 2.0 * tokens * k * h),
                   c.memory_op("router.topk.bwd", 3 * 4.0 * tokens * moe.n_experts),
                   c.gemm("router.dgrad", tokens, h, moe.n_experts), c.gemm("router.wgrad", h, moe.n_experts, tokens))
@@ -681,13 +692,13 @@ class BlockBuilder:
             kernels.append(self.cost.memory_op("pos_embedding", 3 * 2.0 * self.T * h))
         if self.t == 1:
             return [tuple(kernels)]
-        return [tuple(kernels), Comm("reduce_scatter" if self.sp else "all_reduce", 2.0 * self.T * h)]
+        return [tuple(kernels), Comm(REDUCE_SCATTER if self.sp else ALL_REDUCE, 2.0 * self.T * h)]
 
     def _embedding_backward(self) -> list[Segment]:
         """Embedding gradient (scatter-add of the token gradients)."""
         k = (self.cost.memory_op("embedding.bwd", 3 * 2.0 * self.T * self.model.hidden),)
         if self.t > 1 and self.sp:
-            return [Comm("all_gather", 2.0 * self.T * self.model.hidden), k]
+            return [Comm(ALL_GATHER, 2.0 * self.T * self.model.hidden), k]
         return [k]
 
     def _head_forward(self) -> list[Segment]:
@@ -698,9 +709,9 @@ class BlockBuilder:
                 self.cost.memory_op("cross_entropy", self.T * v * (2.0 + 4.0 + 4.0)))
         if self.t == 1:
             return [(ln, *head)]
-        pre: list[Segment] = [(ln,), Comm("all_gather", 2.0 * self.T * h)] if self.sp else [(ln,)]
+        pre: list[Segment] = [(ln,), Comm(ALL_GATHER, 2.0 * self.T * h)] if self.sp else [(ln,)]
         # vocab-parallel cross-entropy all-reduces the max and the sum of exp per token (fp32)
-        return [*pre, head, Comm("all_reduce", 2 * 4.0 * self.T)]
+        return [*pre, head, Comm(ALL_REDUCE, 2 * 4.0 * self.T)]
 
     def _head_backward(self) -> list[Segment]:
         """Cross-entropy and LM-head backward, then the final norm's."""
@@ -710,7 +721,7 @@ class BlockBuilder:
         ln = self._norm("final_norm.bwd", True)
         if self.t == 1:
             return [(*head, ln)]
-        return [head, Comm("reduce_scatter" if self.sp else "all_reduce", 2.0 * self.T * h), (ln,)]
+        return [head, Comm(REDUCE_SCATTER if self.sp else ALL_REDUCE, 2.0 * self.T * h), (ln,)]
 
     # -- public segment builders: the private ones plus the layout copies of sequence-parallel collectives
 
@@ -763,10 +774,11 @@ class BlockBuilder:
             prev, nxt = out[i - 1] if i else None, out[i + 1] if i + 1 < len(out) else None
             kernels = [k for k in seg if k is not None]
             lead = trail = 0
-            if isinstance(prev, Comm) and prev.fused_with_gemm(self.tp_overlap) and prev.coll == "all_gather":
+            if (isinstance(prev, Comm) and prev.fused_with_gemm(self.tp_overlap)
+                    and prev.coll.kind is CollectiveKind.ALL_GATHER):
                 lead = leading_gemms(tuple(kernels), gathered=True)
             if (isinstance(nxt, Comm) and nxt.fused_with_gemm(self.tp_overlap)
-                    and nxt.coll in ("reduce_scatter", "all_reduce")):
+                    and nxt.coll.kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)):
                 trail = leading_gemms(tuple(kernels[::-1]), gathered=True)
             split = set(range(lead)) | set(range(len(kernels) - trail, len(kernels)))
             out[i] = tuple(self.cost.row_chunked(k, TP_OVERLAP_CHUNKS) if j in split else k
@@ -793,13 +805,14 @@ class BlockBuilder:
             return segs
         out: list[Segment | tuple[Kernel | None, ...]] = []
         for seg in segs:
-            if not (isinstance(seg, Comm) and seg.axis == "tp" and seg.coll in ("all_gather", "reduce_scatter")):
+            if not (isinstance(seg, Comm) and seg.axis == "tp"
+                    and seg.coll.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER)):
                 out.append(seg)
-            elif seg.fused_with_gemm(self.tp_overlap) and seg.coll == "all_gather":
+            elif seg.fused_with_gemm(self.tp_overlap) and seg.coll.kind is CollectiveKind.ALL_GATHER:
                 out += [(self.cost.memory_op("tp.ag_shard_copy", 2.0 * seg.size_bytes / self.t),), seg]
             elif seg.fused_with_gemm(self.tp_overlap):
                 out += [seg, (self.cost.memory_op("tp.rs_reduce", seg.size_bytes * (1.0 + 1.0 / self.t)),)]
-            elif seg.coll == "all_gather":
+            elif seg.coll.kind is CollectiveKind.ALL_GATHER:
                 out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
             else:
                 out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]

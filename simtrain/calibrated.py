@@ -33,6 +33,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from simtrain.collective_kinds import CollectiveKind
+
 GEMM_ROLES = ("fwd", "dgrad", "wgrad")
 IDW_NEIGHBOURS = 4  # measured shapes that shape the local correction of the GEMM fit
 IDW_POWER = 2.0  # inverse-distance weight exponent (Shepard's method)
@@ -240,12 +242,13 @@ class CalibratedCompute:
 class CollectiveTable:
     """Measured collective curves keyed by (collective, ranks, nodes) over the nccl-tests size S.
 
-    Collectives: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send (point to point).
+    Collectives: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send (point to point);
+    a profile names them by their string value, which ``simtrain.profile`` parses into the enum.
     """
 
-    curves: Mapping[tuple[str, int, int], Curve]
+    curves: Mapping[tuple[CollectiveKind, int, int], Curve]
 
-    def timing(self, kind: str, ranks: int, nodes: int, size_bytes: float) -> tuple[float, float] | None:
+    def timing(self, kind: CollectiveKind, ranks: int, nodes: int, size_bytes: float) -> tuple[float, float] | None:
         """(latency_s, total_s) of one collective from the measured curve; None if that group was not measured.
 
         The latency is the measured time of the smallest message (capped by the total): it is what the
@@ -267,12 +270,12 @@ class CollectiveTable:
         return best
 
 
-def busbw_factor(kind: str, ranks: int) -> float:
+def busbw_factor(kind: CollectiveKind, ranks: int) -> float:
     """nccl-tests bus-bandwidth factor (``doc/PERFORMANCE.md``; reference Table B): busbw = algbw x factor."""
     p = ranks
-    if kind == "all_reduce":
+    if kind == CollectiveKind.ALL_REDUCE:
         return 2.0 * (p - 1) / p
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_TO_ALL):
         return (p - 1) / p
     return 1.0
 

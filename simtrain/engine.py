@@ -26,6 +26,7 @@ from typing import Any
 
 import simpy
 
+from simtrain.collective_kinds import SEND, Collective
 from simtrain.collectives import (
     Candidate,
     Flow,
@@ -173,8 +174,8 @@ class CommPlanner:
         self._caps: dict[Any, float] = {}
         self._cache: dict[Any, tuple[float, list[list[tuple[Any, ...]]], str]] = {}
         self._stage_groups: dict[tuple[str, int], list[tuple[int, ...]]] = {}
-        self._candidates: dict[tuple[str, tuple[int, ...]], tuple[Candidate, ...]] = {}
-        self._idle: dict[tuple[str, tuple[int, ...]], tuple[float, ...]] = {}
+        self._candidates: dict[tuple[Collective, tuple[int, ...]], tuple[Candidate, ...]] = {}
+        self._idle: dict[tuple[Collective, tuple[int, ...]], tuple[float, ...]] = {}
 
     def capacity(self, e: Any) -> float:
         """Achievable bandwidth of edge ``e`` (cached)."""
@@ -183,7 +184,7 @@ class CommPlanner:
             c = self._caps[e] = effective_bandwidth(self.topo, self.gpu, e)
         return c
 
-    def _plan(self, coll: str, group: tuple[int, ...], size: float, choice: tuple[str, str] | None = None) -> Plan:
+    def _plan(self, coll: Collective, group: tuple[int, ...], size: float, choice: tuple[str, str] | None = None) -> Plan:
         key = (coll, group, size)
         plan = self.plans.get(key)
         if plan is None:
@@ -217,6 +218,7 @@ class CommPlanner:
 
     def collective(self, op: Op, rank: int, stage: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         """(latency, phases of flows as FlowNetwork tuples, link class) for ``rank``'s op."""
+        assert op.coll is not None, f"collective op {op.name} without its Collective"
         # symmetric: keyed by the representative (one per stage and role, ``simtrain.roles``)
         key = (op.coll, op.axis, op.comm_bytes, rank if self.symmetric else self.grid.group(op.axis, rank))
         hit = self._cache.get(key)
@@ -257,7 +259,7 @@ class CommPlanner:
 
     def send(self, op: Op, rank: int, stage: int, dst_rank: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         """A pipeline send from ``rank`` to ``dst_rank`` (symmetric: weighted by the whole stage)."""
-        key = ("send", op.comm_bytes, rank, dst_rank)  # symmetric: rank is the stage's representative
+        key = (SEND, op.comm_bytes, rank, dst_rank)  # symmetric: rank is the stage's representative
         hit = self._cache.get(key)
         if hit is not None:
             return hit

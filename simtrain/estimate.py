@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from simtrain.blocks import Comm, Ring, Segment
+from simtrain.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Collective, CollectiveKind
 from simtrain.collectives import (
     collective_candidates,
     effective_bandwidth,
@@ -259,7 +260,7 @@ class Estimator:
     cluster: ClusterSpec
     fragmentation_ratio: float = 0.05
     topo: Topology = field(init=False)
-    _colls: dict[tuple[str, tuple[int, ...]], tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    _colls: dict[tuple[Collective, tuple[int, ...]], tuple[tuple[float, float], ...]] = field(default_factory=dict)
     _costs: dict[tuple[str, str | StackOverride, str], ComputeCostModel] = field(default_factory=dict)
     _plans: dict[tuple[object, ...], dict[int, LayerPlan]] = field(default_factory=dict)
     _edge_segs: dict[tuple[object, ...], EdgeSegments] = field(default_factory=dict)
@@ -274,7 +275,7 @@ class Estimator:
         self.topo = Topology(self.cluster)
 
     # -- costs -----------------------------------------------------------------------------------
-    def collective_s(self, kind: str, group: tuple[int, ...], size_bytes: float) -> float:
+    def collective_s(self, kind: Collective, group: tuple[int, ...], size_bytes: float) -> float:
         """Time of one collective on ``group``: min over NCCL's candidates of latency + size x s/byte."""
         if len(group) < 2 or size_bytes <= 0:
             return 0.0
@@ -333,7 +334,7 @@ class Estimator:
                 nxt = segs[i + 1] if i + 1 < len(segs) else None
                 after = None
                 if (isinstance(nxt, Comm) and nxt.fused_with_gemm(tp_overlap)
-                        and nxt.coll in ("reduce_scatter", "all_reduce")):
+                        and nxt.coll.kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)):
                     after, skip = self._tp_chunks_s(nxt, groups), i + 1
                 if before is not None or after is not None:
                     comm += _tp_pipelined_s(s, before, after)
@@ -652,7 +653,7 @@ class Estimator:
         st = self.structure(layout)
         held = {st.position(0, c) for c in range(len(st.layers[0]))}
         size = embedding_sync_bytes(self.model, layout, train, held, st.route.length, train.stack_spec)
-        return self.collective_s("all_reduce", grid.group("pp_emb", 0), size) if size > 0 else 0.0
+        return self.collective_s(ALL_REDUCE, grid.group("pp_emb", 0), size) if size > 0 else 0.0
 
     def _dp_groups(self, layout: LayoutConfig, grid: RankGrid) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Rank 0's data-parallel group (dp, or dp x cp: grads and ZeRO span both) and its
@@ -692,8 +693,8 @@ class Estimator:
         else:
             exposed = max(reduce_s - bwd_mb, 0.0) + last
         if stage in (1, 2):
-            gather_s = (self._bucketed_s("all_gather", group, 2.0 * params, bucket)
-                        + self._bucketed_s("all_gather", egroup, 2.0 * experts, bucket))
+            gather_s = (self._bucketed_s(ALL_GATHER, group, 2.0 * params, bucket)
+                        + self._bucketed_s(ALL_GATHER, egroup, 2.0 * experts, bucket))
             # Lowering issues every chunk's gather at the start and a chunk's first forward waits for
             # its own share: interleaved, the first chunk's 1/v is exposed and the rest hides behind
             # earlier chunks; otherwise the gather mostly overlaps the first forward (calibrated
@@ -738,9 +739,9 @@ class Estimator:
             d, e = per_layer[i]
             hit = comm.get((d, e))
             if hit is None:
-                ag = self.collective_s("all_gather", group, 2.0 * d) + self.collective_s("all_gather", egroup, 2.0 * e)
-                rs = (self.collective_s("reduce_scatter", group, grad_b * d)
-                      + self.collective_s("reduce_scatter", egroup, grad_b * e))
+                ag = self.collective_s(ALL_GATHER, group, 2.0 * d) + self.collective_s(ALL_GATHER, egroup, 2.0 * e)
+                rs = (self.collective_s(REDUCE_SCATTER, group, grad_b * d)
+                      + self.collective_s(REDUCE_SCATTER, egroup, grad_b * e))
                 hit = comm[(d, e)] = (ag, rs)
             return hit
 
@@ -781,7 +782,7 @@ class Estimator:
             busy_max = max(busy_max, busy)
         return max(worst - busy_max, 0.0)
 
-    def _bucketed_s(self, coll: str, group: tuple[int, ...], total_bytes: float, bucket_bytes: float) -> float:
+    def _bucketed_s(self, coll: Collective, group: tuple[int, ...], total_bytes: float, bucket_bytes: float) -> float:
         if len(group) < 2 or total_bytes <= 0:
             return 0.0
         full, rest = divmod(total_bytes, bucket_bytes)

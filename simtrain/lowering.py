@@ -23,6 +23,7 @@ from simtrain.blocks import (
     Segment,
     leading_gemms,
 )
+from simtrain.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Collective, CollectiveKind
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.memory import (
@@ -324,7 +325,7 @@ def _fused_with_next(segs: list[Segment], i: int, tp_overlap: bool) -> bool:
     """Whether compute segment i pipelines with the reduce-scatter/all-reduce of its output after it."""
     s, nxt = segs[i], segs[i + 1] if i + 1 < len(segs) else None
     return bool(isinstance(s, tuple) and s and isinstance(nxt, Comm) and nxt.fused_with_gemm(tp_overlap)
-                and nxt.coll in ("reduce_scatter", "all_reduce"))
+                and nxt.coll.kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE))
 
 
 def segment_marks(segs: list[Segment], tp_overlap: bool) -> list[tuple[bool, bool]]:
@@ -401,7 +402,7 @@ class _StageLowering:
     em: _Emitter = field(init=False)
     sends: dict[tuple[str, int, int], int] = field(default_factory=dict)
     dp_ops: list[int] = field(default_factory=list)
-    deferred: list[tuple[str, float, str]] = field(default_factory=list)
+    deferred: list[tuple[Collective, float, str]] = field(default_factory=list)
     param_gathers: dict[int, list[int]] = field(default_factory=dict)
     fsdp_gathers: dict[tuple[str, int, int, int], list[int]] = field(default_factory=dict)
     fsdp_copied: set[tuple[str, int, int, int]] = field(default_factory=set)
@@ -643,7 +644,7 @@ class _StageLowering:
         lay = self.run.layout
         size = 2.0 * self.block.T * self.run.model.hidden / lay.tp
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
-        op = self.prog.add(OpKind.SEND, Stream.PP, f"pp.send.{kind}", category="comm", deps=deps, coll="send",
+        op = self.prog.add(OpKind.SEND, Stream.PP, f"pp.send.{kind}", category="comm", deps=deps, coll=SEND,
                            axis="pp", comm_bytes=size, peer_stage=self.route.at(a.microbatch, dst_v)[0],
                            microbatch=a.microbatch, chunk=a.chunk)
         self.sends[(kind, a.microbatch, dst_v)] = op.idx
@@ -652,7 +653,7 @@ class _StageLowering:
     def gathers_before(self, chunk: int, mb: int) -> bool:
         return mb == 0 and chunk in self.param_gathers
 
-    def dp_collective(self, coll: str, axis: str, size: float, name: str, deps: tuple[int, ...]) -> Op:
+    def dp_collective(self, coll: Collective, axis: str, size: float, name: str, deps: tuple[int, ...]) -> Op:
         op = self.prog.add(OpKind.COLLECTIVE, Stream.DP, name, category="comm", deps=deps, coll=coll,
                            axis=axis, comm_bytes=size)
         self.dp_ops.append(op.idx)
@@ -685,7 +686,7 @@ class _StageLowering:
                                            (plan.expert_params_per_rank, "edp", self.edp)):
                     if params > 0 and degree > 1:
                         ids.append(self.prog.add(OpKind.COLLECTIVE, Stream.DP_GATHER, f"fsdp.all_gather.{kind}",
-                                                 category="comm", deps=deps, coll="all_gather", axis=ax,
+                                                 category="comm", deps=deps, coll=ALL_GATHER, axis=ax,
                                                  comm_bytes=2.0 * params, microbatch=a.microbatch,
                                                  chunk=a.chunk).idx)
                 self.fsdp_gathers[key] = ids
@@ -738,16 +739,16 @@ class _StageLowering:
         deps = (self.em.last_compute,) if self.em.last_compute is not None else ()
         experts = grad_b * plan.expert_params_per_rank
         if experts > 0 and self.edp > 1:  # routed-expert gradients over the expert-data-parallel group
-            self.dp_collective("reduce_scatter", "edp", experts, "fsdp.reduce_scatter.experts", deps)
+            self.dp_collective(REDUCE_SCATTER, "edp", experts, "fsdp.reduce_scatter.experts", deps)
         if lay.data_degree == 1:
             return
         if lay.fsdp == "hybrid" and lay.fsdp_shard_size and lay.fsdp_shard_size < lay.dp:
-            op = self.dp_collective("reduce_scatter", "dp_shard", size, "fsdp.reduce_scatter", deps)
+            op = self.dp_collective(REDUCE_SCATTER, "dp_shard", size, "fsdp.reduce_scatter", deps)
             if is_last_mb:
-                self.dp_collective("all_reduce", "dp_replicate", size / lay.fsdp_shard_size,
+                self.dp_collective(ALL_REDUCE, "dp_replicate", size / lay.fsdp_shard_size,
                                    "fsdp.all_reduce.replicas", (op.idx,))
         else:
-            self.dp_collective("reduce_scatter", lay.data_axis, size, "fsdp.reduce_scatter", deps)
+            self.dp_collective(REDUCE_SCATTER, lay.data_axis, size, "fsdp.reduce_scatter", deps)
 
 
 @dataclass(slots=True)
@@ -875,7 +876,7 @@ def _finish_stage(sl: _StageLowering) -> None:
     emb = embedding_sync_bytes(sl.run.model, lay, train, {sl.vstage(c) for c in range(len(sl.layers))}, sl.n_virtual,
                                sl.stack)
     if emb > 0:
-        sl.dp_collective("all_reduce", "pp_emb", emb, "pp.embedding_grad_all_reduce", () if last is None else (last,))
+        sl.dp_collective(ALL_REDUCE, "pp_emb", emb, "pp.embedding_grad_all_reduce", () if last is None else (last,))
     chunks = range(len(sl.layers))
     params = sum(sl.chunk_params(c) for c in chunks)
     experts = sum(sl.chunk_expert_params(c) for c in chunks)
@@ -893,7 +894,7 @@ def _finish_stage(sl: _StageLowering) -> None:
     if lay.shard_stage in (1, 2) and not dp_overlaps(lay, sl.stack)[1]:
         for size, axis, degree in ((params, lay.data_axis, lay.data_degree), (experts, "edp", sl.edp)):
             if degree > 1 and size > 0:
-                sl.dp_collective("all_gather", axis, 2.0 * size, "dp.param_all_gather", (opt.idx,))
+                sl.dp_collective(ALL_GATHER, axis, 2.0 * size, "dp.param_all_gather", (opt.idx,))
 
 
 def embedding_sync_bytes(model: ModelSpec, layout: LayoutConfig, train: TrainConfig, held: set[int], n_virtual: int,
@@ -932,7 +933,7 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
             size = 2.0 * params if degree > 1 else 0.0
             while size > 0:
                 part = min(size, bucket)
-                ids.append(sl.dp_collective("all_gather", axis, part, "dp.param_all_gather", ()).idx)
+                ids.append(sl.dp_collective(ALL_GATHER, axis, part, "dp.param_all_gather", ()).idx)
                 size -= part
         if ids:
             sl.param_gathers[c] = ids

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from simtrain.collective_kinds import Collective
+
 
 class Stream(IntEnum):
     """Streams of one GPU: compute, and one per communication class."""
@@ -69,7 +71,8 @@ class Op:
         remote: (stage, op index) of another stage's op that must finish first (a pipeline recv).
         duration_s: modelled time of a compute op (sum of its kernels) or a host copy, seconds.
         kernels: the kernels of a compute op (time order).
-        coll: collective kind ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") or "send".
+        coll: what a collective or send op runs: its kind and typed options
+            (``simtrain.collective_kinds.Collective``); None for other ops.
         axis: mesh axis of a collective ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...).
         comm_bytes: nccl-tests "size" S of the collective, or the bytes of a send, in bytes.
         peer_stage: destination stage of a send.
@@ -85,7 +88,7 @@ class Op:
     remote: tuple[int, int] | None = None
     duration_s: float = 0.0
     kernels: tuple[Kernel, ...] = ()
-    coll: str = ""
+    coll: Collective | None = None
     axis: str = ""
     comm_bytes: float = 0.0
     peer_stage: int = -1

@@ -59,6 +59,7 @@ from simtrain.calibrated import (
     GemmModel,
     curve_from_lists,
 )
+from simtrain.collective_kinds import CollectiveKind
 from simtrain.config import HardwareConfig
 from simtrain.errors import ConfigError, Problem, problem
 from simtrain.hardware import ClusterSpec, GpuSpec, NodeSpec
@@ -380,7 +381,7 @@ def _memory_ops(r: _Reader, fits: dict[str, Any]) -> dict[str, Curve]:
     return out
 
 
-def _collectives(r: _Reader, fits: dict[str, Any]) -> dict[tuple[str, int, int], Curve]:
+def _collectives(r: _Reader, fits: dict[str, Any]) -> dict[tuple[CollectiveKind, int, int], Curve]:
     items = fits.get("collectives") or []
     if not isinstance(items, list):
         r.bad("fits.collectives", type(items).__name__, "expected a list of curves")
@@ -392,13 +393,18 @@ def _collectives(r: _Reader, fits: dict[str, Any]) -> dict[tuple[str, int, int],
             r.bad(where, data if not isinstance(data, dict) else data.get("collective"), "expected a curve with a "
                                                                                          "`collective` name")
             continue
+        try:  # profiles store a kind by its string value (calibration/writer.py)
+            kind = CollectiveKind(data["collective"])
+        except ValueError:
+            r.bad(f"{where}.collective", data["collective"], f"expected one of {CollectiveKind.names()}")
+            continue
         ranks, nodes = data.get("ranks"), data.get("nodes")
         if not (isinstance(ranks, int) and ranks >= 2 and isinstance(nodes, int) and nodes >= 1):
             r.bad(f"{where}.ranks", (ranks, nodes), "ranks must be an integer >= 2 and nodes >= 1")
             continue
         c = r.curve(data, where)
         if c is not None:
-            out[(data["collective"], ranks, nodes)] = c
+            out[(kind, ranks, nodes)] = c
     return out
 
 

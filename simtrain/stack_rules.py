@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from simtrain.blocks import AMAX_CASTS_TE, AMAX_CASTS_TORCHAO
+from simtrain.collective_kinds import ALL_REDUCE, REDUCE_SCATTER, Collective
 from simtrain.config import LayoutConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.ops import Kernel
@@ -69,13 +70,13 @@ def dp_overlaps(lay: LayoutConfig, stack: SoftwareStack) -> tuple[bool, bool]:
     return lay.overlap_grad_reduce and not blocking, lay.overlap_param_gather and not blocking
 
 
-def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> str:
+def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> Collective:
     """The data-parallel gradient collective: an all-reduce without ZeRO (and for ZeRO-1 under PP on a
     stack that all-reduces, ``SoftwareStack.zero1_grad_all_reduce``), else a reduce-scatter to the owning
     shards."""
     if lay.shard_stage == 0 or (lay.shard_stage == 1 and lay.pp > 1 and stack.zero1_grad_all_reduce):
-        return "all_reduce"
-    return "reduce_scatter"
+        return ALL_REDUCE
+    return REDUCE_SCATTER
 
 
 def fp32_grad_accumulation_kernel(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack,

@@ -50,7 +50,11 @@ def _op_args(e: TraceEvent) -> dict[str, Any]:
         args["hw_flops"] = op.flops
         args["kernels"] = [k.name for k in op.kernels]
     if op.kind == OpKind.COLLECTIVE:
-        args["collective"] = op.coll
+        assert op.coll is not None
+        args["collective"] = op.coll.kind.value
+        if (limited := op.coll.node_limited) is not None:  # the deduplicated all-to-all's routing
+            args["node_limited"] = {"max_nodes": limited.max_nodes, "top_k": limited.top_k,
+                                    "n_experts": limited.n_experts}
         group: dict[str, Any] = {"axis": op.axis, "size": len(e.group)}
         if len(e.group) <= MAX_LISTED_RANKS:
             group["ranks"] = list(e.group)

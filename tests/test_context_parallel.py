@@ -115,7 +115,7 @@ def test_torch_ring_attention_gathers_expanded_kv_once_and_rings_fp32_grads() ->
     kv = 2 * 8192 * heads * m.d_head
     fwd = [s for s in b.layer_forward() if isinstance(s, Comm | Ring) and getattr(s, "axis", "cp") == "cp"]
     gather, ring = fwd[0], fwd[1]
-    assert isinstance(gather, Comm) and gather.coll == "all_gather" and gather.overlap
+    assert isinstance(gather, Comm) and gather.coll.kind == "all_gather" and gather.overlap
     assert gather.size_bytes == pytest.approx(2 * kv * 4)
     assert isinstance(ring, Ring) and ring.steps == 4 and ring.comm is None
     assert [k.name for k in ring.kernels] == ["flash_attn.fwd", "cp_merge", "cp_cat"]

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import pytest
 
+from simtrain.collective_kinds import ALL_REDUCE, SEND
 from simtrain.config import LayoutConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import Engine
@@ -40,7 +41,7 @@ def _programs(kind: str, p: int, m: int, v: int, tf: float = TF, tb: float = TB)
             dst = vs + 1 if a.kind == "F" else vs - 1
             if 0 <= dst < n_virtual:
                 send = progs[s].add(OpKind.SEND, Stream.PP, f"send.{a.kind}", category="comm", deps=(op.idx,),
-                                    coll="send", axis="pp", comm_bytes=1.0, peer_stage=dst % p,
+                                    coll=SEND, axis="pp", comm_bytes=1.0, peer_stage=dst % p,
                                     microbatch=a.microbatch, chunk=a.chunk)
                 sends[(s, a)] = send.idx
     for s in range(p):
@@ -258,9 +259,9 @@ def _overlap_programs(dp_bytes: float, send_bytes: float, work_b: float) -> list
     and then a pipeline send (after the all-reduce) run on their streams; stage 1 receives."""
     p0, p1 = Program(0), Program(1)
     a = p0.add(OpKind.COMPUTE, Stream.COMPUTE, "A", duration_s=1.0)
-    ar = p0.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", deps=(a.idx,), coll="all_reduce",
+    ar = p0.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", deps=(a.idx,), coll=ALL_REDUCE,
                 axis="dp", comm_bytes=dp_bytes)
-    send = p0.add(OpKind.SEND, Stream.PP, "send", category="comm", deps=(ar.idx,), coll="send", axis="pp",
+    send = p0.add(OpKind.SEND, Stream.PP, "send", category="comm", deps=(ar.idx,), coll=SEND, axis="pp",
                   comm_bytes=send_bytes, peer_stage=1)
     p0.add(OpKind.COMPUTE, Stream.COMPUTE, "B", duration_s=work_b)
     p1.add(OpKind.COMPUTE, Stream.COMPUTE, "C", duration_s=0.1, remote=(0, send.idx))

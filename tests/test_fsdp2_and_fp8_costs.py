@@ -225,10 +225,10 @@ def test_dtensor_sequence_parallel_copies_around_each_tp_collective() -> None:
 
     segs = _tp_block("torchtitan-compile").layer_forward()
     for i, seg in enumerate(segs):
-        if isinstance(seg, Comm) and seg.coll == "all_gather":
+        if isinstance(seg, Comm) and seg.coll.kind == "all_gather":
             assert segs[i + 1][0].name == "tp.gather_copy"  # type: ignore[index]
             assert segs[i + 1][0].bytes == pytest.approx(2 * seg.size_bytes)  # type: ignore[index]
-        if isinstance(seg, Comm) and seg.coll == "reduce_scatter":
+        if isinstance(seg, Comm) and seg.coll.kind == "reduce_scatter":
             assert segs[i - 1][-1].name == "tp.scatter_copy"  # type: ignore[index]
     copies = [k for s in segs if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
     assert len(copies) == 4
@@ -248,10 +248,10 @@ def test_async_tp_copies_the_shard_in_and_sums_the_stacked_partials() -> None:
     names = [k.name for s in segs if isinstance(s, tuple) for k in s if k.name.startswith("tp.")]
     assert names == ["tp.ag_shard_copy", "tp.rs_reduce"] * 2
     for i, seg in enumerate(segs):
-        if isinstance(seg, Comm) and seg.coll == "all_gather":
+        if isinstance(seg, Comm) and seg.coll.kind == "all_gather":
             copy = segs[i - 1][-1]  # type: ignore[index]
             assert copy.name == "tp.ag_shard_copy" and copy.bytes == pytest.approx(2 * seg.size_bytes / t)
-        if isinstance(seg, Comm) and seg.coll == "reduce_scatter":
+        if isinstance(seg, Comm) and seg.coll.kind == "reduce_scatter":
             red = segs[i + 1][0]  # type: ignore[index]
             assert red.name == "tp.rs_reduce" and red.bytes == pytest.approx(seg.size_bytes * (1 + 1 / t))
     # the backward's fused gathers (output gradients) copy their shard; its summed reduce-scatters are
@@ -267,11 +267,11 @@ def test_float8_tensor_parallel_gathers_in_fp8_after_casting_the_shard() -> None
     from simtrain.blocks import Comm
 
     def gathers(block) -> list[float]:  # type: ignore[no-untyped-def]
-        return [s.size_bytes for s in block.layer_forward() if isinstance(s, Comm) and s.coll == "all_gather"]
+        return [s.size_bytes for s in block.layer_forward() if isinstance(s, Comm) and s.coll.kind == "all_gather"]
 
     fp8, bf16 = _tp_block("torchtitan-compile", "fp8"), _tp_block("torchtitan-compile")
     assert gathers(fp8) == pytest.approx([g / 2 for g in gathers(bf16)])
-    backward = [s.size_bytes for s in fp8.layer_backward() if isinstance(s, Comm) and s.coll == "all_gather"]
+    backward = [s.size_bytes for s in fp8.layer_backward() if isinstance(s, Comm) and s.coll.kind == "all_gather"]
     assert backward == pytest.approx(gathers(bf16))  # gradients are gathered in BF16
     qkv = [k for s in fp8.layer_forward() if isinstance(s, tuple) for k in s if k.name == "qkv"][0]
     te = [k for s in _tp_block("megatron-te", "fp8").layer_forward() if isinstance(s, tuple) for k in s
@@ -290,7 +290,7 @@ def test_async_tp_cannot_fuse_the_reduce_scatter_of_summed_input_gradients() -> 
     def backward_scatters(block) -> list[tuple[bool, bool, str]]:  # type: ignore[no-untyped-def]
         segs = block.layer_backward()
         return [(s.fusable, s.overlap, segs[i - 1][-1].name) for i, s in enumerate(segs)
-                if isinstance(s, Comm) and s.coll == "reduce_scatter"]
+                if isinstance(s, Comm) and s.coll.kind == "reduce_scatter"]
 
     titan = backward_scatters(_tp_block("torchtitan-compile", overlap=True))
     assert titan == [(False, False, "tp.scatter_copy")] * 2
@@ -308,17 +308,17 @@ def test_megatron_sequence_parallel_regathers_the_input_for_the_weight_gradient(
 
     for overlap in (False, True):
         segs = _tp_block("megatron-te", overlap=overlap).layer_backward()
-        regathers = [i for i, s in enumerate(segs) if isinstance(s, Comm) and s.coll == "all_gather" and s.overlap]
+        regathers = [i for i, s in enumerate(segs) if isinstance(s, Comm) and s.coll.kind == "all_gather" and s.overlap]
         assert len(regathers) == 2
         for i, column in zip(regathers, ("mlp_up", "qkv"), strict=True):
             dgrads, scatter, wgrads = segs[i + 1], segs[i + 2], segs[i + 3]
             assert isinstance(dgrads, tuple) and dgrads[-1].name == f"{column}.dgrad"
             assert not any(k.name.endswith(".wgrad") for k in dgrads)
-            assert isinstance(scatter, Comm) and scatter.coll == "reduce_scatter" and scatter.overlap
+            assert isinstance(scatter, Comm) and scatter.coll.kind == "reduce_scatter" and scatter.overlap
             assert isinstance(wgrads, tuple) and [k.name for k in wgrads] == [f"{column}.wgrad"]
             assert segs[i].size_bytes == pytest.approx(2.0 * 8192 * 4096)  # the whole sequence, BF16
     titan = _tp_block("torchtitan-compile").layer_backward()
-    assert sum(isinstance(s, Comm) and s.coll == "all_gather" for s in titan) == 2  # output gradients only
+    assert sum(isinstance(s, Comm) and s.coll.kind == "all_gather" for s in titan) == 2  # output gradients only
 
 
 def test_weight_gradient_waits_for_the_regathered_input() -> None:
@@ -330,7 +330,7 @@ def test_weight_gradient_waits_for_the_regathered_input() -> None:
     assert len(wgrads) == 2 * run.model.n_layers
     for op in wgrads:
         waited = [ops[d] for d in op.deps]
-        assert [(d.coll, d.axis) for d in waited if d.kind == OpKind.COLLECTIVE] == [("all_gather", "tp")]
+        assert [(d.coll.kind, d.axis) for d in waited if d.kind == OpKind.COLLECTIVE] == [("all_gather", "tp")]
         before = [o for o in ops[:op.idx] if o.kind == OpKind.COMPUTE][-1]
         assert before.name == op.name.replace(".wgrad", ".dgrad")  # the dgrad ran beside the gather
 
@@ -346,7 +346,7 @@ def test_tensor_parallel_without_sp_all_reduces_the_input_gradient_beside_the_wg
 
     segs = backward("megatron-legacy")
     reduces = [i for i, s in enumerate(segs) if isinstance(s, Comm)]
-    assert len(reduces) == 2 and all(segs[i].coll == "all_reduce" and segs[i].overlap for i in reduces)
+    assert len(reduces) == 2 and all(segs[i].coll.kind == "all_reduce" and segs[i].overlap for i in reduces)
     for i, column in zip(reduces, ("mlp_up", "qkv"), strict=True):
         assert segs[i - 1][-1].name == f"{column}.dgrad" and [k.name for k in segs[i + 1]] == [f"{column}.wgrad"]
     ds = backward("deepspeed")
@@ -363,7 +363,7 @@ def test_tensorwise_fp8_on_dtensor_tp_all_reduces_each_amax() -> None:
     from simtrain.blocks import AMAX_BYTES, Comm
 
     def amaxes(segs: list) -> list:  # type: ignore[type-arg]
-        return [s for s in segs if isinstance(s, Comm) and s.coll == "all_reduce" and s.size_bytes == AMAX_BYTES]
+        return [s for s in segs if isinstance(s, Comm) and s.coll.kind == "all_reduce" and s.size_bytes == AMAX_BYTES]
 
     for overlap in (False, True):
         block = _tp_block("torchtitan-compile", "fp8", overlap=overlap)
@@ -372,7 +372,7 @@ def test_tensorwise_fp8_on_dtensor_tp_all_reduces_each_amax() -> None:
         assert all(s.axis == "tp" and not s.fused_with_gemm(overlap) for s in amaxes(fwd) + amaxes(bwd))
         for segs in (fwd, bwd):  # every all-gather is still followed by the compute it feeds
             for i, seg in enumerate(segs):
-                if isinstance(seg, Comm) and seg.coll == "all_gather":
+                if isinstance(seg, Comm) and seg.coll.kind == "all_gather":
                     assert isinstance(segs[i + 1], tuple)
     assert not amaxes(_tp_block("torchtitan-compile").layer_forward())
     assert not amaxes(_tp_block("megatron-te", "fp8").layer_forward())  # delayed scaling: once per step
@@ -393,4 +393,4 @@ def test_te_current_scaling_all_reduces_the_amax_of_what_it_gathers_in_fp8() -> 
     for segs in (block.layer_forward(), block.layer_backward()):
         amax = [i for i, s in enumerate(segs) if isinstance(s, Comm) and s.size_bytes == AMAX_BYTES]
         assert len(amax) == 2
-        assert all(isinstance(segs[i + 1], Comm) and segs[i + 1].coll == "all_gather" for i in amax)  # type: ignore[union-attr]
+        assert all(isinstance(segs[i + 1], Comm) and segs[i + 1].coll.kind == "all_gather" for i in amax)  # type: ignore[union-attr]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from simtrain.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
 from simtrain.collectives import effective_bandwidth, plan_collective
 from simtrain.costs import ComputeCostModel
 from simtrain.hardware_load import build_cluster, load_gpu
@@ -166,7 +167,7 @@ def test_node_limited_all_to_all_crosses_the_network_once_per_node() -> None:
     topo, gpu = Topology(cluster), cluster.gpu
     S = 256 * 2**20
     gpus = tuple(range(64))
-    limited = plan_collective("all_to_all_nodes_4_8", gpus, S, topo, gpu)
+    limited = plan_collective(Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(4, 8, 256)), gpus, S, topo, gpu)
     plain = plan_collective("all_to_all", gpus, S, topo, gpu)
     nic = effective_bandwidth(topo, gpu, ("nic0.0", "leaf0.0"))
     assert limited.estimate_s == pytest.approx(limited.latency_s + 7 * S / 8 * 4 / 8 / nic, rel=1e-6)
@@ -233,19 +234,19 @@ def test_deepep_dispatch_crosses_the_network_once_per_remote_node() -> None:
     topo, gpu = Topology(cluster), cluster.gpu
     S, gpus = 64 * 2**20, tuple(range(16))
     plain = plan_collective("all_to_all", gpus, S, topo, gpu)
-    dedup = plan_collective("all_to_all_nodes_0_8_128", gpus, S, topo, gpu)
+    dedup = plan_collective(Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(0, 8, 128)), gpus, S, topo, gpu)
     nic = effective_bandwidth(topo, gpu, ("nic0.0", "leaf0.0"))
     assert dedup.estimate_s - dedup.latency_s == pytest.approx(S / 8 * node_hit_probability(2, 8, 128) / nic, rel=1e-6)
     assert (plain.estimate_s - plain.latency_s) / (dedup.estimate_s - dedup.latency_s) == pytest.approx(4, rel=0.02)
 
 
 @pytest.mark.parametrize(("model", "dispatcher", "coll"), [
-    ("deepseek-v3", "auto", "all_to_all_nodes_4_8_256"),   # node-limited routing trains with DeepEP
-    ("deepseek-v3", "alltoall", "all_to_all"),
-    ("qwen3-30b-a3b", "auto", "all_to_all"),
-    ("qwen3-30b-a3b", "deepep", "all_to_all_nodes_0_8_128"),
+    ("deepseek-v3", "auto", Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(4, 8, 256))),  # trains with DeepEP
+    ("deepseek-v3", "alltoall", ALL_TO_ALL),
+    ("qwen3-30b-a3b", "auto", ALL_TO_ALL),
+    ("qwen3-30b-a3b", "deepep", Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(0, 8, 128))),
 ])
-def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str, coll: str) -> None:
+def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str, coll: Collective) -> None:
     from simtrain.lowering import build_block
     run = load_config(BASE, [f"model={model}", "layout.ep=8", f"layout.ep_dispatcher={dispatcher}"])
     cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16")
