@@ -194,13 +194,17 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
         for op in prog.ops:
             by_stream.setdefault(op.stream, []).append(op)
         queues.append(list(by_stream.values()))
-        in_line.append({c.idx for pre, _ in inline_plan(prog.ops).values() for c in pre})
+        # only a comm-stream collective's stretch tells in-line ones apart (none without calibration)
+        in_line.append({c.idx for pre, _ in inline_plan(prog.ops).values() for c in pre}
+                       if gpu.comm_in_situ_slowdown > 0 else set())
     heads = [[0] * len(q) for q in queues]
     free = [[0.0] * len(q) for q in queues]
     stats = [StageTimes() for _ in range(n)]
     recent: list[dict[Stream, deque[tuple[float, float, str]]]] = [defaultdict(lambda: deque(maxlen=RECENT_OPS))
                                                                    for _ in range(n)]
     events: list[list[tuple[float, int, tuple[tuple[str, float], ...]]]] = [[] for _ in range(n)]
+    last_op: list[Op | None] = [None] * n
+    flops_of: dict[int, float] = {}  # id(kernels) -> FLOPs: ops of every micro-batch share a layer's kernels
     seq = 0
     left = sum(len(p.ops) for p in programs)
     while left:
@@ -245,12 +249,15 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
                         if start > ready and blocker is not None:
                             _attribute(st, programs, s, op, blocker, ready, start, starts, recent[s])
                         st.busy_s[op.category] += dur
-                        st.flops += op.flops
+                        f = flops_of.get(id(op.kernels))
+                        if f is None:
+                            f = flops_of[id(op.kernels)] = op.flops
+                        st.flops += f
                         st.last_compute_end_s = end
                     else:
                         recent[s][op.stream].append((start, end, _axis(op)))
                     if end >= st.end_s:
-                        st.end_s, st.last_axis = end, _axis(op)
+                        st.end_s, last_op[s] = end, op
                     if op.mem_start:
                         events[s].append((start, seq, op.mem_start))
                     if op.mem_end:
@@ -263,6 +270,8 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
         if not progress:
             raise ValueError("the programs' dependencies form a cycle: no op can start")
     for s, prog in enumerate(programs):
+        last = last_op[s]
+        stats[s].last_axis = _axis(last) if last is not None else "other"
         _ledger_peak(stats[s], prog.static_mem, events[s])
     return CriticalPathResult(max(st.end_s for st in stats), stats, sum(len(p.ops) for p in programs))
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from test_symmetric_full import TINY
 
-from simtrain.config import LayoutConfig
-from simtrain.critical_path import evaluate, evaluate_run
+from simtrain.config import LayoutConfig, load_config
+from simtrain.critical_path import _Setup, evaluate, evaluate_run
 from simtrain.engine import Engine
 from simtrain.hardware import Topology, build_cluster
 from simtrain.layout import RankGrid
@@ -175,3 +175,18 @@ def test_a_dependency_cycle_is_an_error_not_a_hang() -> None:
     prog.ops[a.idx].deps = (b.idx,)
     with pytest.raises(ValueError, match="cycle"):
         evaluate([prog], *_fabric())
+
+
+@pytest.mark.parametrize("name", list(NO_SHARED_LINK))
+def test_in_situ_slowdown_stretches_comm_stream_collectives_as_the_engine_does(name: str) -> None:
+    """A calibrated ``comm_in_situ_slowdown`` stretches a collective on its comm stream, not one the
+    compute stream runs in line (``simtrain.inline``): the evaluator follows the engine's rule."""
+    run = load_config(NO_SHARED_LINK[name])
+    setup = _Setup.of(run)
+    low = setup.lowered(run)
+    base = evaluate(low.programs, setup.grid, setup.topo, setup.cluster.gpu).step_time_s
+    gpu = setup.cluster.gpu.model_copy(update={"comm_in_situ_slowdown": 0.4})
+    eng = Engine(low.programs, setup.grid, setup.topo, gpu).run()
+    res = evaluate(low.programs, setup.grid, setup.topo, gpu)
+    assert res.step_time_s == pytest.approx(eng.step_time_s, rel=1e-9)
+    assert res.step_time_s > base * (1 + 1e-3)
