@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 from simtrain.config import load_config
 from simtrain.critical_path import _Setup, evaluate_run
 from simtrain.errors import ConfigError, InfeasibleLayout
+from simtrain.estimate import Estimator
 from simtrain.search_space import SearchSpace, enumerate_layouts
 from simtrain.simulate import cluster_of, simulate
 
@@ -91,36 +93,53 @@ def _cause(cp: dict[str, Any], eng: dict[str, Any]) -> str:
     return f"{name} {diffs[name]:+.4g} s"
 
 
+FIELDS = ["case", "layout", "cp_step_s", "engine_step_s", "rel", "peak_rel", "cp_s", "engine_s", "cause", "error"]
+
+
 def compare(per_case: int, out_csv: Path) -> None:
+    """Compare every case's layouts, a CSV row each as it is done, then summarise."""
     rows = []
-    for case, cfg, space in CASES:
-        configs = _layouts(cfg, space, per_case)
-        t_case = time.perf_counter()
-        for c in configs:
-            try:
-                t0 = time.perf_counter()
-                cp = evaluate_run(c)
-                t1 = time.perf_counter()
-                eng = simulate(c)
-                t2 = time.perf_counter()
-            except (ConfigError, InfeasibleLayout, ValueError) as e:
-                rows.append({"case": case, "layout": _label(c), "error": str(e).splitlines()[0][:80]})
-                continue
-            ratio = cp.step_time_s / eng.step_time_s - 1
-            peak = cp.peak_bytes * (1 + 0.05) / max(m.peak_bytes for m in eng.memory) - 1
-            rows.append({"case": case, "layout": _label(c), "cp_step_s": cp.step_time_s,
-                         "engine_step_s": eng.step_time_s, "rel": ratio, "peak_rel": peak,
-                         "cp_s": t1 - t0, "engine_s": t2 - t1, "cause": _cause(cp.breakdown_s(), eng.breakdown_s),
-                         "error": ""})
-            print(f"{case:24s} {_label(c):50s} {ratio:+.4%} peak {peak:+.2e}  cp {t1 - t0:.2f} s  "
-                  f"engine {t2 - t1:.2f} s", flush=True)
-        print(f"{case}: {time.perf_counter() - t_case:.0f} s", flush=True)
     with out_csv.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["case", "layout", "cp_step_s", "engine_step_s", "rel", "peak_rel",
-                                          "cp_s", "engine_s", "cause", "error"])
+        w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
-        w.writerows(rows)
+        for case, cfg, space in CASES:
+            t_case = time.perf_counter()
+            for c in _layouts(cfg, space, per_case):
+                row = _compare_one(case, c)
+                rows.append(row)
+                w.writerow(row)
+                f.flush()
+            print(f"{case}: {time.perf_counter() - t_case:.0f} s", flush=True)
     summarise(rows)
+
+
+def _compare_one(case: str, c: dict[str, Any]) -> dict[str, Any]:
+    try:
+        t0 = time.perf_counter()
+        cp = evaluate_run(c)
+        t1 = time.perf_counter()
+        eng = simulate(c)
+        t2 = time.perf_counter()
+    except (ConfigError, InfeasibleLayout, ValueError) as e:
+        return {"case": case, "layout": _label(c), "error": str(e).splitlines()[0][:80]}
+    ratio = cp.step_time_s / eng.step_time_s - 1
+    peak = cp.peak_bytes * (1 + 0.05) / max(m.peak_bytes for m in eng.memory) - 1
+    print(f"{case:24s} {_label(c):50s} {ratio:+.4%} peak {peak:+.2e}  cp {t1 - t0:.2f} s  "
+          f"engine {t2 - t1:.2f} s", flush=True)
+    return {"case": case, "layout": _label(c), "cp_step_s": cp.step_time_s, "engine_step_s": eng.step_time_s,
+            "rel": ratio, "peak_rel": peak, "cp_s": t1 - t0, "engine_s": t2 - t1,
+            "cause": _cause(cp.breakdown_s(), eng.breakdown_s), "error": ""}
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open() as f:
+        for r in csv.DictReader(f):
+            for k in ("cp_step_s", "engine_step_s", "rel", "peak_rel", "cp_s", "engine_s"):
+                if r[k]:
+                    r[k] = float(r[k])  # type: ignore[assignment]
+            rows.append(r)
+    return rows
 
 
 def _label(c: dict[str, Any]) -> str:
@@ -176,6 +195,15 @@ def speed(repeat: int) -> None:
     print(f"GPT-3 175B / 4,096 A100 (tp8 pp16 vpp2 dp32, 48 micro-batches): from config {t_cfg * 1e3:.0f} ms "
           f"({res.note}); lowering every micro-batch {t_lower * 1e3:.0f} ms; evaluating that costed program "
           f"({n_ops:,} ops) {best * 1e3:.0f} ms; step {full.step_time_s:.4f} s")
+    est = Estimator(run.model, setup.cluster, run.sim.fragmentation_ratio)
+    t0 = time.perf_counter()
+    e = est.estimate(run.layout, run.train)
+    t_cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    est.estimate(run.layout.model_copy(update={"zero_stage": 0}), run.train)
+    t_warm = time.perf_counter() - t0
+    print(f"for reference, estimate.py: {t_cold * 1e3:.0f} ms for the first layout, {t_warm * 1e3:.1f} ms for "
+          f"a second sharing its layer costs; step {e.step_time_s:.4f} s")
     prof = cProfile.Profile()
     prof.enable()
     setup.evaluate(low)
@@ -183,15 +211,46 @@ def speed(repeat: int) -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(8)
 
 
+def examples(engine_json: Path | None) -> None:
+    """Every example config: the evaluator's step against the engine's (``simulate``, or the
+    ``simtrain simulate --json`` outputs in ``engine_json``, one ``NAME.json`` per example)."""
+    rels = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        t0 = time.perf_counter()
+        cp = evaluate_run(path)
+        t_cp = time.perf_counter() - t0
+        if engine_json is not None:
+            eng = json.loads((engine_json / f"{path.stem}.json").read_text())
+            step, peak = eng["step_time_s"], max(m["peak_bytes"] for m in eng["memory"])
+        else:
+            res = simulate(path)
+            step, peak = res.step_time_s, max(m.peak_bytes for m in res.memory)
+        frag = load_config(path).sim.fragmentation_ratio
+        rel = cp.step_time_s / step - 1
+        rels.append(rel)
+        print(f"{path.stem:28s} critical path {cp.step_time_s:9.4f} s  engine {step:9.4f} s  {rel:+.3%}  "
+              f"peak {cp.peak_bytes * (1 + frag) / peak - 1:+.1e}  ({t_cp:.2f} s; {cp.note})", flush=True)
+    print(f"examples: step {_stats(rels)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-case", type=int, default=50)
     ap.add_argument("--csv", type=Path, default=Path("/tmp/evaluator_vs_engine.csv"))
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--examples", action="store_true", help="compare on examples/*.yaml")
+    ap.add_argument("--engine-json", type=Path, help="with --examples: the engine's --json outputs")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--summarise", type=Path, help="only summarise a CSV this script wrote")
     args = ap.parse_args()
     if args.speed:
         speed(args.repeat)
+        return
+    if args.summarise:
+        summarise(_read(args.summarise))
+        return
+    if args.examples:
+        examples(args.engine_json)
         return
     compare(args.per_case, args.csv)
 
