@@ -144,7 +144,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def _label(c: dict[str, Any]) -> str:
     lay = c["layout"]
-    keys = ("tp", "pp", "vpp", "dp", "cp", "ep", "zero_stage", "recompute", "schedule")
+    keys = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero_stage", "recompute", "schedule")
     short = {"zero_stage": "z", "recompute": "rc", "schedule": "s"}
     return " ".join(f"{short.get(k, k)}{lay[k]}" for k in keys if k in lay and lay[k] not in (None, "auto")) + \
         f" mbs{c['train']['micro_batch_size']}"
@@ -156,6 +156,16 @@ def _stats(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.3%}, p90 {p90:.3%}, max {xs[-1]:.3%} (n={len(xs)})"
 
 
+def _tau(rows: list[dict[str, Any]]) -> float:
+    """Kendall's tau between the evaluator's and the engine's step times (1: the same order)."""
+    agree = disagree = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            x = (a["cp_step_s"] - b["cp_step_s"]) * (a["engine_step_s"] - b["engine_step_s"])
+            agree, disagree = agree + (x > 0), disagree + (x < 0)
+    return (agree - disagree) / max(agree + disagree, 1)
+
+
 def summarise(rows: list[dict[str, Any]]) -> None:
     ok = [r for r in rows if not r["error"]]
     print(f"\n{len(ok)} layouts compared, {len(rows) - len(ok)} refused by both evaluators' lowering")
@@ -165,6 +175,18 @@ def summarise(rows: list[dict[str, Any]]) -> None:
               f"evaluator {statistics.median(r['cp_s'] for r in mine):.2f} s vs engine "
               f"{statistics.median(r['engine_s'] for r in mine):.2f} s (median)")
     print(f"  all: step {_stats([r['rel'] for r in ok])}; peak memory {_stats([r['peak_rel'] for r in ok])}")
+    z3 = [r for r in ok if " z3 " in r["layout"]]
+    if z3:
+        print(f"  ZeRO-3 only: {_stats([r['rel'] for r in z3])}; all but ZeRO-3: "
+              f"{_stats([r['rel'] for r in ok if r not in z3])}")
+    print(f"  time: evaluator {sum(r['cp_s'] for r in ok):.0f} s, engine {sum(r['engine_s'] for r in ok):.0f} s")
+    print("ranking (per case: the engine's best, the evaluator's best and the engine's step for it, Kendall's tau):")
+    for case in dict.fromkeys(r["case"] for r in ok):
+        mine = [r for r in ok if r["case"] == case]
+        by_eng = min(mine, key=lambda r: r["engine_step_s"])
+        by_cp = min(mine, key=lambda r: r["cp_step_s"])
+        print(f"  {case:24s} engine {by_eng['layout']}; evaluator {by_cp['layout']} "
+              f"({by_cp['engine_step_s'] / by_eng['engine_step_s'] - 1:+.2%}); tau {_tau(mine):.3f}")
     below = sum(1 for r in ok if r["rel"] <= 1e-9)
     print(f"  critical path <= engine on {below} of {len(ok)}")
     print("worst:")

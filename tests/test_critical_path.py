@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from test_steady import TINY_MOE
 from test_symmetric_full import TINY
+from test_symmetric_roles import SMALL, _small
 
 from simtrain.config import LayoutConfig, load_config
 from simtrain.critical_path import _Setup, evaluate, evaluate_run
@@ -201,3 +202,16 @@ def test_in_situ_slowdown_stretches_comm_stream_collectives_as_the_engine_does(n
     res = evaluate(low.programs, setup.grid, setup.topo, gpu)
     assert res.step_time_s == pytest.approx(eng.step_time_s, rel=1e-9)
     assert res.step_time_s > base * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("name", ["6g-tp2-cp2-pp2", "6g-tp-outermost"])
+def test_roles_are_evaluated_and_the_slowest_sets_the_step(name: str) -> None:
+    """Groups that do not tile the nodes: one evaluation per role (``simtrain.roles``), as the engine's
+    symmetric mode runs them; no contention in these two, so the steps agree closely, peaks exactly."""
+    cfg = _small(*SMALL[name])
+    eng = simulate(cfg)
+    res = evaluate_run(cfg)
+    assert any("roles" in n for n in eng.notes)
+    assert res.step_time_s <= eng.step_time_s * (1 + 1e-9)
+    assert res.step_time_s == pytest.approx(eng.step_time_s, rel=1e-4)
+    assert res.peak_bytes * 1.05 == pytest.approx(max(m.peak_bytes for m in eng.memory), rel=1e-9)
