@@ -38,7 +38,7 @@ from typing import Any
 
 from simtrain.config import RunConfig, load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.engine import RECENT_OPS, CommPlanner, _axis, symmetry_violation
+from simtrain.engine import AXES, RECENT_OPS, CommPlanner, _axis, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.hardware import ClusterSpec, GpuSpec, Topology
 from simtrain.inline import inline_plan
@@ -52,9 +52,6 @@ from simtrain.routing import symmetric_load_factors
 from simtrain.simulate import _attach_static_memory, _group_axes
 from simtrain.stacks import get_stack
 from simtrain.steady import ERR_TOL, plan
-
-#: Breakdown axes of exposed communication (``StepResult.breakdown_s``), plus host copies.
-AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
 def op_duration(op: Op) -> tuple[float, float]:
@@ -380,6 +377,13 @@ def evaluate_run(config: RunConfig | dict[str, Any] | str | Path, overrides: lis
     ``steady_state``: evaluate three short runs a pipeline period apart and extend them linearly
     (``simtrain.steady``), as the engine does; None: the config's ``sim.steady_state``. Falls back
     to every micro-batch when the short runs are not on one line.
+
+    Always one representative rank per stage (``sim.mode`` is not read: without contention the ranks
+    of a stage differ only by where their groups sit, so layouts whose groups do not tile the nodes
+    get one evaluation per role, ``simtrain.roles``, the slowest setting the step).
+
+    Raises:
+        ConfigError: invalid input. InfeasibleLayout: fewer sequences than data-parallel ranks.
     """
     run = load_config(config, overrides)
     setup = _Setup.of(run)
