@@ -21,7 +21,8 @@ import argparse
 import time
 from pathlib import Path
 
-from simtrain.search import SearchSpace, _point, render_search, search
+from simtrain.search import SearchSpace, _point, search
+from simtrain.search_render import render_search
 from simtrain.sweep import base_data, run_points
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ from benchmarks.fuzz_known import KNOWN_OPEN as KNOWN_OPEN
 from benchmarks.fuzz_known import KnownBug as KnownBug
 from benchmarks.fuzz_known import known_bug as known_bug
 from benchmarks.fuzz_known import known_hang as known_hang
-from simtrain.hardware import list_nodes
+from simtrain.hardware_load import list_nodes
 from simtrain.schedules import SCHEDULES
 from simtrain.stacks import STACKS
 

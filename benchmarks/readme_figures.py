@@ -166,8 +166,8 @@ def _gb200_search() -> dict[str, float]:
 
 
 def _deepseek_estimate() -> dict[str, float]:
-    from simtrain.config import load_config
     from simtrain.estimate import Estimator
+    from simtrain.load import load_config
     from simtrain.simulate import cluster_of
 
     run = load_config(str(ROOT / "examples" / "deepseek_v3_h800.yaml"))

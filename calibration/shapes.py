@@ -21,8 +21,9 @@ from simtrain.config import LayoutConfig, RunConfig, TrainConfig, read_config_fi
 from simtrain.costs import ComputeCostModel
 from simtrain.errors import ConfigError, Problem
 from simtrain.hardware import GpuSpec
+from simtrain.hf_config import from_hf_config
 from simtrain.lowering import lower
-from simtrain.model import ModelSpec, from_hf_config, preset
+from simtrain.model import ModelSpec, preset
 from simtrain.ops import Kernel
 
 #: The model the CPU loop calibrates for by default: a Llama-style decoder small enough that a

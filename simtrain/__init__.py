@@ -4,9 +4,11 @@
 training step for a model, a cluster and a parallel layout.
 """
 
-from simtrain.config import HardwareConfig, LayoutConfig, RunConfig, SimConfig, TrainConfig, load_config
+from simtrain.config import HardwareConfig, LayoutConfig, RunConfig, SimConfig, TrainConfig
 from simtrain.errors import ConfigError, InfeasibleLayout, SimtrainError
-from simtrain.model import ModelSpec, from_hf_config, list_presets, preset
+from simtrain.hf_config import from_hf_config
+from simtrain.load import load_config
+from simtrain.model import ModelSpec, list_presets, preset
 from simtrain.results import StepResult
 from simtrain.simulate import simulate
 

@@ -165,7 +165,7 @@ def _cmd_models() -> int:
 
 
 def _cmd_hardware() -> int:
-    from simtrain.hardware import gpu_table, node_table
+    from simtrain.hardware_load import gpu_table, node_table
 
     print("GPUs:")
     for row in gpu_table():

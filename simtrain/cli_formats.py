@@ -170,7 +170,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from simtrain.config import load_config
+    from simtrain.load import load_config
 
     return export_config(load_config(args.config, args.overrides), args.to, args.out)
 
@@ -197,7 +197,8 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def best_config(config: Any, overrides: list[str], result: Any) -> RunConfig:
     """The config of a search's best layout: the searched config on the result's GPUs, with its layout."""
-    from simtrain.config import LayoutConfig, load_config
+    from simtrain.config import LayoutConfig
+    from simtrain.load import load_config
 
     best = result.best
     if best is None:
@@ -205,7 +206,7 @@ def best_config(config: Any, overrides: list[str], result: Any) -> RunConfig:
     run = load_config(config, overrides)
     per_node = run.hardware.gpus_per_node
     if per_node is None:
-        from simtrain.hardware import load_node
+        from simtrain.hardware_load import load_node
 
         per_node = load_node(run.hardware.node, run.hardware.gpu).gpus_per_node
     hardware = run.hardware.model_copy(update={"n_nodes": result.n_gpus // per_node})

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from simtrain.calibrated import CollectiveTable
-from simtrain.hardware import GpuSpec, Topology
+from simtrain.hardware import GpuSpec
+from simtrain.topology import Topology
 
 US = 1e-6
 # NCCL tuning.cc (Hopper), microseconds: base latency and per-hop latency by (algo, proto).

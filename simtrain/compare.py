@@ -17,9 +17,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.engine import AXES
 from simtrain.errors import ConfigError, InfeasibleLayout, Problem, problem
+from simtrain.load import load_config
 from simtrain.results import StepResult
 
 if TYPE_CHECKING:

@@ -12,15 +12,17 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 # Count: a whole number, never a boolean (YAML's ``true`` would otherwise read as 1) nor a float with a
 # fraction (simtrain.batch.whole_number)
 from simtrain.batch import Count, RunSpec, parse_count
-from simtrain.errors import ConfigError, Problem, pydantic_problems
+from simtrain.errors import ConfigError, Problem
+from simtrain.hf_config import from_hf_config
 from simtrain.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN
-from simtrain.model import ModelSpec, from_hf_config, preset
+from simtrain.model import ModelSpec, preset
 from simtrain.safe_yaml import load_yaml, read_document
+from simtrain.schedules import REGISTRY, Schedule, ScheduleKind, schedule_of
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
@@ -31,6 +33,22 @@ Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 Degree = Annotated[Count, Field(gt=0, le=MAX_GPUS)]
 #: A layer count of a layout switch (recompute, offload, prefetch): at most ``MAX_LAYERS``.
 Layers = Annotated[Count, Field(ge=0, le=MAX_LAYERS)]
+
+
+def _schedule_name(value: str) -> str:
+    """``auto`` or the name of a registered pipeline schedule (``simtrain.schedules.REGISTRY``)."""
+    if value != "auto" and value not in REGISTRY:
+        raise ValueError(f"not a pipeline schedule; valid: {', '.join(('auto', *REGISTRY.kinds()))}")
+    return str(value)  # a ScheduleKind given from Python is stored as its plain name
+
+
+def _schedule_enum(schema: dict[str, Any]) -> None:
+    schema["enum"] = ["auto", *REGISTRY.kinds()]
+
+
+#: ``layout.schedule``: a plain string (so YAML, JSON and dumps read and write the names as before)
+#: checked against the schedule registry, which the JSON Schema lists as an enum.
+ScheduleName = Annotated[str, AfterValidator(_schedule_name), Field(json_schema_extra=_schedule_enum)]
 
 
 class HardwareConfig(BaseModel):
@@ -90,7 +108,7 @@ class LayoutConfig(BaseModel):
     """With ``fsdp: hybrid``: ranks each parameter is sharded over (replicated across the rest of dp)."""
     order: tuple[Axis, ...] = ("tp", "cp", "ep", "dp", "pp")
     """Rank-grid axes from innermost (fastest-varying rank) to outermost; TP innermost lands on NVLink."""
-    schedule: Literal["auto", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "dualpipev"] = "auto"
+    schedule: ScheduleName = "auto"
     """Pipeline schedule (simtrain.schedules): GPipe, 1F1B, interleaved 1F1B (vpp > 1), zero-bubble ZB-H1,
     DualPipe (DeepSeek-V3; two chunks per rank) or DualPipeV; ``auto``: interleaved when vpp > 1."""
     recompute: Literal["none", "selective", "full", "op_sac"] = "none"
@@ -175,7 +193,12 @@ class LayoutConfig(BaseModel):
         """The pipeline schedule actually used (``auto``: interleaved when vpp > 1)."""
         if self.schedule != "auto":
             return self.schedule
-        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+        return (ScheduleKind.INTERLEAVED_1F1B if self.vpp > 1 else ScheduleKind.ONE_F_ONE_B).value
+
+    @property
+    def pipeline_schedule(self) -> Schedule:
+        """The schedule object of ``resolved_schedule`` (``simtrain.schedules``)."""
+        return schedule_of(self.resolved_schedule)
 
 
 class TrainConfig(BaseModel):
@@ -434,39 +457,3 @@ def bool_count_problems(schema: type[BaseModel], data: Any, path: str = "") -> l
                 elif isinstance(value, list | tuple):
                     todo += [(sub, item, f"{dotted}[{i}].") for i, item in enumerate(value)]
     return out
-
-
-def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Build and fully validate a RunConfig from a RunConfig, dict or file path, plus overrides.
-
-    Raises:
-        ConfigError: listing every problem, each with its dotted path.
-    """
-    if isinstance(source, RunConfig) and not overrides:
-        data: dict[str, Any] | None = None
-        run = source
-    else:
-        if isinstance(source, RunConfig):
-            data = source.model_dump()
-        elif isinstance(source, dict):
-            data = source
-        elif isinstance(source, str | Path):
-            data = read_config_file(source)
-        else:
-            raise ConfigError(Problem("config", f"a {type(source).__name__} is not a config; give a RunConfig, a "
-                                                "dict or the path of a YAML/JSON file"))
-        data = apply_overrides(data, overrides or [])
-        bools = bool_count_problems(RunConfig, data)
-        try:
-            run = RunConfig.model_validate(data)
-        except ValidationError as exc:
-            found = pydantic_problems(exc)  # a field's own message first (Count fields refuse booleans too)
-            raise ConfigError(found + [b for b in bools if b.path not in {p.path for p in found}]) from None
-        if bools:
-            raise ConfigError(bools)
-    from simtrain.validate import check_run
-
-    problems = check_run(run)
-    if problems:
-        raise ConfigError(problems)
-    return run

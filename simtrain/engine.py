@@ -36,12 +36,13 @@ from simtrain.collectives import (
     plan_send,
     unit_idle_times,
 )
-from simtrain.hardware import GpuSpec, Topology
+from simtrain.hardware import GpuSpec
 from simtrain.inline import Guard, Inline, inline_plan, time_bounds
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
 from simtrain.roles import tiles
+from simtrain.topology import Topology
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 _FINISHED = object()  # a comm stream with no ops left

@@ -58,7 +58,7 @@ from simtrain.collectives import (
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.flops import model_flops_per_step
-from simtrain.hardware import ClusterSpec, Topology
+from simtrain.hardware import ClusterSpec
 from simtrain.layout import RankGrid
 from simtrain.lowering import (
     TP_OVERLAP_CHUNKS,
@@ -97,11 +97,11 @@ from simtrain.offload import stall_s
 from simtrain.ops import Kernel
 from simtrain.profile import compute_calibration
 from simtrain.routing import worst_rank_load
-from simtrain.schedules import Action, ActionCosts, Route, build_schedule, makespan, schedule_route
+from simtrain.schedules import Action, ActionCosts, Route, Schedule, makespan, schedule_of
 from simtrain.stacks import get_stack
+from simtrain.topology import Topology
 
 MiB = 1024.0**2
-PEAK_MICROBATCHES_PER_STAGE = 4  # the 1F1B/interleaved peak is reached within 4 x pp micro-batches
 EP_AXES = ("ep", "etp")
 
 
@@ -218,7 +218,7 @@ def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tup
     the selective-recompute modules (full recompute is applied per layer by the stage, not the plan)."""
     rec = layout.recompute if layout.recompute in ("selective", "op_sac") else "none"
     modules = layout.recompute_modules if rec == "selective" else ()
-    dualpipe = layout.resolved_schedule in ("dualpipe", "dualpipev")  # F&B overlap
+    dualpipe = layout.pipeline_schedule.overlaps_forward_backward  # F&B overlap
     return (activation_shape(train, layout, model), train.precision, train.fp8_recipe, train.stack, layout.cp,
             layout.cp_comm, layout.ep, layout.expert_tp, layout.ep_comm_overlap or dualpipe, rec, modules,
             layout.tp_comm_overlap)
@@ -425,7 +425,7 @@ class Estimator:
         key = (layout.pp, layout.vpp, kind)
         hit = self._structs.get(key)
         if hit is None:
-            route = schedule_route(kind, layout.pp, 0, layout.vpp)
+            route = schedule_of(kind).route(layout.pp, 0, layout.vpp)
             layers = split_layers(self.model.n_layers, layout.pp, layout.vpp, route)
             hit = self._structs[key] = _Structure(route, layers, first_layers(layers, route))
         return hit
@@ -532,14 +532,13 @@ class Estimator:
         if hit is not None:
             return hit
         chunks = self._chunk_memories(layout, train)
-        schedule = None if kind in ("1f1b", "gpipe") else _schedule(kind, layout.pp, mb, layout.vpp)
-        out = []
-        for s in range(layout.pp):
-            if schedule is not None:
-                out.append(closed_form_peak(schedule[s], chunks[s]))
-            else:
-                in_flight = microbatches if kind == "gpipe" else min(layout.pp - s, microbatches)
-                out.append(single_chunk_peak(chunks[s][0], in_flight))
+        # micro-batches in flight per stage in closed form (GPipe, 1F1B), else walk the action lists
+        in_flight = [schedule_of(kind).in_flight(layout.pp, s, microbatches) for s in range(layout.pp)]
+        if None in in_flight:
+            schedule = _schedule(kind, layout.pp, mb, layout.vpp)
+            out = [closed_form_peak(schedule[s], chunks[s]) for s in range(layout.pp)]
+        else:
+            out = [single_chunk_peak(chunks[s][0], n) for s, n in enumerate(in_flight) if n is not None]
         result = self._dynamic[key] = tuple(out)
         return result
 
@@ -594,10 +593,10 @@ class Estimator:
         hit = self._pipes.get(key)
         if hit is None:
             costs = self._chunk_costs(layout, train, grid)
-            if kind in ("1f1b", "interleaved_1f1b", "gpipe"):
+            if schedule_of(kind).uniform_bubble:
                 hit = self._pipes[key] = (costs, _pipeline_1f1b(layout, costs, m))
             else:
-                hit = self._pipes[key] = (costs, _pipeline_scheduled(layout, kind, costs, m))
+                hit = self._pipes[key] = (costs, _pipeline_scheduled(layout, schedule_of(kind), costs, m))
         return hit
 
     def _chunk_costs(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> list[list[_ChunkCost]]:
@@ -723,7 +722,7 @@ class Estimator:
         times = self.layer_times(layout, train, grid)
         per_layer = self.layer_params(layout)
         st = self.structure(layout)
-        runs = _chunk_runs(lay.resolved_schedule, m)
+        runs = lay.pipeline_schedule.chunk_runs(m)
         comm: dict[tuple[float, float], tuple[float, float]] = {}
 
         def gather_reduce(i: int) -> tuple[float, float]:
@@ -916,13 +915,13 @@ def _pipeline_1f1b(layout: LayoutConfig, costs: list[list[_ChunkCost]],
     return compute, bubble, comm, ep, sum(c.fwd_s for c in costs[i]), sum(c.bwd_s for c in costs[i])
 
 
-def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_ChunkCost]],
+def _pipeline_scheduled(layout: LayoutConfig, sched: Schedule, costs: list[list[_ChunkCost]],
                         m: int) -> _Pipe:
     """As ``_pipeline_1f1b`` for ZB-H1, DualPipe and DualPipeV: the schedule executed by
     ``schedules.makespan`` with each (stage, chunk)'s F, B (input gradients) and W (weight
     gradients); an overlapped F&B pair costs its two computes, or its communication where that is
     longer (each chain's
-    all-to-alls run while the other computes: DeepSeek-V3 sec. 3.2.1). Past ``_steady_microbatches``
+    all-to-alls run while the other computes: DeepSeek-V3 sec. 3.2.1). Past ``Schedule.steady_microbatches``
     the makespan and busy times grow linearly (steady state), so they are extrapolated from two
     short schedules (exact for ZB-H1, within 3 % for DualPipe and DualPipeV on 16 stages with uneven
     stages)."""
@@ -931,14 +930,14 @@ def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_Chunk
     def action_costs(s: int, c: int) -> ActionCosts:
         cc = costs[s][c]
         comm = cc.comm_s + cc.ep_s
-        fb = max(cc.fwd_s + cc.bwd_s - comm, comm) if kind in ("dualpipe", "dualpipev") else None
+        fb = max(cc.fwd_s + cc.bwd_s - comm, comm) if sched.overlaps_forward_backward else None
         return ActionCosts(cc.fwd_s, cc.bwd_s - cc.wgrad_s, cc.wgrad_s, fb)
 
     def timed(n: int) -> tuple[float, tuple[float, ...]]:
-        t = makespan(_schedule(kind, p, n, 1), action_costs, schedule_route(kind, p, n))
+        t = makespan(_schedule(sched.kind, p, n, 1), action_costs, sched.route(p, n))
         return t.makespan_s, t.busy_s
 
-    cut = _steady_microbatches(p)
+    cut = sched.steady_microbatches(p)
     if m <= cut + 2:
         total, busy = timed(m)
     else:
@@ -946,7 +945,7 @@ def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_Chunk
         total = t1 + (m - cut) / 2 * (t2 - t1)
         busy = tuple(x + (m - cut) / 2 * (y - x) for x, y in zip(b1, b2, strict=True))
     i = max(range(p), key=busy.__getitem__)
-    share = _chunk_runs(kind, m)
+    share = sched.chunk_runs(m)
     plain = share * sum(c.fwd_s + c.bwd_s for c in costs[i])
     hidden = busy[i] / plain if plain > 0 else 1.0  # overlapped pairs hide their communication
     comm = hidden * share * sum(c.comm_s for c in costs[i])
@@ -956,24 +955,10 @@ def _pipeline_scheduled(layout: LayoutConfig, kind: str, costs: list[list[_Chunk
             per_mb * sum(c.bwd_s for c in costs[i]))
 
 
-def _chunk_runs(kind: str, m: int) -> int:
-    """Micro-batches through each chunk of a stage: DualPipe sends half of them down each direction
-    (chunk 0 or chunk 1); every other schedule runs all m through every chunk (DualPipeV: chunk 0 on
-    the way down the V, chunk 1 on the way back)."""
-    return m // 2 if kind == "dualpipe" else m
-
-
-def _steady_microbatches(pp: int) -> int:
-    """Micro-batches (even) past which a ZB-H1/DualPipe/DualPipeV schedule is in its steady state: its
-    memory peak no longer grows and its makespan grows linearly (both checked against full schedules
-    of 2 to 16 stages and up to 8 x pp micro-batches)."""
-    return 2 * pp + 4
-
-
 @lru_cache(maxsize=256)
 def _schedule(kind: str, pp: int, microbatches: int, vpp: int) -> list[list[Action]]:
-    """``build_schedule``, memoised (DualPipe's construction is costly; read-only here)."""
-    return build_schedule(kind, pp, microbatches, vpp)
+    """The schedule's action lists, memoised (DualPipe's construction is costly; read-only here)."""
+    return schedule_of(kind).actions(pp, microbatches, vpp)
 
 
 def single_chunk_peak(mem: ChunkMemory, in_flight: int) -> float:
@@ -1000,16 +985,7 @@ def single_chunk_peak(mem: ChunkMemory, in_flight: int) -> float:
 
 
 def _peak_microbatches(layout: LayoutConfig, microbatches: int) -> int:
-    """Micro-batches of the schedule the memory walk needs: 1F1B holds at most p - s in flight,
-    reached before the (p + 1)-th micro-batch; interleaved warm-up is (p - s - 1) * 2 + (v - 1) * p
-    virtual micro-batches, so 4 x p micro-batches cover it and one steady period (tested against the
-    engine's closed form on full schedules); ZB-H1, DualPipe and DualPipeV up to
-    ``_steady_microbatches`` (DualPipeV checked too, 2 to 16 stages up to 8 x pp micro-batches)."""
-    kind = layout.resolved_schedule
-    if kind == "interleaved_1f1b":
-        return min(microbatches, PEAK_MICROBATCHES_PER_STAGE * layout.pp)
-    if kind == "1f1b":
-        return min(microbatches, layout.pp + 1)
-    if kind in ("zb_h1", "dualpipe", "dualpipev"):
-        return min(microbatches, _steady_microbatches(layout.pp))
-    return microbatches
+    """Micro-batches of the schedule the memory walk needs (``Schedule.peak_microbatches``): 1F1B holds
+    at most p - s in flight, reached before the (p + 1)-th micro-batch; interleaved 1F1B within 4 x p;
+    ZB-H1, DualPipe and DualPipeV by ``Schedule.steady_microbatches``; GPipe all of them."""
+    return layout.pipeline_schedule.peak_microbatches(layout.pp, microbatches)

@@ -28,7 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-from simtrain.csv_runs import ParsedRow, parse_row, read_rows
+from simtrain.csv_cells import read_rows
+from simtrain.csv_runs import ParsedRow, parse_row
 from simtrain.errors import SimtrainError
 from simtrain.flops import attention_keys_per_query, model_flops_per_token
 from simtrain.labels import layout_label
@@ -103,7 +104,7 @@ def convention_of(text: str | None) -> str | None:
 
 def _measured_step_time(p: ParsedRow, row: dict[str, str], conv: str | None) -> float | None:
     """The measured step time, derived from throughput or TFLOP/s when the row does not give it."""
-    from simtrain.csv_runs import number
+    from simtrain.csv_cells import number
 
     if p.measured_step_time_s:
         return p.measured_step_time_s
@@ -220,7 +221,7 @@ def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str
 
 
 def _bf16_peak(p: ParsedRow) -> float:
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
 
     return load_gpu(p.gpu_type).bf16_flops_per_s
 

@@ -46,7 +46,7 @@ from simtrain.memory import (
 from simtrain.model import ModelSpec
 from simtrain.offload import copy_s, sync_layers
 from simtrain.ops import Kernel, Op, OpKind, Program, Stream
-from simtrain.schedules import Action, Route, build_schedule, schedule_route, split_backward_keys
+from simtrain.schedules import Action, Route, RouteShape, split_backward_keys
 from simtrain.stacks import SoftwareStack, get_stack
 
 MiB = 1024.0**2
@@ -80,9 +80,9 @@ def layers_by_position(n_layers: int, positions: int) -> list[int]:
 def split_layers(n_layers: int, pp: int, vpp: int, route: Route | None = None) -> list[list[int]]:
     """Layers per (stage, chunk): the positions of ``route`` (default: Megatron's virtual stages,
     position = chunk * pp + stage) each get ``layers_by_position``'s share."""
-    route = route or Route("interleaved", pp, vpp)
+    route = route or Route(RouteShape.INTERLEAVED, pp, vpp)
     counts = layers_by_position(n_layers, route.length)
-    chunks = 2 if route.shape in ("dualpipe", "v") else vpp
+    chunks = route.v  # chunks per stage: vpp, or 2 for DualPipe's and DualPipeV's routes
     return [[counts[route.position(0, s, c)] for c in range(chunks)] for s in range(pp)]
 
 
@@ -1195,7 +1195,7 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
                         # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
-                        lay.ep_comm_overlap or lay.resolved_schedule in ("dualpipe", "dualpipev"),
+                        lay.ep_comm_overlap or lay.pipeline_schedule.overlaps_forward_backward,
                         1.0 if train.precision == "fp8" and train.fp8_recipe == "blockwise" else 2.0,
                         amax_casts=fp8_amax_casts(stack, tensorwise_sp),
                         fp8_tp_gather=stack.fp8_tp_gather and tensorwise_sp,
@@ -1232,12 +1232,12 @@ def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowe
         raise ValueError("offloading activations needs the GPU <-> host copy rate host_Bps > 0")
     m = microbatches(run)
     block = build_block(run.model, lay, run.train, cost)
-    kind = lay.resolved_schedule
-    route = schedule_route(kind, lay.pp, m, lay.vpp)
+    sched = lay.pipeline_schedule
+    route = sched.route(lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)
     plans = layer_plans(run, block, run.model.n_layers + run.model.mtp_depth)
     firsts = first_layers(layers, route)
-    schedule = build_schedule(kind, lay.pp, m, lay.vpp)
+    schedule = sched.actions(lay.pp, m, lay.vpp)
     lowered = Lowered(programs=[], schedule=schedule, chunk_memory=[], layers=layers, microbatches=m)
     stages = []
     for s in range(lay.pp):

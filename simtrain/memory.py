@@ -21,7 +21,7 @@ from itertools import zip_longest
 from simtrain.config import LayoutConfig, TrainConfig
 from simtrain.model import ModelSpec
 from simtrain.routing import worst_rank_load
-from simtrain.schedules import Action
+from simtrain.schedules import Action, split_backward_keys
 from simtrain.stacks import get_stack
 
 MiB = 1024.0**2
@@ -469,7 +469,7 @@ def closed_form_peak(actions: list[Action], chunks: dict[int, ChunkMemory]) -> f
     its two actions' entries one at a time, as lowering emits them (``chunk_memory`` with ``steps``
     gives one entry per emission step).
     """
-    split = {(a.microbatch, a.chunk) for a in actions if a.kind == "W"}
+    split = split_backward_keys(actions)
 
     def deltas(act: Action) -> list[tuple[float, float]]:
         mem = chunks[act.chunk]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -34,7 +33,6 @@ __all__ = [
     "MLASpec",
     "ModelSpec",
     "MoESpec",
-    "from_hf_config",
     "list_presets",
     "preset",
     "preset_table",
@@ -681,14 +679,3 @@ def preset_table() -> list[dict[str, Any]]:
             }
         )  # fmt: skip
     return rows
-
-
-def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face ``config.json``; see ``simtrain.hf_config.from_hf_config``.
-
-    Kept here so ``simtrain.model.from_hf_config`` still works; the reader lives in ``simtrain.hf_config``
-    (imported on call: that module imports this one).
-    """
-    from simtrain.hf_config import from_hf_config as read
-
-    return read(source, name=name)

@@ -61,14 +61,8 @@ from simtrain.calibrated import (
 )
 from simtrain.config import HardwareConfig
 from simtrain.errors import ConfigError, Problem, problem
-from simtrain.hardware import (
-    ClusterSpec,
-    GpuSpec,
-    NodeSpec,
-    build_cluster,
-    list_nodes,
-    load_node,
-)
+from simtrain.hardware import ClusterSpec, GpuSpec, NodeSpec
+from simtrain.hardware_load import build_cluster, list_nodes, load_node
 from simtrain.profile_paths import PROFILE_FILE as PROFILE_FILE  # re-exported: the writer names the file
 from simtrain.profile_paths import ProfileKind, names, output_folder, resolve, user_root
 from simtrain.safe_yaml import load_yaml

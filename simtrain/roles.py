@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from simtrain.hardware import Topology
 from simtrain.layout import RankGrid, place
+from simtrain.topology import Topology
 
 #: Most roles simulated one by one; beyond it ``simulate`` falls back (small worlds) or refuses.
 MAX_ROLES = 16

@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simtrain.batch import Phase, resolve_phases
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
 from simtrain.goodput import GoodputInputs, GoodputResult, build_inputs, check_spec, render_goodput
 from simtrain.goodput import goodput as goodput_of
+from simtrain.load import load_config
+from simtrain.phases import Phase, resolve_phases
 from simtrain.results import StepResult
 from simtrain.uncertainty import ErrorBand
 

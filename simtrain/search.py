@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simtrain.config import LayoutConfig, RunConfig, TrainConfig, load_config
+from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.errors import ConfigError, Problem
 from simtrain.estimate import Estimate, Estimator
 from simtrain.labels import layout_label
+from simtrain.load import load_config
 from simtrain.progress import progress_bar, ticking
-from simtrain.search_render import render_search as render_search  # the text report, re-exported
 from simtrain.search_space import SearchSpace, enumerate_layouts, explain_empty
 from simtrain.simulate import cluster_of
 

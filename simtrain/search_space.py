@@ -11,6 +11,7 @@ from typing import Any
 
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.errors import Problem
+from simtrain.schedules import schedule_of
 from simtrain.simulate import cluster_of
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -19,6 +20,8 @@ RECOMPUTE = ("none", "selective", "full", "offload")
 """Memory levers tried per layout: no recompute, selective or full recompute, or (pp = 1) CPU activation
 offloading of the fewest layers that fit (``layout.offload_activation_layers``, recompute none)."""
 SEARCH_SCHEDULES = ("auto", "dualpipe", "dualpipev", "zb_h1")
+"""Schedules ``--schedule`` may name, in the order candidates are listed: ``auto`` (1F1B, interleaved when
+vpp > 1), then registered schedule names (``simtrain.schedules.REGISTRY``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +72,21 @@ def _expert_degrees(run: RunConfig, tp: int, plane: int, space: SearchSpace) -> 
 def _schedules(run: RunConfig, pp: int, vpp: int, microbatches: int, space: SearchSpace) -> list[str]:
     """Schedules worth trying: ``auto`` (1F1B/interleaved); for MoE models DualPipe where it can run
     (even pp, an even micro-batch count of at least 2 x pp, vpp 1: deepseek-ai/DualPipe's asserts,
-    validate._schedule_batch_problems) and DualPipeV where it can (at least 2 x pp micro-batches, the
+    ``Schedule.problems``, as validate checks) and DualPipeV where it can (at least 2 x pp micro-batches, the
     assert of deepseek-ai/DualPipe ``dualpipev.py``; vpp 1, as it places its two chunks itself; at
     least one layer on each of its 2 x pp stages); ZB-H1 when the space names it (vpp 1, pp > 1)."""
-    allowed = space.schedule or (("auto", "dualpipe", "dualpipev") if run.model.is_moe else ("auto",))
+    # by default MoE models also try the schedules whose overlapped F&B pairs hide the all-to-alls
+    overlapping = tuple(k for k in SEARCH_SCHEDULES[1:] if schedule_of(k).overlaps_forward_backward)
+    allowed = space.schedule or (("auto", *overlapping) if run.model.is_moe else ("auto",))
     out = ["auto"] if "auto" in allowed else []
     if vpp > 1 or pp == 1:
         return out
-    if "dualpipe" in allowed and pp % 2 == 0 and microbatches % 2 == 0 and microbatches >= 2 * pp:
-        out.append("dualpipe")
-    if "dualpipev" in allowed and microbatches >= 2 * pp and run.model.n_layers >= 2 * pp:
-        out.append("dualpipev")
-    if "zb_h1" in allowed:
-        out.append("zb_h1")
+    n_layers = run.model.n_layers
+    for kind in (k for k in SEARCH_SCHEDULES if k != "auto" and k in allowed):
+        sched = schedule_of(kind)
+        # what validate would refuse (simtrain.schedules constraints), and a model stage without a layer
+        if not sched.problems(pp, vpp, microbatches, n_layers, "") and sched.route(pp, microbatches).length <= n_layers:
+            out.append(kind)
     return out
 
 

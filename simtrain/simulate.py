@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from simtrain import invariants
-from simtrain.config import RunConfig, TrainConfig, load_config
+from simtrain.config import RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import AXES, CommPlanner, Engine, EngineResult, RankStats, symmetry_violation
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
-from simtrain.hardware import ClusterSpec, Topology
+from simtrain.hardware import ClusterSpec
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.lowering import Lowered, fsdp_keeps_unsharded, lower, microbatches
 from simtrain.memory import closed_form_peak, expert_static_memory, fp8_weight_cache_bytes, static_memory
 from simtrain.profile import compute_calibration, run_cluster
@@ -26,6 +27,7 @@ from simtrain.roles import MAX_ROLES, roles
 from simtrain.routing import rank_load_factors, symmetric_load_factors
 from simtrain.stacks import get_stack
 from simtrain.steady import SteadyPlan, affine_at, extrapolate, plan
+from simtrain.topology import Topology
 from simtrain.uncertainty import band_for, read_error_table
 
 #: Largest world that symmetric mode hands to full mode when its ranks play too many roles.

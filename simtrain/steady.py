@@ -4,9 +4,10 @@ A training step with m micro-batches per pipeline is a fill, a run of identical 
 The pipeline schedules repeat every p micro-batches in their steady state (1F1B: one forward and one
 backward per stage per micro-batch; interleaved 1F1B: the v model chunks of a group of p micro-batches,
 Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", Sec. 2.2;
-DualPipe: a pair of micro-batches from each end, so 2p here to be safe), and the engine is deterministic
-(no randomness, flows recomputed identically), so on micro-batch counts m = m1 + kP every quantity the
-engine measures (step time, per-rank busy and exposed time, bubble, FLOPs, memory peaks) is affine in k.
+DualPipe: a pair of micro-batches from each end, so 2p here to be safe; each schedule object's
+``Schedule.period``), and the engine is deterministic (no randomness, flows recomputed identically), so
+on micro-batch counts m = m1 + kP every quantity the engine measures (step time, per-rank busy and
+exposed time, bubble, FLOPs, memory peaks) is affine in k.
 
 ``plan`` picks m1 (a period past the least count the schedule allows, congruent to m mod P); the
 caller simulates m1, m1 + P, m1 + 2P, ... while their sum stays within 0.6 m, and ``extrapolate`` takes
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import overload
 
 from simtrain.engine import EngineResult, Ledger, RankStats
+from simtrain.schedules import Schedule, schedule_of
 
 #: Largest extrapolation error accepted, relative to the quantity's scale (the step time for times, the
 #: largest memory peak for bytes, the largest FLOP count for FLOPs). A quantity passes when its second
@@ -93,11 +95,12 @@ class SteadyPlan:
                 f"{self.target} (sim.steady_state: false simulates every micro-batch)")
 
 
-def plan(schedule: str, pp: int, microbatches: int) -> SteadyPlan | None:
-    """The short runs for a step of ``microbatches`` per pipeline under ``schedule`` on ``pp`` stages,
-    or None when even three of them would exceed the work budget."""
-    period = max(pp, 1) * (2 if schedule.startswith("dualpipe") else 1)
-    least = 2 * pp if schedule.startswith("dualpipe") else pp
+def plan(schedule: Schedule | str, pp: int, microbatches: int) -> SteadyPlan | None:
+    """The short runs for a step of ``microbatches`` per pipeline under ``schedule`` (a schedule object or
+    a registered name; any other name raises ``UnknownSchedule``) on ``pp`` stages, or None when even
+    three of them would exceed the work budget. The period and least count are the schedule's."""
+    sched = schedule if isinstance(schedule, Schedule) else schedule_of(schedule)
+    period, least = sched.period(pp), sched.least_microbatches(pp)
     first = microbatches % period or period
     while first < least + period:  # one period past the schedule's least count: interleaved 1F1B at
         first += period            # m = p caps its warm-up, and its steady state starts a period later

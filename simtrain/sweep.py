@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from simtrain.config import RunConfig, apply_overrides, load_config, read_config_file
+from simtrain.config import RunConfig, apply_overrides, read_config_file
 from simtrain.errors import ConfigError, InfeasibleLayout, Problem, SimtrainError
+from simtrain.load import load_config
 from simtrain.results import AXES, StepResult
 from simtrain.safe_yaml import load_yaml
 
@@ -149,7 +150,7 @@ def fill_auto_dp(data: dict[str, Any]) -> dict[str, Any]:
     layout = data.get("layout")
     if not isinstance(layout, dict) or layout.get("dp") != "auto":
         return data
-    from simtrain.hardware import load_node
+    from simtrain.hardware_load import load_node
 
     hw = data.get("hardware") or {}
     node = load_node(str(hw.get("node", "dgx-h100")), hw.get("gpu"))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from simtrain.batch import schedule_problems
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem
-from simtrain.hardware import load_node
+from simtrain.hardware_load import load_node
 from simtrain.limits import (
     MAX_GPUS,
     MAX_HEADS,
@@ -17,6 +16,7 @@ from simtrain.limits import (
     MAX_VOCAB,
     MAX_WIDTH,
 )
+from simtrain.phases import schedule_problems
 from simtrain.profile import run_cluster
 
 #: Upper bound of each integer model field (``simtrain.limits``); other integer fields are widths.
@@ -46,27 +46,9 @@ def check_run(run: RunConfig) -> list[Problem]:
                                         "pad the vocabulary to a multiple of tp"))
     if lay.pp > m.n_layers:
         out.append(Problem("layout.pp", f"{lay.pp} stages is more than model.n_layers={m.n_layers}"))
-    elif lay.resolved_schedule == "dualpipev" and m.n_layers < 2 * lay.pp - 2:
-        # simtrain.lowering.layers_by_position: a V of 2 x pp model stages, the first and last on rank 0
-        # (which also holds the embedding and the head) give up layers first; any other stage without a
-        # layer would leave the pipeline with an empty chunk
-        out.append(Problem("layout.schedule", f"'dualpipev' places 2 x pp = {2 * lay.pp} model chunks in a V; "
-                                              f"every chunk but the first and last needs a layer, so at least "
-                                              f"2 x pp - 2 = {2 * lay.pp - 2} layers, model.n_layers="
-                                              f"{m.n_layers}; lower layout.pp or use another schedule"))
-    if lay.vpp > 1 and m.n_layers < lay.pp * lay.vpp - 2:
-        out.append(Problem("layout.vpp", f"{lay.vpp}: pp x vpp = {lay.pp * lay.vpp} model chunks need at least "
-                                         f"pp x vpp - 2 layers (first and last may hold only the embedding and "
-                                         f"head), model.n_layers={m.n_layers}"))
-    if lay.resolved_schedule in ("dualpipe", "dualpipev") and lay.vpp > 1:
-        out.append(Problem("layout.vpp", f"{lay.vpp}: {lay.resolved_schedule} places two chunks per rank itself; "
-                                         "set vpp=1"))
     if lay.vpp > 1 and lay.pp == 1:
         out.append(Problem("layout.vpp", f"{lay.vpp} needs layout.pp > 1"))
-    if lay.vpp > 1 and lay.resolved_schedule != "interleaved_1f1b":
-        out.append(Problem("layout.schedule", f"{lay.schedule!r} cannot run vpp={lay.vpp}; use interleaved_1f1b"))
-    if lay.resolved_schedule == "interleaved_1f1b" and lay.vpp == 1:
-        out.append(Problem("layout.schedule", "interleaved_1f1b needs layout.vpp > 1"))
+    out += lay.pipeline_schedule.layout_problems(lay.pp, lay.vpp, m.n_layers)  # chunks, vpp, layers per chunk
     if lay.sequence_parallel and t == 1:
         out.append(Problem("layout.sequence_parallel", "true needs layout.tp > 1"))
     if sorted(lay.order) != sorted(("tp", "cp", "ep", "dp", "pp")):
@@ -191,7 +173,7 @@ def _offload_problems(run: RunConfig) -> list[Problem]:
         out.append(Problem("layout.offload_activation_layers", f"{n} needs layout.pp = 1 (Megatron-core has no "
                                                                f"CPU offloading with pipeline parallelism; "
                                                                f"pp={lay.pp}); set it to 0 or pp to 1"))
-    if lay.pp == 1 and lay.resolved_schedule in ("dualpipe", "dualpipev"):
+    if lay.pp == 1 and (lay.pipeline_schedule.chunks or 1) > 1:
         # DualPipeV at pp = 1 puts both chunks of its V on the one rank, each with half the layers, and runs
         # their forwards and backwards interleaved. Megatron-core offloads only at pp = 1, so with one chunk
         # per rank (transformer_config.py), and TE's handler syncs over one in-order pass of a stage's layers
@@ -232,17 +214,7 @@ def _schedule_batch_problems(run: RunConfig, m: int) -> list[Problem]:
     """Micro-batch counts each pipeline schedule can run (simtrain.schedules checks the same)."""
     lay, tr = run.layout, run.train
     field = "train.global_batch_tokens" if tr.global_batch_tokens else "train.global_batch_seqs"
-    kind, p = lay.resolved_schedule, lay.pp
-    if kind == "interleaved_1f1b" and m < p:
-        # Megatron-core get_schedule_table: m need not be a multiple of p, but at least p
-        return [Problem(field, f"interleaved 1F1B needs at least layout.pp={p} micro-batches, got {m}")]
-    if kind == "dualpipe" and (p % 2 or m % 2 or m < 2 * p):
-        # deepseek-ai/DualPipe dualpipe.py asserts: even ranks, even micro-batches, at least 2 x ranks
-        return [Problem(field, f"DualPipe needs an even layout.pp (got {p}) and an even micro-batch count of "
-                               f"at least 2 x pp = {2 * p} (got {m})")]
-    if kind == "dualpipev" and m < 2 * p:
-        return [Problem(field, f"DualPipeV needs at least 2 x pp = {2 * p} micro-batches, got {m}")]
-    return []
+    return lay.pipeline_schedule.microbatch_problems(lay.pp, m, field)
 
 
 def _hardware_problems(run: RunConfig) -> list[Problem]:

@@ -15,9 +15,10 @@ import pytest
 
 from simtrain import simulate
 from simtrain.cli import main
-from simtrain.config import apply_overrides, load_config
+from simtrain.config import apply_overrides
 from simtrain.errors import ConfigError
 from simtrain.limits import MAX_CONFIG_BYTES, MAX_GPUS, MAX_LAYERS, MAX_YAML_DEPTH
+from simtrain.load import load_config
 from simtrain.safe_yaml import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

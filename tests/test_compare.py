@@ -15,8 +15,8 @@ import yaml
 
 from simtrain.cli import main
 from simtrain.compare import ABSENT, compare, config_diff, flatten, render_html, render_markdown, render_text
-from simtrain.config import load_config
 from simtrain.errors import ConfigError
+from simtrain.load import load_config
 from simtrain.simulate import simulate
 
 BASE: dict[str, Any] = {

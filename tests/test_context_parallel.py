@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from simtrain.blocks import Ring
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.simulate import simulate
 

@@ -6,15 +6,17 @@ from collections import defaultdict
 
 import pytest
 
-from simtrain.config import LayoutConfig, load_config
+from simtrain.config import LayoutConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import Engine
-from simtrain.hardware import Topology, build_cluster
+from simtrain.hardware_load import build_cluster
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.ops import OpKind, Program, Stream
 from simtrain.schedules import Action, build_schedule
 from simtrain.simulate import cluster_of, simulate
+from simtrain.topology import Topology
 
 TF, TB = 1.0, 2.0
 HOP_SLACK = 1e-3  # s: pipeline-send latencies (~13 us per hop, a few dozen hops) on a >10 s step; any
@@ -216,7 +218,7 @@ def test_interference_per_link_class() -> None:
     """Collectives hold NCCL's channel SMs (16 for a DGX node's inter-node rings, nccl#689); a
     pipeline send/recv holds one small CTA (nccl#1433), so it slows compute by one SM's share."""
     from simtrain.engine import P2P_CLASS, _interference
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
 
     for name in ("a100-80gb", "h100-sxm", "h200", "b200"):
         gpu = load_gpu(name)
@@ -230,8 +232,8 @@ def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
     """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores): every collective of a
     comm stream (here ZeRO-1's gradient reduce-scatters and parameter all-gathers) lasts (1 + f) x its
     transfer; blocking in-line ones and compute do not change."""
-    from simtrain.config import load_config
     from simtrain.costs import ComputeCostModel
+    from simtrain.load import load_config
     from simtrain.lowering import lower
 
     cfg = {"model": {"preset": "llama3-8b", "n_layers": 2}, "hardware": {"node": "dgx-h100", "n_nodes": 1},

@@ -98,7 +98,7 @@ def test_a_result_breaking_an_invariant_is_refused(field: str, value: Any, needl
 
 def test_fp8_runs_may_exceed_the_bf16_peak_but_not_the_fp8_one() -> None:
     from simtrain import invariants
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
     gpu = load_gpu("h100-sxm")
     assert invariants.peak_ratio(gpu, "bf16") == 1.0
     assert invariants.peak_ratio(gpu, "fp8") == pytest.approx(gpu.fp8_flops_per_s / gpu.bf16_flops_per_s)
@@ -180,8 +180,8 @@ def test_rank_grid_groups_are_memoised_partitions() -> None:
     """Full mode looks a group up per rank and op: ``RankGrid.group`` computes each group once and
     hands every member the same tuple (the NVL72 case's 2,304 ranks recomputed a 288-rank dp x cp
     plane per lookup)."""
-    from simtrain.config import load_config
     from simtrain.layout import RankGrid
+    from simtrain.load import load_config
     run = load_config(_small("mixtral-8x7b", 4, 4, 64), ["layout.tp=2", "layout.cp=2", "layout.dp=8",
                                                           "layout.ep=4", "layout.sequence_parallel=true"])
     grid = RankGrid(run.layout)

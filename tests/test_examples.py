@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from simtrain.cli import main
-from simtrain.config import load_config
-from simtrain.hardware import build_cluster
+from simtrain.hardware_load import build_cluster
+from simtrain.load import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError
 from simtrain.formats import (
     read_megatron,
@@ -22,6 +22,7 @@ from simtrain.formats import (
     write_torchtitan,
 )
 from simtrain.formats.megatron import parse_args
+from simtrain.load import load_config
 from simtrain.model import preset
 
 DATA = Path(__file__).parent / "data"

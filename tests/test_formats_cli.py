@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from simtrain.cli import main
-from simtrain.config import load_config
 from simtrain.formats import read_megatron_file, read_torchtitan_file
+from simtrain.load import load_config
 from simtrain.model import preset
 
 ROOT = Path(__file__).resolve().parents[1]

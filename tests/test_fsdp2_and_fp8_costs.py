@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
+from simtrain.load import load_config
 from simtrain.lowering import Lowered, lower
 from simtrain.ops import OpKind
 from simtrain.profile import compute_calibration, run_cluster

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simtrain.costs import K_FIXED, K_REFERENCE, ComputeCostModel, depth_factor
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
 
 #: XLA's measured sm_90 (H100 SXM) BF16 GEMM rates, flops/s, for b = 1 (openxla/xla
 #: xla/service/gpu/model/matmul_interpolator_data.h). Keyed (m, n, k). The table times single

@@ -12,13 +12,10 @@ import numpy as np
 import pytest
 
 from simtrain.cli import main
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError
 from simtrain.goodput import (
-    LLAMA3_FAILURES_PER_GPU_HOUR,
     CheckpointCost,
-    CheckpointSpec,
-    FailureSpec,
     GoodputInputs,
     _state_share,
     auto_interval,
@@ -30,6 +27,8 @@ from simtrain.goodput import (
     interval_sweep,
     young_interval,
 )
+from simtrain.goodput_spec import LLAMA3_FAILURES_PER_GPU_HOUR, CheckpointSpec, FailureSpec
+from simtrain.load import load_config
 from simtrain.results import StageMemory, StepResult
 from simtrain.run import simulate_run
 

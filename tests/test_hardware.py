@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from simtrain import hardware as hw
+from simtrain import hardware_load as hwl
+from simtrain import topology
 from simtrain.errors import ConfigError
 from simtrain.profile_paths import builtin_root, user_root
 from simtrain.units import GB, TB, TFLOPS, GiB, MiB
@@ -32,13 +34,13 @@ EXPECTED_NODES = {
 
 
 def test_profiles_present():
-    assert set(hw.list_gpus()) >= EXPECTED_GPUS
-    assert set(hw.list_nodes()) >= EXPECTED_NODES
+    assert set(hwl.list_gpus()) >= EXPECTED_GPUS
+    assert set(hwl.list_nodes()) >= EXPECTED_NODES
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_GPUS))
 def test_every_gpu_loads(name):
-    g = hw.load_gpu(name)
+    g = hwl.load_gpu(name)
     assert g.name == name
     assert g.bf16_flops_per_s > 100 * TFLOPS
     assert g.hbm_bytes > 30 * GiB
@@ -51,7 +53,7 @@ def test_every_gpu_loads(name):
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_NODES))
 def test_every_node_loads(name):
-    n = hw.load_node(name)
+    n = hwl.load_node(name)
     assert n.name == name
     assert n.gpus_per_node >= 8
     assert n.nics_per_node >= 1
@@ -76,7 +78,7 @@ def test_every_profile_file_cites_sources():
 
 
 def test_datasheet_numbers():
-    h100 = hw.load_gpu("h100-sxm")
+    h100 = hwl.load_gpu("h100-sxm")
     assert h100.bf16_flops_per_s == pytest.approx(989e12)
     assert h100.fp8_flops_per_s == pytest.approx(1979e12)
     assert h100.hbm_Bps == pytest.approx(3.35e12)
@@ -89,90 +91,90 @@ def test_datasheet_numbers():
     assert h100.kernel_launch_s == pytest.approx(4e-6)
     assert h100.cuda_context_bytes == pytest.approx(1.0 * GiB)
 
-    a100 = hw.load_gpu("a100-80gb")
+    a100 = hwl.load_gpu("a100-80gb")
     assert a100.bf16_flops_per_s == pytest.approx(312e12)
     assert a100.fp8_flops_per_s == 0.0
     assert not a100.has_fp8 and not a100.has_nvls
     assert a100.hbm_Bps == pytest.approx(2.039 * TB)
-    assert hw.load_gpu("a100-40gb").hbm_Bps == pytest.approx(1.555e12)
+    assert hwl.load_gpu("a100-40gb").hbm_Bps == pytest.approx(1.555e12)
 
-    mi = hw.load_gpu("mi300x")
+    mi = hwl.load_gpu("mi300x")
     assert mi.bf16_flops_per_s == pytest.approx(1307e12, rel=1e-3)
     assert mi.hbm_bytes == pytest.approx(192 * GiB)
     assert mi.hbm_Bps == pytest.approx(5.3e12)
     assert mi.nvls_algbw_Bps == 0.0
 
-    assert hw.load_gpu("h200").hbm_Bps == pytest.approx(4.8e12)
-    assert hw.load_gpu("h800").nvlink_Bps == pytest.approx(200 * GB)
-    assert hw.load_gpu("b200").bf16_flops_per_s == pytest.approx(2250e12)
-    assert hw.load_gpu("b200").nvls_algbw_Bps == pytest.approx(845e9 / 1.75, rel=1e-2)
-    assert hw.load_gpu("gb200").nvlink_domain == 72
+    assert hwl.load_gpu("h200").hbm_Bps == pytest.approx(4.8e12)
+    assert hwl.load_gpu("h800").nvlink_Bps == pytest.approx(200 * GB)
+    assert hwl.load_gpu("b200").bf16_flops_per_s == pytest.approx(2250e12)
+    assert hwl.load_gpu("b200").nvls_algbw_Bps == pytest.approx(845e9 / 1.75, rel=1e-2)
+    assert hwl.load_gpu("gb200").nvlink_domain == 72
 
 
 def test_peak_flops_per_dtype():
-    h100 = hw.load_gpu("h100-sxm")
+    h100 = hwl.load_gpu("h100-sxm")
     assert h100.peak_flops_per_s("bf16") == h100.peak_flops_per_s("fp16") == pytest.approx(989e12)
     assert h100.peak_flops_per_s("fp8") == pytest.approx(1979e12)
     assert h100.peak_flops_per_s("tf32") == pytest.approx(495e12)
     assert h100.peak_flops_per_s("fp32") == pytest.approx(67e12)
     with pytest.raises(ConfigError):
-        hw.load_gpu("a100-80gb").peak_flops_per_s("fp8")
+        hwl.load_gpu("a100-80gb").peak_flops_per_s("fp8")
     with pytest.raises(ConfigError):
         h100.peak_flops_per_s("int4")
 
 
 def test_unit_conversion_nic_and_latency():
-    n = hw.load_node("dgx-h100")
+    n = hwl.load_node("dgx-h100")
     assert n.nic_Bps == pytest.approx(50e9)  # 400 Gb/s
-    assert hw.load_node("dgx-a100").nic_Bps == pytest.approx(25e9)  # 200 Gb/s
+    assert hwl.load_node("dgx-a100").nic_Bps == pytest.approx(25e9)  # 200 Gb/s
     assert n.pcie_Bps == pytest.approx(63e9)
     assert n.nvlink_latency_s == pytest.approx(0.7e-6)
     assert n.net_hop_latency_s == pytest.approx(1.0e-6)
-    assert hw.load_node("mi300x-8").mesh_link_Bps == pytest.approx(64e9)
-    c = hw.build_cluster("dgx-h100", 2, nic_Gbps=800, net_hop_latency_us=2.5)
+    assert hwl.load_node("mi300x-8").mesh_link_Bps == pytest.approx(64e9)
+    c = hwl.build_cluster("dgx-h100", 2, nic_Gbps=800, net_hop_latency_us=2.5)
     assert c.nic_Bps == pytest.approx(100e9)
     assert c.net_hop_latency_s == pytest.approx(2.5e-6)
 
 
 def test_gpu_override_and_aliases():
-    n = hw.load_node("dgx-h100", gpu="h200")
+    n = hwl.load_node("dgx-h100", gpu="h200")
     assert n.gpu.name == "h200"
-    assert hw.load_gpu("H100").name == "h100-sxm"
-    assert hw.load_gpu("h100-sxm") is hw.load_gpu("h100-sxm")  # cached
+    assert hwl.load_gpu("H100").name == "h100-sxm"
+    assert hwl.load_gpu("h100-sxm") is hwl.load_gpu("h100-sxm")  # cached
 
 
 def test_unknown_names_raise_config_error():
     with pytest.raises(ConfigError) as ei:
-        hw.load_gpu("h900")
+        hwl.load_gpu("h900")
     p = ei.value.problems[0]
     assert p.path == "hardware.gpu"
     assert "h900" in p.message and "h100-sxm" in p.message and "mi300x" in p.message
     with pytest.raises(ConfigError) as ei:
-        hw.load_node("dgx-z100")
+        hwl.load_node("dgx-z100")
     p = ei.value.problems[0]
     assert p.path == "hardware.node" and "dgx-h100" in p.message
     with pytest.raises(ConfigError) as ei:
-        hw.build_cluster("dgx-h100", 4, gpu="nope")
+        hwl.build_cluster("dgx-h100", 4, gpu="nope")
     assert ei.value.problems[0].path == "hardware.gpu"
 
 
 def test_build_cluster_collects_problems():
     with pytest.raises(ConfigError) as ei:
-        hw.build_cluster("dgx-h100", 0, oversubscription=0.5, nodes_per_leaf=0)
+        hwl.build_cluster("dgx-h100", 0, oversubscription=0.5, nodes_per_leaf=0)
     paths = {p.path for p in ei.value.problems}
     assert {"hardware.n_nodes", "hardware.oversubscription", "hardware.nodes_per_leaf"} <= paths
 
 
 def test_part_of_each_node_keeps_one_nic_per_used_gpu():
     # 64 of a GB200 NVL72 rack's 72 GPUs (16 of 18 trays), two racks: GPU 64 is the second rack's first
-    c = hw.build_cluster("gb200-nvl72", 2, gpus_per_node=64)
+    c = hwl.build_cluster("gb200-nvl72", 2, gpus_per_node=64)
     assert (c.n_gpus, c.gpus_per_node, c.nics_per_node) == (128, 64, 64)
-    t = hw.Topology(c)
+    t = topology.Topology(c)
     assert t.link_class_of(t.route(0, 63)) == "nvlink" and t.link_class_of(t.route(0, 64)) == "net"
-    half = hw.build_cluster("dgx-h100", 1, gpus_per_node=4)
+    half = hwl.build_cluster("dgx-h100", 1, gpus_per_node=4)
     assert (half.n_gpus, half.nics_per_node) == (4, 4)
     with pytest.raises(ConfigError, match=r"hardware.gpus_per_node: 9 .*from 1 to 8"):
-        hw.build_cluster("dgx-h100", 1, gpus_per_node=9)
+        hwl.build_cluster("dgx-h100", 1, gpus_per_node=9)
 
 
 def _write(root: Path, kind: str, name: str, text: str) -> None:
@@ -188,24 +190,24 @@ def test_bad_files_name_file_and_key(tmp_path, monkeypatch):
     _write(tmp_path, "gpus", "neg", src.read_text().replace("gemm_efficiency: 0.762", "gemm_efficiency: 1.5"))
     monkeypatch.setenv("SIMTRAIN_PROFILES_DIR", str(tmp_path))
     assert user_root() == tmp_path
-    assert set(hw.list_gpus()) == {"good", "typo", "broken", "neg"} | EXPECTED_GPUS | {"h100-sxm-96gb-500w"}
-    assert hw.load_gpu("good").bf16_flops_per_s == pytest.approx(989e12)
+    assert set(hwl.list_gpus()) == {"good", "typo", "broken", "neg"} | EXPECTED_GPUS | {"h100-sxm-96gb-500w"}
+    assert hwl.load_gpu("good").bf16_flops_per_s == pytest.approx(989e12)
     with pytest.raises(ConfigError) as ei:
-        hw.load_gpu("typo")
+        hwl.load_gpu("typo")
     assert any("typo.yaml" in p.path and "bf16_tflopz" in p.path for p in ei.value.problems)
     with pytest.raises(ConfigError) as ei:
-        hw.load_gpu("broken")
+        hwl.load_gpu("broken")
     assert "broken.yaml" in ei.value.problems[0].path
     with pytest.raises(ConfigError) as ei:
-        hw.load_gpu("neg")
+        hwl.load_gpu("neg")
     assert any("gemm_efficiency" in p.path for p in ei.value.problems)
 
 
 def test_tables():
-    g = {r["name"]: r for r in hw.gpu_table()}
+    g = {r["name"]: r for r in hwl.gpu_table()}
     assert g["h100-sxm"]["bf16_tflops"] == pytest.approx(989)
     assert g["a100-80gb"]["fp8_tflops"] is None
-    n = {r["name"]: r for r in hw.node_table()}
+    n = {r["name"]: r for r in hwl.node_table()}
     assert n["dgx-h100"]["gpus_per_node"] == 8 and n["dgx-h100"]["nic_Gbps"] == pytest.approx(400)
     assert n["gb200-nvl72"]["gpus_per_node"] == 72
 
@@ -214,7 +216,7 @@ def test_tables():
 
 
 def small_cluster(oversubscription: float = 1.0) -> hw.ClusterSpec:
-    return hw.build_cluster(
+    return hwl.build_cluster(
         "dgx-h100", 4, nics_per_node=4, nodes_per_leaf=2, oversubscription=oversubscription
     )
 
@@ -222,11 +224,11 @@ def small_cluster(oversubscription: float = 1.0) -> hw.ClusterSpec:
 def test_cluster_properties():
     c = small_cluster()
     assert c.n_gpus == 32 and c.gpus_per_node == 8 and c.n_leaf_groups == 2
-    assert hw.build_cluster("dgx-h100", 2).nodes_per_leaf == 32
+    assert hwl.build_cluster("dgx-h100", 2).nodes_per_leaf == 32
 
 
 def test_routes():
-    t = hw.Topology(small_cluster())
+    t = topology.Topology(small_cluster())
     assert t.route(3, 3) == ()
     same_node = t.route(0, 5)
     assert same_node == (("gpu0", "nvsw0"), ("nvsw0", "gpu5"))
@@ -256,8 +258,8 @@ def test_routes():
 
 
 def test_mesh_routes():
-    c = hw.build_cluster("mi300x-8", 2)
-    t = hw.Topology(c)
+    c = hwl.build_cluster("mi300x-8", 2)
+    t = topology.Topology(c)
     r = t.route(0, 3)
     assert r == (("gpu0", "gpu3"),)
     assert t.edge("gpu0", "gpu3").bandwidth_Bps == pytest.approx(64e9)
@@ -267,8 +269,8 @@ def test_mesh_routes():
 
 
 def _check_graph_agrees(c: hw.ClusterSpec) -> None:
-    t = hw.Topology(c)
-    G = hw.build_graph(c)
+    t = topology.Topology(c)
+    G = topology.build_graph(c)
     for src in range(c.n_gpus):
         for dst in range(c.n_gpus):
             for u, v in t.route(src, dst):
@@ -292,12 +294,12 @@ def _check_graph_agrees(c: hw.ClusterSpec) -> None:
 
 def test_graph_route_agreement():
     _check_graph_agrees(small_cluster(oversubscription=2.0))
-    _check_graph_agrees(hw.build_cluster("mi300x-8", 3, nodes_per_leaf=2))
-    _check_graph_agrees(hw.build_cluster("dgx-a100", 5, nodes_per_leaf=2, nics_per_node=2))
+    _check_graph_agrees(hwl.build_cluster("mi300x-8", 3, nodes_per_leaf=2))
+    _check_graph_agrees(hwl.build_cluster("dgx-a100", 5, nodes_per_leaf=2, nics_per_node=2))
 
 
 def test_graph_shape():
-    G = hw.build_graph(small_cluster())
+    G = topology.build_graph(small_cluster())
     assert sum(1 for _, d in G.nodes(data=True) if d["kind"] == "gpu") == 32
     assert sum(1 for _, d in G.nodes(data=True) if d["kind"] == "nvswitch") == 4
     assert sum(1 for _, d in G.nodes(data=True) if d["kind"] == "nic") == 16
@@ -305,8 +307,8 @@ def test_graph_shape():
 
 
 def test_oversubscription_halves_uplinks():
-    t1 = hw.Topology(small_cluster(1.0))
-    t2 = hw.Topology(small_cluster(2.0))
+    t1 = topology.Topology(small_cluster(1.0))
+    t2 = topology.Topology(small_cluster(2.0))
     up1 = t1.edge("leaf0.0", "spine").bandwidth_Bps
     up2 = t2.edge("leaf0.0", "spine").bandwidth_Bps
     assert up1 == pytest.approx(2 * 50e9)  # 2 nodes under the leaf x 400 Gb/s
@@ -317,16 +319,16 @@ def test_oversubscription_halves_uplinks():
 
 
 def test_partial_last_leaf_group():
-    t = hw.Topology(hw.build_cluster("dgx-h100", 5, nodes_per_leaf=2))
+    t = topology.Topology(hwl.build_cluster("dgx-h100", 5, nodes_per_leaf=2))
     assert t.n_leaf_groups == 3
     assert t.edge("leaf0.2", "spine").bandwidth_Bps == pytest.approx(50e9)
 
 
 def test_large_cluster_routes_fast():
-    c = hw.build_cluster("dgx-h100", 2048)
+    c = hwl.build_cluster("dgx-h100", 2048)
     assert c.n_gpus == 16384
     t0 = time.perf_counter()
-    t = hw.Topology(c)
+    t = topology.Topology(c)
     for src in range(0, c.n_gpus, 7):
         path = t.route(src, (src * 7919 + 13) % c.n_gpus)
         t.path_latency_s(path)
@@ -335,8 +337,8 @@ def test_large_cluster_routes_fast():
 
 
 def test_large_graph_builds():
-    c = hw.build_cluster("dgx-h100", 2048)
+    c = hwl.build_cluster("dgx-h100", 2048)
     t0 = time.perf_counter()
-    G = hw.build_graph(c)
+    G = topology.build_graph(c)
     assert time.perf_counter() - t0 < 15.0
     assert G.number_of_nodes() == 16384 + 2048 + 16384 + 8 * 64 + 1

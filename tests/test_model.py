@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from simtrain.errors import ConfigError
-from simtrain.model import ModelSpec, from_hf_config, list_presets, preset, preset_table
+from simtrain.hf_config import from_hf_config
+from simtrain.model import ModelSpec, list_presets, preset, preset_table
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 

@@ -15,7 +15,8 @@ from simtrain.flops import (
     model_flops_per_step,
     model_flops_per_token,
 )
-from simtrain.model import ModelSpec, MoESpec, from_hf_config, list_presets, preset, preset_table
+from simtrain.hf_config import from_hf_config
+from simtrain.model import ModelSpec, MoESpec, list_presets, preset, preset_table
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 
@@ -390,7 +391,7 @@ def test_sliding_window_kernel_visits_every_key_block_its_window_meets() -> None
     window's scores (flash-attn local mainloop); model FLOPs keep the window (test above)."""
     from simtrain.blocks import BlockBuilder
     from simtrain.costs import FLASH_BLOCK, ComputeCostModel
-    from simtrain.hardware import load_gpu
+    from simtrain.hardware_load import load_gpu
 
     m, s = preset("gpt-oss-120b"), 4096
     b = BlockBuilder(m, ComputeCostModel(load_gpu("h100-sxm"), "bf16"), 1, s, 1, False, True, False)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from simtrain.collectives import effective_bandwidth, plan_collective
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import Topology, build_cluster, load_gpu
+from simtrain.hardware_load import build_cluster, load_gpu
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.memory import activation_shape, moe_mlp_activation_bytes
 from simtrain.routing import expert_loads, worst_rank_load
 from simtrain.simulate import simulate
+from simtrain.topology import Topology
 
 # a shrunk Mixtral: 4 layers, 8 experts top-2, h=1024
 SMALL_MOE = dict(name="moe-small", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=2048,

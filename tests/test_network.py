@@ -8,8 +8,9 @@ import pytest
 import simpy
 
 from simtrain.collectives import effective_bandwidth, idle_time, plan_collective, plan_send
-from simtrain.hardware import Topology, build_cluster
+from simtrain.hardware_load import build_cluster
 from simtrain.network import FlowNetwork, fluid_duration
+from simtrain.topology import Topology
 
 GiB = 1024.0**3
 

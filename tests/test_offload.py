@@ -6,17 +6,18 @@ import copy
 
 import pytest
 
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import Engine
 from simtrain.errors import ConfigError
 from simtrain.estimate import Estimator
-from simtrain.hardware import Topology, build_cluster, load_node
+from simtrain.hardware_load import build_cluster, load_node
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.lowering import lower
 from simtrain.offload import copy_s, stall_s, sync_layers, windows
 from simtrain.ops import OpKind, Stream
 from simtrain.simulate import cluster_of, simulate
+from simtrain.topology import Topology
 
 L = 8
 ONE_GPU = {"model": {"preset": "llama3-8b", "n_layers": L},

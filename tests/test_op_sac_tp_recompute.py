@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.estimate import Estimator
+from simtrain.load import load_config
 from simtrain.lowering import Lowered, lower
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.simulate import cluster_of, simulate

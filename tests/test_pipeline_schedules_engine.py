@@ -6,9 +6,9 @@ from collections import defaultdict
 
 import pytest
 
-from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
+from simtrain.load import load_config
 from simtrain.lowering import lower, split_layers
 from simtrain.schedules import ActionCosts, build_schedule, makespan
 from simtrain.simulate import simulate

@@ -14,7 +14,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from simtrain import hardware as hw
+from simtrain import hardware_load as hwl
 from simtrain.cli import main
 from simtrain.errors import ConfigError
 from simtrain.profile import list_profiles, load_profile, profile_folder
@@ -65,14 +65,14 @@ def test_user_dir_defaults_to_the_platform_data_dir(monkeypatch: pytest.MonkeyPa
 
 def test_user_gpu_by_name_and_by_path(user_dir: Path, tmp_path: Path) -> None:
     _copy_gpu(user_dir, "my-h100", ("gemm_efficiency: 0.762", "gemm_efficiency: 0.5"))
-    assert "my-h100" in hw.list_gpus() and "h100-sxm" in hw.list_gpus()
-    mine = hw.load_gpu("my-h100")
+    assert "my-h100" in hwl.list_gpus() and "h100-sxm" in hwl.list_gpus()
+    mine = hwl.load_gpu("my-h100")
     assert (mine.name, mine.gemm_efficiency) == ("my-h100", 0.5)
     elsewhere = _copy_gpu(tmp_path / "elsewhere", "h100-sxm", ("gemm_efficiency: 0.762", "gemm_efficiency: 0.6"))
-    assert hw.load_gpu(str(elsewhere)).gemm_efficiency == 0.6  # a path: the built-in name is no conflict
-    assert hw.load_node("dgx-h100", gpu="my-h100").gpu.gemm_efficiency == 0.5
+    assert hwl.load_gpu(str(elsewhere)).gemm_efficiency == 0.6  # a path: the built-in name is no conflict
+    assert hwl.load_node("dgx-h100", gpu="my-h100").gpu.gemm_efficiency == 0.5
     with pytest.raises(ConfigError, match=r"hardware.gpu: '/nowhere/x.yaml' is not valid; no such file"):
-        hw.load_gpu("/nowhere/x.yaml")
+        hwl.load_gpu("/nowhere/x.yaml")
 
 
 def test_user_node_by_path_simulates_end_to_end(user_dir: Path, tmp_path: Path,
@@ -83,7 +83,7 @@ def test_user_node_by_path_simulates_end_to_end(user_dir: Path, tmp_path: Path,
     assert "gpu: h100-sxm" in node
     node_file = tmp_path / "my-node.yaml"
     node_file.write_text(node.replace("gpu: h100-sxm", "gpu: slow-h100"), encoding="utf-8")
-    assert hw.load_node(str(node_file)).gpu.bf16_flops_per_s == pytest.approx(494.5e12)
+    assert hwl.load_node(str(node_file)).gpu.bf16_flops_per_s == pytest.approx(494.5e12)
     args = ["simulate", str(EXAMPLE), "--set", "model={preset: llama3-8b, n_layers: 2}", "--json"]
     assert main([*args, "--set", f"hardware.node={node_file}"]) == 0
     slow = capsys.readouterr().out
@@ -95,11 +95,11 @@ def test_user_node_by_path_simulates_end_to_end(user_dir: Path, tmp_path: Path,
 def test_a_user_file_shadowing_a_builtin_is_refused(user_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     user_file = _copy_gpu(user_dir, "h100-sxm")
     with pytest.raises(ConfigError) as ei:
-        hw.load_gpu("h100-sxm")
+        hwl.load_gpu("h100-sxm")
     msg = str(ei.value)
     assert "hardware.gpu: 'h100-sxm'" in msg and "ambiguous" in msg
     assert str(user_file) in msg and str(PACKAGE_PROFILES / "gpus" / "h100-sxm.yaml") in msg
-    assert hw.load_gpu("a100-80gb").name == "a100-80gb"  # other names are unaffected
+    assert hwl.load_gpu("a100-80gb").name == "a100-80gb"  # other names are unaffected
     assert main(["simulate", str(EXAMPLE), "--set", "model={preset: llama3-8b, n_layers: 2}"]) == 2
     err = capsys.readouterr().err
     assert "ambiguous" in err and "Traceback" not in err
@@ -107,7 +107,7 @@ def test_a_user_file_shadowing_a_builtin_is_refused(user_dir: Path, capsys: pyte
 
 def test_the_package_folder_as_user_dir_is_not_ambiguous(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, str(PACKAGE_PROFILES))
-    assert hw.load_gpu("h100-sxm").name == "h100-sxm"
+    assert hwl.load_gpu("h100-sxm").name == "h100-sxm"
     assert load_profile("example-cpu").name == "example-cpu"
 
 
@@ -145,12 +145,12 @@ def test_wheel_carries_the_profiles_and_runs_from_a_zip(tmp_path: Path) -> None:
                 for p in PACKAGE_PROFILES.rglob("*") if p.is_file()}
     assert expected and expected <= names
     assert "calibration/cli.py" in names and "simtrain/py.typed" in names
-    probe = ("import simtrain, simtrain.hardware as hw\n"
+    probe = ("import simtrain, simtrain.hardware_load as hwl\n"
              "from simtrain.profile import load_profile\n"
              "from simtrain.profile_paths import builtin_root\n"
              "assert '.whl' in simtrain.__file__, simtrain.__file__\n"
              "assert type(builtin_root()).__name__ == 'Path' and 'zipfile' in type(builtin_root()).__module__\n"
-             "print(len(hw.list_gpus()), len(hw.list_nodes()), load_profile('example-cpu').name)\n"
+             "print(len(hwl.list_gpus()), len(hwl.list_nodes()), load_profile('example-cpu').name)\n"
              f"from simtrain.cli import main\nraise SystemExit(main(['simulate', {str(EXAMPLE)!r}, "
              "'--set', 'model={preset: llama3-8b, n_layers: 2}', '--json']))\n")
     env = {**os.environ, "PYTHONPATH": str(wheel), ENV_VAR: str(tmp_path / "empty")}

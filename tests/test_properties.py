@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simtrain.config import load_config
 from simtrain.errors import ConfigError, InfeasibleLayout
+from simtrain.load import load_config
 from simtrain.simulate import simulate
 
 STATIC_KEYS = ("weights", "grads", "optimizer", "comm_buffers", "workspace", "context")

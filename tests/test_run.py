@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from simtrain.batch import parse_count, resolve_phases
+from simtrain.batch import parse_count
 from simtrain.cli import main
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError
+from simtrain.load import load_config
+from simtrain.phases import resolve_phases
 from simtrain.results import StepResult
 from simtrain.run import phase_config, simulate_run
 

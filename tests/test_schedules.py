@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from simtrain.config import load_config
 from simtrain.errors import ConfigError
+from simtrain.load import load_config
 from simtrain.schedules import (
     SCHEDULES,
     Action,

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from simtrain.cli import main
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError
 from simtrain.estimate import Estimator, single_chunk_peak
+from simtrain.load import load_config
 from simtrain.memory import ChunkMemory, closed_form_peak
 from simtrain.schedules import build_schedule
 from simtrain.search import (

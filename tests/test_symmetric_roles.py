@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from test_symmetric_full import TINY
 
-from simtrain.config import load_config
 from simtrain.errors import InfeasibleLayout
-from simtrain.hardware import Topology
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.model import preset
 from simtrain.roles import placement, roles, tiles
 from simtrain.simulate import _group_axes, cluster_of, simulate
+from simtrain.topology import Topology
 
 simulate_module = importlib.import_module("simtrain.simulate")  # the module (simtrain.simulate is also the function)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3_8b_h100_fsdp.yaml"

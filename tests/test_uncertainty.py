@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from simtrain.cli import main
-from simtrain.config import load_config
 from simtrain.errors import ConfigError
+from simtrain.load import load_config
 from simtrain.run import render_run, simulate_run
 from simtrain.simulate import cluster_of, simulate
 from simtrain.stacks import STACKS

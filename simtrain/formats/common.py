@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.errors import ConfigError, Problem, problem
+from simtrain.load import load_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ def hardware_data(base: dict[str, Any], node: str | None, n_nodes: int | None,
 
 def world_size(hw: dict[str, Any]) -> int:
     """GPUs of the cluster a ``hardware`` section describes."""
-    from simtrain.hardware import load_node
+    from simtrain.hardware_load import load_node
 
     per_node = hw.get("gpus_per_node") or load_node(hw.get("node", "dgx-h100"), hw.get("gpu")).gpus_per_node
     return int(per_node) * int(hw.get("n_nodes", 1))

@@ -441,7 +441,7 @@ _MODEL_FLAGS = frozenset({
 
 def node_gpus(data: dict[str, Any], node: str | None) -> int:
     """GPUs per node of ``node`` (else of the config dict's hardware section)."""
-    from simtrain.hardware import load_node
+    from simtrain.hardware_load import load_node
 
     hw = data.get("hardware") or {}
     return load_node(node or hw.get("node", "dgx-h100"), hw.get("gpu") if node is None else None).gpus_per_node

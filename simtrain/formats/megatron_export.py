@@ -13,6 +13,7 @@ from typing import Any
 
 from simtrain.config import RunConfig
 from simtrain.formats.megatron import RECOMPUTE_MODULES, node_gpus
+from simtrain.schedules import ScheduleKind
 
 __all__ = ["write_megatron"]
 
@@ -106,7 +107,7 @@ def _layout_flags(run: RunConfig, out: list[tuple[str, Any]], skipped: list[str]
         out.append(("--use-distributed-optimizer", None))
     if lay.fsdp == "hybrid" or lay.zero_stage in (2, 3):
         skipped.append(f"layout zero_stage={lay.zero_stage} fsdp={lay.fsdp}: written as the distributed optimizer")
-    if lay.resolved_schedule not in ("1f1b", "interleaved_1f1b"):
+    if lay.resolved_schedule not in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B):
         skipped.append(f"layout.schedule {lay.schedule}: Megatron-LM runs (interleaved) 1F1B")
     if lay.recompute == "selective":
         mods = {v: k for k, v in RECOMPUTE_MODULES.items()}

@@ -39,6 +39,7 @@ from simtrain.formats.common import (
     read_text,
     world_size,
 )
+from simtrain.schedules import ScheduleKind
 
 __all__ = ["FLAVORS", "read_torchtitan", "read_torchtitan_file", "write_torchtitan"]
 
@@ -50,7 +51,8 @@ FLAVORS: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("llama3", "405B"): ("llama3.1-405b", {}),
     ("deepseek_v3", "671B"): ("deepseek-v3", {"mtp_depth": 0}),
 }
-_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved_1f1b", "GPipe": "gpipe", "DualPipeV": "dualpipev"}
+_SCHEDULES = {"1F1B": ScheduleKind.ONE_F_ONE_B, "Interleaved1F1B": ScheduleKind.INTERLEAVED_1F1B,
+              "GPipe": ScheduleKind.GPIPE, "DualPipeV": ScheduleKind.DUALPIPEV}
 _MULTI_STAGE = ("Interleaved1F1B", "DualPipeV")
 _USED = {
     "job": {"description"},
@@ -152,8 +154,8 @@ def _layout(t: _Toml, world: int, n_layers: int | None, notes: list[str]) -> dic
     if pp > 1:
         if schedule not in _SCHEDULES:
             t.problems.append(problem(f"{p}.pipeline_parallel_schedule", schedule, f"one of {', '.join(_SCHEDULES)}"))
-        if _SCHEDULES.get(schedule) in ("gpipe", "dualpipev"):  # (interleaved) 1F1B: simtrain's auto, by vpp
-            layout["schedule"] = _SCHEDULES[schedule]
+        if _SCHEDULES.get(schedule) in (ScheduleKind.GPIPE, ScheduleKind.DUALPIPEV):  # (interleaved) 1F1B: auto
+            layout["schedule"] = _SCHEDULES[schedule].value
         per_stage = t.get(p, "pipeline_parallel_layers_per_stage", int, None)
         stages = 2 if schedule in _MULTI_STAGE else 1
         if per_stage is not None and n_layers:
@@ -333,7 +335,7 @@ def write_torchtitan(run: RunConfig) -> tuple[str, list[str]]:
         par["context_parallel_rotate_method"] = "allgather" if lay.cp_comm == "all_gather" else "alltoall"
     glob = tr.global_batch_seqs_resolved
     if lay.pp > 1:
-        names = {v: k for k, v in _SCHEDULES.items()}
+        names: dict[str, str] = {v: k for k, v in _SCHEDULES.items()}
         schedule = lay.resolved_schedule
         if schedule not in names:
             skipped.append(f"layout.schedule {schedule}: written as 1F1B")

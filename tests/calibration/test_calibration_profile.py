@@ -21,9 +21,9 @@ from simtrain.cli import main
 from simtrain.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
 from simtrain.costs import ComputeCostModel
 from simtrain.errors import ConfigError
-from simtrain.hardware import Topology
 from simtrain.profile import compute_calibration, load_profile, run_cluster
 from simtrain.simulate import cluster_of
+from simtrain.topology import Topology
 
 CPU_CONFIG = str(Path(__file__).parent / "data" / "cpu_llama.yaml")
 FSDP_EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_h100_fsdp.yaml")
@@ -227,7 +227,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
     default = simulate(FSDP_EXAMPLE)
     calibrated = simulate(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
     assert calibrated.step_time_s != pytest.approx(default.step_time_s, rel=0.01)
-    from simtrain.config import load_config
+    from simtrain.load import load_config
 
     run = load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
     gpu = cluster_of(run).gpu
@@ -240,7 +240,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
 
 def test_measured_collective_curve_replaces_the_link_model(profiles_dir: Path) -> None:
     make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
-    from simtrain.config import load_config
+    from simtrain.load import load_config
 
     cluster = cluster_of(load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"]))
     topo = Topology(cluster)

@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 
 from simtrain.cli import main
-from simtrain.csv_runs import (
+from simtrain.csv_cells import (
     COLUMN_LIMITS,
-    _gpus_per_node,
     number,
     parse_gpu,
     parse_precision,
     parse_recompute,
-    parse_row,
     parse_sharding,
     read_rows,
 )
+from simtrain.csv_runs import _gpus_per_node, parse_row
 from simtrain.errors import ConfigError
 from simtrain.model import preset
 from simtrain.stacks import STACKS, get_stack, stack_from_text
@@ -103,7 +102,7 @@ def test_fp8_on_a_gpu_without_fp8_falls_back_to_bf16_with_an_assumption() -> Non
     ("selective", ()),
 ])
 def test_recompute_modules_named_in_the_cell(cell: str, modules: tuple[str, ...]) -> None:
-    from simtrain.csv_runs import recompute_modules_of
+    from simtrain.csv_cells import recompute_modules_of
     assert recompute_modules_of(cell)[0] == modules
 
 

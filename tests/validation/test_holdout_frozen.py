@@ -16,7 +16,8 @@ import os
 
 import pytest
 
-from simtrain.csv_runs import parse_row, read_rows
+from simtrain.csv_cells import read_rows
+from simtrain.csv_runs import parse_row
 
 from .conftest import PUBLISHED, ROOT
 

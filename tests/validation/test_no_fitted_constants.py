@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from simtrain.csv_runs import read_rows
+from simtrain.csv_cells import read_rows
 from simtrain.model import list_presets
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from simtrain.csv_runs import parse_row, read_rows
+from simtrain.csv_cells import read_rows
+from simtrain.csv_runs import parse_row
 from simtrain.fidelity import convention_flops_per_token, convention_of
 
 ARCHIVE = Path(__file__).resolve().parents[1] / "data" / "megatron_bridge_archive_runs.csv"

@@ -17,9 +17,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from simtrain.csv_runs import parse_row, read_rows
+from simtrain.csv_cells import read_rows
+from simtrain.csv_runs import parse_row
 from simtrain.fidelity import _measured_step_time, _source_mfu, convention_flops_per_token, convention_of
-from simtrain.hardware import load_gpu
+from simtrain.hardware_load import load_gpu
 
 SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
                           reason="simulates all published runs (minutes); set SIMTRAIN_VALIDATION=1")
