@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import load_config
 from simtrain.critical_path import _Setup, evaluate_run
 from simtrain.errors import ConfigError, InfeasibleLayout
 from simtrain.estimate import Estimator
+from simtrain.load import load_config
 from simtrain.search_space import SearchSpace, enumerate_layouts
 from simtrain.simulate import cluster_of, simulate
 

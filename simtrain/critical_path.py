@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig, load_config
+from simtrain.config import RunConfig
 from simtrain.costs import ComputeCostModel
 from simtrain.engine import AXES, RECENT_OPS, CommPlanner, _axis, symmetry_violation
 from simtrain.errors import InfeasibleLayout
-from simtrain.hardware import ClusterSpec, GpuSpec, Topology
+from simtrain.hardware import ClusterSpec, GpuSpec
 from simtrain.inline import inline_plan
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.lowering import Lowered, lower, microbatches
 from simtrain.network import fluid_duration
 from simtrain.ops import Op, OpKind, Program, Stream
@@ -52,6 +53,7 @@ from simtrain.routing import symmetric_load_factors
 from simtrain.simulate import _attach_static_memory, _group_axes
 from simtrain.stacks import get_stack
 from simtrain.steady import ERR_TOL, plan
+from simtrain.topology import Topology
 
 
 def op_duration(op: Op) -> tuple[float, float]:

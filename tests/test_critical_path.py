@@ -9,14 +9,16 @@ from test_steady import TINY_MOE
 from test_symmetric_full import TINY
 from test_symmetric_roles import SMALL, _small
 
-from simtrain.config import LayoutConfig, load_config
+from simtrain.config import LayoutConfig
 from simtrain.critical_path import _Setup, evaluate, evaluate_run
 from simtrain.engine import Engine
-from simtrain.hardware import Topology, build_cluster
+from simtrain.hardware_load import build_cluster
 from simtrain.layout import RankGrid
+from simtrain.load import load_config
 from simtrain.ops import OpKind, Program, Stream
 from simtrain.schedules import build_schedule
 from simtrain.simulate import simulate
+from simtrain.topology import Topology
 
 TF, TB = 1.0, 2.0
 
