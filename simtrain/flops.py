@@ -26,7 +26,10 @@ Extensions, each reducing to the dense formula above for a dense model (bit-iden
 
 from __future__ import annotations
 
-from simtrain.model import ModelSpec
+from simtrain.model_spec import ModelSpec
+
+# Every per-component fact (GEMM weights, attention keys per query) is in ``simtrain.layer_desc``;
+# this module sums the description of each block (``ModelSpec.layer``) and adds the head and MTP.
 
 
 def attention_keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> float:
@@ -35,10 +38,7 @@ def attention_keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> floa
     Full causal: s/2 (Megatron convention). Sliding window w < s: w - w²/(2s) (the same continuous
     approximation, exact in the limit; module docstring).
     """
-    window = model.attention_window(layer)
-    if window is None or window >= seq_len:
-        return seq_len * 0.5
-    return window - window * window / (2.0 * seq_len)
+    return model.attention_component(layer).core.keys_per_query(seq_len)
 
 
 def ffn_gemm_params_per_token(model: ModelSpec, layer: int) -> int:
@@ -47,34 +47,22 @@ def ffn_gemm_params_per_token(model: ModelSpec, layer: int) -> int:
     Dense: (n_in + 1)·h·f. MoE: router h·E + top-k·(n_in + 1)·h·f_e + n_s·(n_in + 1)·h·f_s
     (Megatron ``num_floating_point_operations``: routed top-k + shared experts; router GEMM added).
     """
-    h = model.hidden
-    n_up = 2 if model.activation == "swiglu" else 1
-    if not model.is_moe_layer(layer):
-        f = model.ffn_hidden
-        return h * f * n_up + f * h
-    moe = model.moe
-    assert moe is not None  # is_moe_layer implies it
-    routed = moe.top_k * (n_up + 1) * h * moe.ffn_hidden
-    shared = moe.n_shared_experts * (n_up + 1) * h * moe.shared_ffn
-    return h * moe.n_experts + routed + shared
+    return model.layer(layer).ffn.gemm_weights_per_token()
 
 
 def layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
     """Forward model FLOPs of block ``layer`` per token: 2 x GEMM weights + causal attention."""
-    gemm_params = model.attention_gemm_params() + ffn_gemm_params_per_token(model, layer)
-    # QK^T: 2·keys·d_qk per head; AV: 2·keys·d_v per head (d_qk = d_v = d_head without MLA).
-    keys = attention_keys_per_query(model, layer, seq_len)
-    attention = 2 * keys * (model.d_head + model.v_head_dim) * model.n_heads
-    return 2 * gemm_params + attention
+    return model.layer(layer).forward_flops_per_token(seq_len)
 
 
 def mtp_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Forward model FLOPs per token of all MTP modules: M_k (2h→h) + block + shared LM head each."""
-    h = model.hidden
+    proj = model.mtp_projection().weights
+    head = model.lm_head_component().gemm_weights_per_token()
     total = 0.0
     for k in range(1, model.mtp_depth + 1):
         block = layer_forward_flops_per_token(model, model.n_layers + k - 1, seq_len)
-        total += 2 * 2 * h * h + block + 2 * h * model.vocab
+        total += 2 * proj + block + 2 * head
     return total
 
 
@@ -85,7 +73,7 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = Tr
     §2.2); no effect on models without MTP.
     """
     body = sum(layer_forward_flops_per_token(model, i, seq_len) for i in range(model.n_layers))
-    head = 2 * model.hidden * model.vocab
+    head = 2 * model.lm_head_component().gemm_weights_per_token()
     mtp = mtp_forward_flops_per_token(model, seq_len) if include_mtp and model.mtp_depth else 0.0
     return 3.0 * (body + head + mtp)
 
