@@ -147,6 +147,15 @@ class Linear:
         """Weights plus the bias, elements."""
         return self.weights + (self.d_out if self.bias else 0)
 
+    def per_rank(self, t: int) -> tuple[int, int]:
+        """(d_in, d_out) of the GEMM one of ``t`` TP ranks runs: column-parallel splits the output,
+        row-parallel the input, replicated neither (Megatron-core MLA replicates the down projections)."""
+        if self.tp == TPStyle.COL:
+            return self.d_in, self.d_out // t
+        if self.tp == TPStyle.ROW:
+            return self.d_in // t, self.d_out
+        return self.d_in, self.d_out
+
 
 class Component:
     """A part of a layer. Subclasses override what they have; the defaults are "nothing"."""
