@@ -38,7 +38,7 @@ def attention_keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> floa
     Full causal: s/2 (Megatron convention). Sliding window w < s: w - w²/(2s) (the same continuous
     approximation, exact in the limit; module docstring).
     """
-    return model.attention_component(layer).core.keys_per_query(seq_len)
+    return model.layer(layer).attention.core.keys_per_query(seq_len)
 
 
 def ffn_gemm_params_per_token(model: ModelSpec, layer: int) -> int:
@@ -72,7 +72,12 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = Tr
     ``include_mtp``: count the multi-token-prediction modules (executed in training, DeepSeek-V3
     §2.2); no effect on models without MTP.
     """
-    body = sum(layer_forward_flops_per_token(model, i, seq_len) for i in range(model.n_layers))
+    blocks = [model.layer(i) for i in range(model.n_layers)]  # alive here, so their ids are unique
+    per_block: dict[int, float] = {}  # blocks alike are one cached object: each is evaluated once
+    for block in blocks:
+        if id(block) not in per_block:
+            per_block[id(block)] = block.forward_flops_per_token(seq_len)
+    body = sum(per_block[id(block)] for block in blocks)
     head = 2 * model.lm_head_component().gemm_weights_per_token()
     mtp = mtp_forward_flops_per_token(model, seq_len) if include_mtp and model.mtp_depth else 0.0
     return 3.0 * (body + head + mtp)

@@ -25,6 +25,7 @@ the DeepSeek-V3 report §2.2) holds block index ``n_layers + k - 1`` (HF ``model
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -289,8 +290,8 @@ class ModelSpec(BaseModel):
         """One of the block's norms (LayerNorm: gain + bias; RMSNorm: gain), also the final norm."""
         return Norm(self.hidden, NormKind(self.norm))
 
-    def attention_component(self, i: int | None = None) -> Attention:
-        """The self-attention of block i (``i`` None: its window is left unset; the rest is per model).
+    def attention_component(self, window: int | None = None) -> Attention:
+        """The self-attention of a block with sliding ``window`` (None: causal over the sequence).
 
         MHA/GQA: q/k/v/o_proj (HF modeling_llama.py LlamaAttention); QKV biases (GPT-2/3, Qwen2,
         GPT-OSS), output bias (GPT, GPT-OSS ``attention_bias``), Qwen3 q_norm/k_norm over d_h
@@ -301,7 +302,6 @@ class ModelSpec(BaseModel):
         o_proj a·d_v→h, and the q_a_layernorm (d_c') and kv_a_layernorm (d_c) RMSNorms.
         """
         h, a = self.hidden, self.n_heads
-        window = None if i is None else self.attention_window(i)
         core = AttentionCore(heads=a, d_qk=self.d_head, d_v=self.v_head_dim, window=window)
         mla = self.mla
         if mla is None:
@@ -340,10 +340,19 @@ class ModelSpec(BaseModel):
 
     def layer(self, i: int | None = None) -> LayerDesc:
         """Block i (0-based; MTP blocks n_layers, …) as its components in forward order: pre-norm,
-        attention, pre-norm, MLP or MoE. ``i`` None: the dense block (dense MLP, no window)."""
-        ffn = self.moe_component() if i is not None and self.is_moe_layer(i) else self.dense_mlp_component()
+        attention, pre-norm, MLP or MoE. ``i`` None: the dense block (dense MLP, no window).
+
+        A model with another block type overrides this (or ``build_layer``); every count, FLOP and
+        saved byte follows (tests/test_layer_desc.py ``HybridSpec``).
+        """
+        moe = i is not None and self.is_moe_layer(i)
+        return _cached_layer(self, moe, None if i is None else self.attention_window(i))
+
+    def build_layer(self, moe: bool, window: int | None) -> LayerDesc:
+        """A block with an MoE (``moe``) or dense MLP and attention ``window`` (None: causal)."""
+        ffn = self.moe_component() if moe else self.dense_mlp_component()
         norm = self.norm_component()
-        return LayerDesc((norm, self.attention_component(i), norm, ffn))
+        return LayerDesc((norm, self.attention_component(window), norm, ffn))
 
     def _moe(self) -> MoESpec:
         if self.moe is None:
@@ -533,3 +542,10 @@ class ModelSpec(BaseModel):
         return body + self.final_norm_params() + head + inputs + mtp
 
 
+@lru_cache(maxsize=1024)
+def _cached_layer(model: ModelSpec, moe: bool, window: int | None) -> LayerDesc:
+    """Blocks of a model differ only by MLP kind and attention window: each is built once.
+
+    Keyed by the (frozen, hashable) spec's field values, so a ``model_copy(update=...)`` gets its own.
+    """
+    return model.build_layer(moe, window)
