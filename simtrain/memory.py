@@ -201,8 +201,9 @@ def torch_cp_backward_transient_bytes(model: ModelSpec, a: ActivationShape, cp: 
     """
     if cp <= 1:
         return 0.0
-    q = float(a.tokens) * model.q_dim / a.t
-    kv = float(a.tokens) * model.n_heads * (model.d_head + model.v_head_dim) / a.t
+    attention = model.layer().attention
+    q = float(a.tokens) * attention.q_dim / a.t
+    kv = float(a.tokens) * attention.core.heads * (attention.core.d_qk + attention.core.d_v) / a.t
     return (2.0 * cp + 2.0 + 3 * 4.0 + 2 * 2.0) * kv + (4.0 + 2 * 2.0 + 4.0) * q
 
 

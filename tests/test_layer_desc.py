@@ -2,9 +2,10 @@
 
 Facts of a model that the layer description must reproduce exactly: parameter counts, model FLOPs
 and activation bytes through the public API of ``simtrain.model``, ``simtrain.flops`` and
-``simtrain.memory``. ``tests/data/layer_desc/snapshot.json`` was written by this module from the code
-*before* the layer description (commit "layer description: snapshot of the old counters"), so
-``tests/test_layer_desc.py`` compares the refactored code against independent goldens.
+``simtrain.memory``. ``tests/data/layer_desc/snapshot.json`` was written by ``facts`` below run
+against the code *before* the layer description (main at 8961681, where model.py, flops.py and
+memory.py counted each layer independently), so the refactored code is compared with independent
+goldens: ints exactly, floats bit for bit.
 
 Regenerate (only when a number is meant to move, and say why): ``python tests/test_layer_desc.py``.
 """
@@ -38,6 +39,7 @@ from simtrain.memory import (
     layer_activation_bytes,
     mlp_intermediate_bytes,
     op_sac_activation_bytes,
+    torch_cp_backward_transient_bytes,
     weight_grad_input_bytes,
 )
 from simtrain.model import ModelSpec, from_hf_config, list_presets, preset
@@ -108,13 +110,14 @@ def facts(m: ModelSpec) -> dict[str, Any]:
         if i is not None:
             row["params"] = m.layer_params(i)
             row["active"] = m.layer_active_params(i)
-            row["routed"] = m.layer_routed_expert_params(i) if m.is_moe else 0
+            row["routed"] = m.layer_routed_expert_params(i)
             row["flops"] = [layer_forward_flops_per_token(m, i, s) for s in (100, 4096)]
         for sname, a in SHAPES.items():
             row[f"{sname}:opsac"] = [op_sac_activation_bytes(m, a, i), op_sac_activation_bytes(m, a, i, compiled=True)]
             row[f"{sname}:wgrad"] = weight_grad_input_bytes(m, a, i)
             row[f"{sname}:transient"] = backward_transient_bytes(m, a, i)
             row[f"{sname}:mlp_inter"] = mlp_intermediate_bytes(m, a, i)
+            row[f"{sname}:cp_ring"] = torch_cp_backward_transient_bytes(m, a, 4)
             for rname, (core, mods) in RECOMPUTE.items():
                 row[f"{sname}:{rname}"] = [layer_activation_bytes(m, a, core, i, mods, stack)
                                            for stack in ("fused", "eager_hf")]
