@@ -8,6 +8,9 @@ SwiGLU, causal attention; reference Table E). Embedding lookups, norms, activati
 recompute are not model FLOPs. Hardware FLOPs (what the kernels execute, recompute and
 FlashAttention's backward recomputation included) come from the ops the engine runs.
 
+Each block's FLOPs are its description's (``ModelSpec.layer`` -> ``simtrain.layer_desc``: every
+component's GEMM weights and the attention core's keys per query); this module adds them up.
+
 Extensions, each reducing to the dense formula above for a dense model (bit-identical):
 
 - **MoE** (Megatron ``num_floating_point_operations`` MoE branch): a token's MLP FLOPs are those of

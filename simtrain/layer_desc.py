@@ -13,14 +13,18 @@ TP/SP sharding is applied (``SavedBytes`` says how each part shards). The byte f
 operation order of the code they replaced (Korthikanti et al. 2022, arXiv 2205.05198, Table 2 terms;
 ``simtrain.memory`` module docstring), so every float is bit-identical to it.
 
-This module imports nothing from simtrain: ``model``, ``flops`` and ``memory`` import it.
+A new block type: subclass ``Component`` (``linears``/``params``, ``seq_flops_per_token``,
+``saved``) and return it from ``ModelSpec.layer`` (a ``ModelSpec`` subclass, or a new spec field
+read by ``ModelSpec.build_layer``); ``tests/test_layer_desc.py`` does this for a toy SSM-like mixer.
+Kernels (``simtrain.blocks``) do not read this description yet.
+
+This module imports nothing from simtrain: ``model_spec``, ``flops`` and ``memory`` import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
 
 __all__ = [
     "ActivationShape",
@@ -158,9 +162,11 @@ class Linear:
 
 
 class Component:
-    """A part of a layer. Subclasses override what they have; the defaults are "nothing"."""
+    """A part of a layer. Subclasses override what they have; the defaults are "nothing".
 
-    kind: ClassVar[str] = "component"
+    The type is the component's kind (``isinstance`` dispatch, no name strings).
+    """
+
 
     def linears(self) -> tuple[Linear, ...]:
         """The GEMM weights every token multiplies through, in forward order."""
@@ -191,7 +197,6 @@ class Component:
 class Norm(Component):
     """A LayerNorm/RMSNorm over ``width``; its output is the next linear's input."""
 
-    kind: ClassVar[str] = "norm"
     width: int
     norm: NormKind
 
@@ -253,7 +258,6 @@ class Attention(Component):
     counts parameter vectors outside the linears (Qwen3 q/k norms, GPT-OSS sinks, MLA latent norms).
     """
 
-    kind: ClassVar[str] = "attention"
     hidden: int
     q_dim: int
     kv_dim: int
@@ -296,7 +300,6 @@ class LatentAttention(Attention):
     latents ``q_latent`` (d_c'; None: plain q_proj) and ``kv_latent`` (d_c) plus the shared RoPE key
     width ``rope_dim``; ``mla_up_proj`` recompute keeps the latents instead of Q, K, V."""
 
-    kind: ClassVar[str] = "mla"
     q_latent: int | None = None
     kv_latent: int = 0
     rope_dim: int = 0
@@ -317,7 +320,6 @@ class LatentAttention(Attention):
 class MLP(Component):
     """Dense MLP h→f→h: GELU (w1, w2) or gated SwiGLU (w1 gate, w3 up, w2 down; Shazeer 2020)."""
 
-    kind: ClassVar[str] = "mlp"
     hidden: int
     ffn: int
     gated: bool
@@ -369,7 +371,6 @@ class MoE(Component):
     ``n_shared`` shared experts of width ``shared_ffn`` (DeepSeekMoE; HF modeling_mixtral.py,
     modeling_gpt_oss.py, DeepSeek modeling_deepseek.py)."""
 
-    kind: ClassVar[str] = "moe"
     hidden: int
     n_experts: int
     top_k: int
@@ -446,7 +447,6 @@ class MoE(Component):
 class Embedding(Component):
     """A V x h table: token embedding (a lookup, no FLOPs) or, ``head``, the LM head GEMM h→V."""
 
-    kind: ClassVar[str] = "embedding"
     rows: int
     hidden: int
     head: bool = False

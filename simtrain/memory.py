@@ -8,6 +8,10 @@ sharding group (PyTorch FSDP keeps no bf16 shard: its fp32 shard is the master; 
 generalised to GQA and SwiGLU as in the reference's Llama breakdown; FlashAttention drops the
 5*a*s^2*b softmax/dropout terms and keeps a fp32 log-sum-exp (4*a*s*b).
 
+The per-layer terms (what each norm, attention, MLP or MoE keeps, and what recompute drops) are
+written once, on the components of ``simtrain.layer_desc`` (``ModelSpec.layer``); the functions
+here sum them and apply the TP/SP sharding.
+
 ``ledger`` deltas attached to ops by lowering come from the functions here, and
 ``closed_form_peak`` walks the pipeline schedule at the same layer granularity without the engine,
 so the two must agree (tested to 1 %).

@@ -210,7 +210,6 @@ def test_model_totals_are_sums_over_the_described_blocks(name: str) -> None:
 class ToyMixer(Component):
     """A gated SSM-like mixer (Mamba-style in/out projections, a per-channel decay): declared only here."""
 
-    kind = "toy_mixer"
     hidden: int
     state: int
 
