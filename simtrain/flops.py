@@ -60,7 +60,7 @@ def layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) ->
 
 def mtp_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Forward model FLOPs per token of all MTP modules: M_k (2h→h) + block + shared LM head each."""
-    proj = model.mtp_projection().weights
+    proj = model.mtp_around_block().gemm_weights_per_token()  # M_k (2h→h); its norms do no GEMM
     head = model.lm_head_component().gemm_weights_per_token()
     total = 0.0
     for k in range(1, model.mtp_depth + 1):

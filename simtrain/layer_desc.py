@@ -39,6 +39,7 @@ __all__ = [
     "MoE",
     "Norm",
     "NormKind",
+    "Projection",
     "RecomputeModule",
     "SavePolicy",
     "SavedBytes",
@@ -441,6 +442,16 @@ class MoE(Component):
     def up_output_elements(self, a: ActivationShape) -> float:
         """Elements per token of the routed up-projection outputs on the busiest rank, before /t."""
         return self.top_k * a.expert_load * self.n_up * self.expert_ffn
+
+
+@dataclass(frozen=True, slots=True)
+class Projection(Component):
+    """A standalone linear layer (DeepSeek-V3 MTP's M_k, HF ``eh_proj``)."""
+
+    linear: Linear
+
+    def linears(self) -> tuple[Linear, ...]:
+        return (self.linear,)
 
 
 @dataclass(frozen=True, slots=True)

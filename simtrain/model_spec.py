@@ -41,6 +41,7 @@ from simtrain.layer_desc import (
     MoE,
     Norm,
     NormKind,
+    Projection,
     TPStyle,
 )
 
@@ -478,6 +479,12 @@ class ModelSpec(BaseModel):
         """M_k of an MTP module: [RMSNorm(h); RMSNorm(Emb)] (2h) → h (HF ``eh_proj``, no bias)."""
         return Linear("eh_proj", 2 * self.hidden, self.hidden)
 
+    def mtp_around_block(self) -> LayerDesc:
+        """What an MTP module holds besides its block: enorm, hnorm, eh_proj and shared_head.norm
+        (DeepSeek-V3 README_WEIGHTS.md); embedding and LM head are the main model's."""
+        norm = self.norm_component()
+        return LayerDesc((norm, norm, Projection(self.mtp_projection()), norm))
+
     def mtp_module_params(self, k: int = 1) -> int:
         """Unique parameters of MTP module k (1-based): its block + M_k (2h→h) + three RMSNorms.
 
@@ -488,15 +495,13 @@ class ModelSpec(BaseModel):
         """
         if not 1 <= k <= self.mtp_depth:
             raise ValueError(f"MTP module {k} outside 1..{self.mtp_depth}")
-        proj = self.mtp_projection().params
-        return self.layer_params(self.n_layers + k - 1) + proj + 3 * self.norm_component().params()
+        return self.layer_params(self.n_layers + k - 1) + self.mtp_around_block().params()
 
     def mtp_module_active_params(self, k: int = 1) -> int:
         """Parameters of MTP module k one token uses (shared embedding and head not counted)."""
         if not 1 <= k <= self.mtp_depth:
             raise ValueError(f"MTP module {k} outside 1..{self.mtp_depth}")
-        proj = self.mtp_projection().params
-        return self.layer_active_params(self.n_layers + k - 1) + proj + 3 * self.norm_component().params()
+        return self.layer_active_params(self.n_layers + k - 1) + self.mtp_around_block().params()
 
     def mtp_params(self) -> int:
         """Unique parameters of all MTP modules (0 without MTP)."""

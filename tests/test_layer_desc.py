@@ -29,6 +29,7 @@ from simtrain.layer_desc import (
     Linear,
     MoE,
     Norm,
+    Projection,
     SavedBytes,
     SavePolicy,
     TPStyle,
@@ -184,6 +185,7 @@ def test_blocks_are_typed_component_lists() -> None:
     assert [type(c) for c in ds.layer(0).components] == [Norm, LatentAttention, Norm, MLP]
     assert [type(c) for c in ds.layer(3).components] == [Norm, LatentAttention, Norm, MoE]
     assert ds.layer(ds.n_layers).ffn == ds.moe_component()  # the MTP block is an MoE block
+    assert [type(c) for c in ds.mtp_around_block().components] == [Norm, Norm, Projection, Norm]
     assert (oss.layer(0).attention.core.window, oss.layer(1).attention.core.window) == (128, None)
     assert [lin.name for lin in llama.layer(0).attention.linears()] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert [(lin.name, lin.tp) for lin in ds.layer(0).attention.linears()] == [
