@@ -8,6 +8,9 @@ SwiGLU, causal attention; reference Table E). Embedding lookups, norms, activati
 recompute are not model FLOPs. Hardware FLOPs (what the kernels execute, recompute and
 FlashAttention's backward recomputation included) come from the ops the engine runs.
 
+Each block's FLOPs are its description's (``ModelSpec.layer`` -> ``simtrain.layer_desc``: every
+component's GEMM weights and the attention core's keys per query); this module adds them up.
+
 Extensions, each reducing to the dense formula above for a dense model (bit-identical):
 
 - **MoE** (Megatron ``num_floating_point_operations`` MoE branch): a token's MLP FLOPs are those of
@@ -26,7 +29,10 @@ Extensions, each reducing to the dense formula above for a dense model (bit-iden
 
 from __future__ import annotations
 
-from simtrain.model import ModelSpec
+from simtrain.model_spec import ModelSpec
+
+# Every per-component fact (GEMM weights, attention keys per query) is in ``simtrain.layer_desc``;
+# this module sums the description of each block (``ModelSpec.layer``) and adds the head and MTP.
 
 
 def attention_keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> float:
@@ -35,10 +41,7 @@ def attention_keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> floa
     Full causal: s/2 (Megatron convention). Sliding window w < s: w - w²/(2s) (the same continuous
     approximation, exact in the limit; module docstring).
     """
-    window = model.attention_window(layer)
-    if window is None or window >= seq_len:
-        return seq_len * 0.5
-    return window - window * window / (2.0 * seq_len)
+    return model.layer(layer).attention.core.keys_per_query(seq_len)
 
 
 def ffn_gemm_params_per_token(model: ModelSpec, layer: int) -> int:
@@ -47,34 +50,22 @@ def ffn_gemm_params_per_token(model: ModelSpec, layer: int) -> int:
     Dense: (n_in + 1)·h·f. MoE: router h·E + top-k·(n_in + 1)·h·f_e + n_s·(n_in + 1)·h·f_s
     (Megatron ``num_floating_point_operations``: routed top-k + shared experts; router GEMM added).
     """
-    h = model.hidden
-    n_up = 2 if model.activation == "swiglu" else 1
-    if not model.is_moe_layer(layer):
-        f = model.ffn_hidden
-        return h * f * n_up + f * h
-    moe = model.moe
-    assert moe is not None  # is_moe_layer implies it
-    routed = moe.top_k * (n_up + 1) * h * moe.ffn_hidden
-    shared = moe.n_shared_experts * (n_up + 1) * h * moe.shared_ffn
-    return h * moe.n_experts + routed + shared
+    return model.layer(layer).ffn.gemm_weights_per_token()
 
 
 def layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
     """Forward model FLOPs of block ``layer`` per token: 2 x GEMM weights + causal attention."""
-    gemm_params = model.attention_gemm_params() + ffn_gemm_params_per_token(model, layer)
-    # QK^T: 2·keys·d_qk per head; AV: 2·keys·d_v per head (d_qk = d_v = d_head without MLA).
-    keys = attention_keys_per_query(model, layer, seq_len)
-    attention = 2 * keys * (model.d_head + model.v_head_dim) * model.n_heads
-    return 2 * gemm_params + attention
+    return model.layer(layer).forward_flops_per_token(seq_len)
 
 
 def mtp_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Forward model FLOPs per token of all MTP modules: M_k (2h→h) + block + shared LM head each."""
-    h = model.hidden
+    proj = model.mtp_around_block().gemm_weights_per_token()  # M_k (2h→h); its norms do no GEMM
+    head = model.lm_head_component().gemm_weights_per_token()
     total = 0.0
     for k in range(1, model.mtp_depth + 1):
         block = layer_forward_flops_per_token(model, model.n_layers + k - 1, seq_len)
-        total += 2 * 2 * h * h + block + 2 * h * model.vocab
+        total += 2 * proj + block + 2 * head
     return total
 
 
@@ -84,8 +75,13 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, include_mtp: bool = Tr
     ``include_mtp``: count the multi-token-prediction modules (executed in training, DeepSeek-V3
     §2.2); no effect on models without MTP.
     """
-    body = sum(layer_forward_flops_per_token(model, i, seq_len) for i in range(model.n_layers))
-    head = 2 * model.hidden * model.vocab
+    blocks = [model.layer(i) for i in range(model.n_layers)]  # alive here, so their ids are unique
+    per_block: dict[int, float] = {}  # blocks alike are one cached object: each is evaluated once
+    for block in blocks:
+        if id(block) not in per_block:
+            per_block[id(block)] = block.forward_flops_per_token(seq_len)
+    body = sum(per_block[id(block)] for block in blocks)
+    head = 2 * model.lm_head_component().gemm_weights_per_token()
     mtp = mtp_forward_flops_per_token(model, seq_len) if include_mtp and model.mtp_depth else 0.0
     return 3.0 * (body + head + mtp)
 

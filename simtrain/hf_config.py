@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from simtrain.errors import ConfigError, Problem, problem
-from simtrain.model import ModelSpec
+from simtrain.model_spec import ModelSpec
 
 __all__ = ["EXPERT_COUNT_FIELDS", "FAMILIES", "from_hf_config", "hf_cache_dirs", "resolve_hf_source"]
 

@@ -8,6 +8,10 @@ sharding group (PyTorch FSDP keeps no bf16 shard: its fp32 shard is the master; 
 generalised to GQA and SwiGLU as in the reference's Llama breakdown; FlashAttention drops the
 5*a*s^2*b softmax/dropout terms and keeps a fp32 log-sum-exp (4*a*s*b).
 
+The per-layer terms (what each norm, attention, MLP or MoE keeps, and what recompute drops) are
+written once, on the components of ``simtrain.layer_desc`` (``ModelSpec.layer``); the functions
+here sum them and apply the TP/SP sharding.
+
 ``ledger`` deltas attached to ops by lowering come from the functions here, and
 ``closed_form_peak`` walks the pipeline schedule at the same layer granularity without the engine,
 so the two must agree (tested to 1 %).
@@ -19,38 +23,13 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 
 from simtrain.config import LayoutConfig, TrainConfig
-from simtrain.model import ModelSpec
+from simtrain.layer_desc import MLP, ActivationShape, Attention, MoE, Norm, RecomputeModule, SavePolicy
+from simtrain.model_spec import ModelSpec
 from simtrain.routing import worst_rank_load
 from simtrain.schedules import Action, split_backward_keys
 
 MiB = 1024.0**2
 CUBLAS_WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG default 4 MiB x 8)
-
-
-@dataclass(frozen=True, slots=True)
-class ActivationShape:
-    """Per-rank activation dimensions of one micro-batch: tokens, TP degree, SP, kernels."""
-
-    b: int
-    s: int
-    t: int
-    sp: bool
-    flash: bool
-    dropout: bool
-    expert_load: float = 1.0
-    """Routed token copies of the busiest EP rank as a multiple of balanced routing
-    (``simtrain.routing.worst_rank_load``): its routed experts keep that many more activations."""
-    gathered_inputs: bool = False
-    """Sequence parallelism through DTensor (``SoftwareStack.dtensor_tp``): the column-parallel linears
-    save the all-gathered, full-sequence input they multiply (autograd saves the matmul's operand; a
-    compiled graph may not recompute the collective: torch/_functorch/partitioners.py bans recomputing
-    ops outside its allowlist), so the QKV and MLP inputs are kept whole, not /t. Megatron-core saves
-    the sequence shard and all-gathers it again for the weight gradient (Korthikanti et al. 2022, 4.2.2)."""
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of one micro-batch on this rank's sequence shard (b * s)."""
-        return self.b * self.s
 
 
 def activation_shape(train: TrainConfig, layout: LayoutConfig, model: ModelSpec) -> ActivationShape:
@@ -75,18 +54,12 @@ def moe_mlp_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
     """Bytes an MoE block keeps for backward (before the /t of TP/SP sharding) on the busiest EP rank.
 
     Per routed token copy (tokens x top_k, times ``a.expert_load`` under skewed routing): the permuted
-    input (2h, the up-projection's wgrad input) and the expert intermediates (as a dense MLP of width f_e: 2 per projection output); the shared
-    experts as a dense MLP on every token; the router's fp32 probabilities (4 x experts per token).
-    Megatron-core keeps these in ``MoELayer`` (``experts.py`` GroupedMLP, ``router.py``).
+    input (2h, the up-projection's wgrad input) and the expert intermediates (as a dense MLP of width
+    f_e: 2 per projection output); the shared experts as a dense MLP on every token; the router's fp32
+    probabilities (4 x experts per token). Megatron-core keeps these in ``MoELayer`` (``experts.py``
+    GroupedMLP, ``router.py``). The formula is ``simtrain.layer_desc.MoE.intermediate_bytes``.
     """
-    moe = model.moe
-    assert moe is not None
-    tokens = float(a.tokens)
-    n_mlp = 3 if model.activation == "swiglu" else 2
-    copies = tokens * moe.top_k * a.expert_load
-    routed = copies * (2.0 * model.hidden + n_mlp * 2.0 * moe.ffn_hidden)
-    shared = n_mlp * 2.0 * tokens * moe.n_shared_experts * moe.shared_ffn
-    return routed + shared + 4.0 * tokens * moe.n_experts
+    return model.moe_component().intermediate_bytes(a)
 
 
 #: Software stacks whose saved activations ``layer_activation_bytes`` models. ``fused`` (the default):
@@ -107,55 +80,19 @@ def layer_activation_bytes(model: ModelSpec, a: ActivationShape, recompute_atten
     2 norm inputs (2+2), QKV input 2, MLP input 2, two dropout masks (1+1); sharded by TP: Q 2,
     K and V 2*2*g/a, attention output 2, MLP intermediates 2*f/h each (GELU: input and output;
     SwiGLU: gate, up and product), unfused attention softmax/dropout 5*a*s/h. ``stack``
-    (``ACTIVATION_STACKS``) adds what an eager stack keeps on top of these.
+    (``ACTIVATION_STACKS``) adds what an eager stack keeps on top of these. ``recompute``
+    (``recompute_modules``; Megatron-core selective recompute, DeepSeek-V3 3.3.2) stops saving:
+    ``layernorm`` the two norm outputs (QKV and MLP inputs, 2+2 sbh), ``mla_up_proj`` Q, K, V (rebuilt
+    from the saved latents: q d_c', kv d_c + d_rope per token), ``act`` the activation output.
+    Each term is its component's (``ModelSpec.layer`` -> ``simtrain.layer_desc``); this function
+    sums them in forward order and applies the TP/SP sharding.
     """
-    sbh = float(a.tokens * model.hidden)
-    h, f = model.hidden, model.ffn_hidden
-    replicated = (2 + 2) * sbh + (2 * sbh if a.dropout else 0.0)  # norm inputs, dropout masks
-    linear_inputs = (2 + 2) * sbh  # QKV and MLP inputs
-    kv_ratio = model.kv_dim / model.hidden
-    q_ratio = model.q_dim / model.hidden
-    attn = (2 * q_ratio + 2 * 2 * kv_ratio + 2 * q_ratio) * sbh
-    n_mlp = 3 if model.activation == "swiglu" else 2
-    moe = layer is not None and model.is_moe_layer(layer)
-    mlp = moe_mlp_activation_bytes(model, a) if moe else n_mlp * 2 * sbh * f / h
-    if a.flash:
-        attn += 4.0 * model.n_heads * a.tokens  # fp32 log-sum-exp per query and head
-    elif not recompute_attention:
-        attn += 5.0 * model.n_heads * a.s * a.tokens  # softmax out 2 + dropout mask 1 + dropout out 2
-    linear_inputs, attn, mlp = _selective_recompute(model, a, layer, recompute, linear_inputs, attn, mlp)
-    if stack == "eager_hf":
-        # two RMSNorms: fp32 input copy 4 + normalised bf16 2 - the fused stack's bf16 input 2, plus the
-        # fp32 rsqrt per token (HF LlamaRMSNorm); SwiGLU: silu(gate) kept for the product's backward
-        replicated += 2 * (4.0 * sbh + 4.0 * a.tokens)
-        mlp += 2.0 * a.tokens * f if model.activation == "swiglu" and not moe else 0.0
-    elif stack != "fused":
+    if stack not in ACTIVATION_STACKS:
         raise ValueError(f"unknown activation stack {stack!r}; known: {', '.join(ACTIVATION_STACKS)}")
-    sharded = (attn + mlp) / a.t
-    return _replicated_bytes(a, replicated, linear_inputs) + sharded
-
-
-def _selective_recompute(model: ModelSpec, a: ActivationShape, layer: int | None, modules: tuple[str, ...],
-                         linear_inputs: float, attn: float, mlp: float) -> tuple[float, float, float]:
-    """What ``recompute_modules`` stop saving (Megatron-core selective recompute; DeepSeek-V3 3.3.2):
-    ``layernorm``: the two norm outputs (QKV and MLP inputs, 2+2 sbh); ``mla_up_proj``: Q, K, V are
-    rebuilt from the saved latents (q: d_c', kv: d_c + d_rope per token); ``act``: the activation
-    output (SwiGLU's product, GELU's output), one of the MLP intermediates."""
-    tokens = float(a.tokens)
-    if "layernorm" in modules:
-        linear_inputs -= 4.0 * tokens * model.hidden
-    if "mla_up_proj" in modules and model.mla is not None:
-        mla = model.mla
-        latents = 2.0 * tokens * ((mla.q_lora_rank or model.hidden) + mla.kv_lora_rank + mla.qk_rope_head_dim)
-        out = 2.0 * tokens * model.v_dim
-        attn = latents * a.t + out + (attn - 2.0 * tokens * (model.q_dim + 2 * model.kv_dim + model.q_dim))
-    if "act" in modules:
-        moe = model.moe if layer is not None and model.is_moe_layer(layer) else None
-        if moe is not None:
-            mlp -= 2.0 * tokens * (moe.top_k * moe.ffn_hidden + moe.n_shared_experts * moe.shared_ffn)
-        else:
-            mlp -= 2.0 * tokens * model.ffn_hidden
-    return linear_inputs, attn, mlp
+    policy = SavePolicy(core_attn=recompute_attention, modules=frozenset(RecomputeModule(m) for m in recompute),
+                        eager_hf=stack == "eager_hf")  # fmt: skip
+    saved = model.layer(layer).saved(a, policy)
+    return _replicated_bytes(a, saved.replicated, saved.linear_inputs) + saved.sharded / a.t
 
 
 #: torchtitan's op-level selective activation checkpointing (``activation_checkpoint.mode: selective``,
@@ -176,15 +113,9 @@ def op_sac_linears(model: ModelSpec, layer: int | None = None) -> list[tuple[str
     (output sharded over TP), ``row`` (input sharded; each rank's output is a partial sum of the full
     width, reduce-scattered after) or ``rep`` (replicated: MLA's down projections). An MoE layer lists
     only its attention (grouped expert GEMMs are not ``aten.mm``; see ``op_sac_activation_bytes``)."""
-    h = model.hidden
-    out = [(n, d_in, d_out, "rep" if "_a_" in n else "row" if n == "o_proj" else "col")
-           for n, d_in, d_out in model.attention_projections()]
-    if layer is not None and model.is_moe_layer(layer):
-        return out
-    f = model.ffn_hidden
-    if model.activation == "swiglu":
-        return [*out, ("w1", h, f, "col"), ("w3", h, f, "col"), ("w2", f, h, "row")]
-    return [*out, ("w1", h, f, "col"), ("w2", f, h, "row")]
+    block = model.layer(layer)
+    return [(lin.name, lin.d_in, lin.d_out, lin.tp.value)
+            for c in block.components if isinstance(c, Attention | MLP) for lin in c.linears()]  # fmt: skip
 
 
 def op_sac_recomputed(model: ModelSpec, layer: int | None = None) -> list[tuple[str, int, int, str]]:
@@ -221,11 +152,13 @@ def op_sac_activation_bytes(model: ModelSpec, a: ActivationShape, layer: int | N
         if i % 2:
             continue  # recomputed
         saved += 2.0 * tokens * d_out / (t if style == "col" else 1)
-    saved += 2.0 * tokens * model.n_heads * model.v_head_dim / t
+    block = model.layer(layer)
+    core = block.attention.core
+    saved += 2.0 * tokens * core.heads * core.d_v / t
     if a.flash:
-        saved += 4.0 * tokens * model.n_heads / t
-    if layer is not None and model.is_moe_layer(layer):
-        saved += moe_mlp_activation_bytes(model, a) / t
+        saved += 4.0 * tokens * core.heads / t
+    if isinstance(block.ffn, MoE):
+        saved += block.ffn.intermediate_bytes(a) / t
     return saved
 
 
@@ -239,16 +172,10 @@ def weight_grad_input_bytes(model: ModelSpec, a: ActivationShape, layer: int | N
     """Bytes a split backward keeps from B (input grads) until W (weight grads): the inputs of the
     linear layers (QKV and MLP inputs 2sbh each, replicated unless SP; out-proj input and MLP-down
     input, sharded by TP; Korthikanti Table 2 terms), which the weight-gradient GEMMs read."""
-    sbh = float(a.tokens * model.hidden)
-    if layer is not None and model.is_moe_layer(layer):
-        moe = model.moe
-        assert moe is not None
-        copies = a.tokens * moe.top_k
-        mlp = copies * 2.0 * (model.hidden + moe.ffn_hidden) + 2.0 * a.tokens * moe.n_shared_experts * moe.shared_ffn
-    else:
-        mlp = 2.0 * a.tokens * model.ffn_hidden
-    sharded = 2.0 * a.tokens * model.n_heads * model.v_head_dim + mlp
-    return _replicated_bytes(a, 0.0, 2 * 2.0 * sbh) + sharded / a.t
+    block = model.layer(layer)
+    linear_inputs = sum(n.saved(a, SavePolicy()).linear_inputs for n in block.of(Norm))
+    sharded = block.attention.wgrad_input_bytes(a) + block.ffn.wgrad_input_bytes(a)
+    return _replicated_bytes(a, 0.0, linear_inputs) + sharded / a.t
 
 
 def backward_transient_bytes(model: ModelSpec, a: ActivationShape, layer: int | None = None) -> float:
@@ -257,12 +184,7 @@ def backward_transient_bytes(model: ModelSpec, a: ActivationShape, layer: int | 
     The largest pair of tensors the autograd engine holds at once inside a layer's backward; in an
     MoE layer the up-projection output covers tokens x top_k copies of the expert width.
     """
-    n_up = 2 if model.activation == "swiglu" else 1
-    if layer is not None and model.is_moe_layer(layer):
-        moe = model.moe
-        assert moe is not None
-        return 2.0 * a.tokens * (moe.top_k * a.expert_load * n_up * moe.ffn_hidden / a.t + model.hidden)
-    return 2.0 * a.tokens * (n_up * model.ffn_hidden / a.t + model.hidden)
+    return 2.0 * a.tokens * (model.layer(layer).ffn.up_output_elements(a) / a.t + model.hidden)
 
 
 def torch_cp_backward_transient_bytes(model: ModelSpec, a: ActivationShape, cp: int) -> float:
@@ -282,8 +204,9 @@ def torch_cp_backward_transient_bytes(model: ModelSpec, a: ActivationShape, cp: 
     """
     if cp <= 1:
         return 0.0
-    q = float(a.tokens) * model.q_dim / a.t
-    kv = float(a.tokens) * model.n_heads * (model.d_head + model.v_head_dim) / a.t
+    attention = model.layer().attention
+    q = float(a.tokens) * attention.q_dim / a.t
+    kv = float(a.tokens) * attention.core.heads * (attention.core.d_qk + attention.core.d_v) / a.t
     return (2.0 * cp + 2.0 + 3 * 4.0 + 2 * 2.0) * kv + (4.0 + 2 * 2.0 + 4.0) * q
 
 
@@ -291,10 +214,7 @@ def mlp_intermediate_bytes(model: ModelSpec, a: ActivationShape, layer: int | No
     """Bytes of one layer's MLP intermediates on this rank (/t), which its backward frees before the
     attention backward starts: a dense MLP's projection outputs (2 bytes x tokens x f per output; SwiGLU:
     gate, up and product), an MoE block's routed-expert activations (``moe_mlp_activation_bytes``)."""
-    if layer is not None and model.is_moe_layer(layer):
-        return moe_mlp_activation_bytes(model, a) / a.t
-    n_mlp = 3 if model.activation == "swiglu" else 2
-    return n_mlp * 2.0 * a.tokens * model.ffn_hidden / a.t
+    return model.layer(layer).ffn.intermediate_bytes(a) / a.t
 
 
 def head_activation_bytes(model: ModelSpec, a: ActivationShape) -> float:
