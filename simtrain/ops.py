@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from simtrain.kernels import KernelDesc
+
 
 class Stream(IntEnum):
     """Streams of one GPU: compute, and one per communication class."""
@@ -45,7 +47,8 @@ class OpKind(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """One kernel of a compute op: hardware FLOPs, HBM bytes and its modelled time."""
+    """A costed kernel (what a cost source makes of a ``simtrain.kernels`` descriptor): hardware FLOPs,
+    the HBM bytes it moves on this GPU and stack, and its modelled time, seconds."""
 
     name: str
     flops: float
@@ -67,8 +70,10 @@ class Op:
         category: breakdown class: "fwd", "bwd", "recompute", "optimizer", "comm".
         deps: indices of ops (other streams, same program) that must finish first.
         remote: (stage, op index) of another stage's op that must finish first (a pipeline recv).
-        duration_s: modelled time of a compute op (sum of its kernels) or a host copy, seconds.
-        kernels: the kernels of a compute op (time order).
+        duration_s: modelled time of a compute op (sum of its kernels) or a host copy, seconds; set by
+            the cost pass (``simtrain.cost_pass``), 0 in a lowered program.
+        kernels: the kernels of a compute op (time order): descriptors (``simtrain.kernels``) in a
+            lowered program, costed ``Kernel`` in a costed one.
         coll: collective kind ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") or "send".
         axis: mesh axis of a collective ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...).
         comm_bytes: nccl-tests "size" S of the collective, or the bytes of a send, in bytes.
@@ -84,7 +89,7 @@ class Op:
     deps: tuple[int, ...] = ()
     remote: tuple[int, int] | None = None
     duration_s: float = 0.0
-    kernels: tuple[Kernel, ...] = ()
+    kernels: tuple[KernelDesc, ...] | tuple[Kernel, ...] = ()
     coll: str = ""
     axis: str = ""
     comm_bytes: float = 0.0
