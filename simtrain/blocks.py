@@ -1,6 +1,7 @@
-"""KernelDescs of one transformer layer, the embedding and the LM head, per TP rank.
+"""Kernels of one transformer layer, the embedding and the LM head, per TP rank.
 
-Each builder returns *segments*: a compute segment is a tuple of ``KernelDesc``; a communication
+Each builder returns *segments*: a compute segment is a tuple of kernel descriptors
+(``simtrain.kernels``: shapes, FLOPs and bytes, no time; ``simtrain.cost_pass`` costs them); a communication
 segment is ``Comm(coll, axis, size_bytes)``. Segments alternate the way Megatron-LM's tensor
 parallelism does (Shoeybi et al. 2019, Fig. 3: one all-reduce after the attention and one after the
 MLP in forward, mirrored in backward; with sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2)
@@ -377,7 +378,7 @@ class BlockBuilder:
         return MemoryBound("cp_merge.bwd" if backward else "cp_merge", 10.0 * share * elems)
 
     def selective_recompute(self, layer: int | None, modules: tuple[str, ...]) -> tuple[KernelDesc, ...]:
-        """KernelDescs selective recompute re-runs before a layer's backward (see memory._selective_recompute)."""
+        """Kernels selective recompute re-runs before a layer's backward (see memory._selective_recompute)."""
         out: list[KernelDesc] = []
         if "core_attn" in modules and not self.flash:
             out += self._attention_core(backward=False)
@@ -743,15 +744,15 @@ class BlockBuilder:
 
     def _finished(self, segs: list[Segment]) -> list[Segment]:
         """``segs`` as the engine runs them: DTensor's layout copies (``_with_layout_copies``), then the
-        GEMMs TP comm overlap splits by rows costed as their chunks (``_row_chunked``)."""
+        GEMMs TP comm overlap splits by rows marked as run in chunks (``_row_chunked``)."""
         return self._row_chunked(self._with_layout_copies(segs))
 
     def _row_chunked(self, segs: list[Segment]) -> list[Segment]:
         """With TP comm overlap, the GEMMs a fused collective splits by rows into ``TP_OVERLAP_CHUNKS``
         (the leading GEMMs fed by an all-gather, the trailing GEMMs that feed a reduce-scatter or
         all-reduce, weight-gradient GEMMs excepted: they contract over the split dim and run whole, as
-        Transformer Engine's bulk overlaps run them), each costed as that many GEMMs of m / chunks rows
-        (``ComputeCostModel.row_chunked``): TE userbuffers and torch's fused_all_gather_matmul /
+        Transformer Engine's bulk overlaps run them), each marked ``Gemm.row_chunks`` (the cost pass costs it
+        as that many GEMMs of m / chunks rows, ``ComputeCostModel.row_chunked``): TE userbuffers and torch's fused_all_gather_matmul /
         fused_matmul_reduce_scatter launch one GEMM per chunk. Mirrors ``lowering._Emitter._overlapped``."""
         if not (self.tp_overlap and self.t > 1):
             return segs

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from simtrain.blocks import Comm, Ring
 from simtrain.kernels import KernelDesc
-from simtrain.ops import Kernel, Op, OpKind, Program
+from simtrain.ops import ComputeOp, CopyOp, CostedComputeOp, CostedCopyOp, Kernel, Op, Program
 
 CostedSegment = tuple[Kernel, ...] | Comm | Ring[Kernel]
 """A segment (``simtrain.blocks.Segment``) whose kernels carry times."""
@@ -67,29 +67,30 @@ class _Memo:
         return hit[1], hit[2], hit[3]
 
 
-def _descriptors(op: Op) -> tuple[KernelDesc, ...]:
+def _descriptors(op: ComputeOp) -> tuple[KernelDesc, ...]:
     kernels = op.kernels
-    if kernels and isinstance(kernels[0], Kernel):
+    if isinstance(op, CostedComputeOp) or (kernels and isinstance(kernels[0], Kernel)):
         raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
     return kernels  # type: ignore[return-value]  # checked above: descriptors
 
 
 def cost_program(program: Program, source: CostSource) -> Program:
     """A costed copy of ``program``: every compute op's kernels costed by ``source`` and its duration set,
-    every host copy timed; other ops are shared with ``program`` (they carry no time). ``program`` is left
+    every host copy timed (``CostedComputeOp``, ``CostedCopyOp``); other ops are shared with ``program``
+    (they carry no time). ``program`` is left
     as it is, so it can be costed again with another source."""
     memo = _Memo(source)
     ops: list[Op] = []
     for op in program.ops:
-        if op.kind == OpKind.COMPUTE:
+        if isinstance(op, ComputeOp):
             kernels, duration, expert = memo.costed(_descriptors(op))
-            op = Op(op.idx, op.kind, op.stream, op.name, op.category, op.deps, op.remote, duration, kernels,
-                    op.coll, op.axis, op.comm_bytes, op.peer_stage, op.microbatch, op.chunk, op.mem_start,
-                    op.mem_end, expert)
-        elif op.kind == OpKind.COPY:
-            op = Op(op.idx, op.kind, op.stream, op.name, op.category, op.deps, op.remote,
-                    source.host_copy_s(op.comm_bytes), op.kernels, op.coll, op.axis, op.comm_bytes, op.peer_stage,
-                    op.microbatch, op.chunk, op.mem_start, op.mem_end, op.expert_s)
+            op = CostedComputeOp(op.idx, op.stream, op.name, op.category, op.deps, op.remote, op.microbatch, op.chunk,
+                                 op.mem_start, op.mem_end, kernels, duration, expert)
+        elif isinstance(op, CopyOp):
+            if isinstance(op, CostedCopyOp):
+                raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
+            op = CostedCopyOp(op.idx, op.stream, op.name, op.category, op.deps, op.remote, op.microbatch, op.chunk,
+                              op.mem_start, op.mem_end, op.axis, op.comm_bytes, source.host_copy_s(op.comm_bytes))
         ops.append(op)
     return Program(program.stage, ops, dict(program.static_mem))
 

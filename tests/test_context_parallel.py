@@ -9,6 +9,7 @@ from simtrain.config import load_config
 from simtrain.costs import ComputeCostModel
 from simtrain.hardware import load_gpu
 from simtrain.lowering import lower
+from simtrain.ops import ComputeOp
 from simtrain.simulate import simulate
 
 BASE = dict(model="llama3-8b", hardware=dict(node="dgx-h100", n_nodes=2),
@@ -41,7 +42,7 @@ def test_attention_work_per_rank_is_one_cp_th(kind: str) -> None:
     def attention_flops(cp: int) -> float:
         run = load_config(BASE, [f"layout.cp={cp}", f"layout.cp_comm={kind}", "hardware.n_nodes=" + str(cp)])
         low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
-        ops = [o for o in low.programs[0].ops if o.kernels]
+        ops = [o for o in low.programs[0].ops if isinstance(o, ComputeOp) and o.kernels]
         return sum(k.flops for o in ops for k in o.kernels if k.name.startswith("flash_attn"))
     assert attention_flops(4) == pytest.approx(attention_flops(1) / 4, rel=1e-9)
 

@@ -5,7 +5,7 @@ calibrated profile) and nothing else."""
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -16,7 +16,20 @@ from simtrain.costs import ComputeCostModel
 from simtrain.hardware import load_gpu
 from simtrain.kernels import Attention, Gemm, MemoryBound, Sliced
 from simtrain.lowering import Lowered, lower, lower_program
-from simtrain.ops import Kernel, OpKind, Program
+from simtrain.ops import (
+    CollectiveOp,
+    CommOp,
+    ComputeOp,
+    CopyOp,
+    CostedComputeOp,
+    CostedCopyOp,
+    Kernel,
+    Op,
+    OpKind,
+    Program,
+    SendOp,
+    Stream,
+)
 
 DESCRIPTORS = (Gemm, Attention, MemoryBound, Sliced)
 TINY = {"preset": "llama3-8b", "n_layers": 4}
@@ -50,10 +63,16 @@ def _synthetic_calibration() -> CalibratedCompute:
 
 
 def _structure(prog: Program) -> list[tuple[object, ...]]:
-    """Everything of a program's ops but times (and the costed kernels' own fields)."""
-    return [(o.idx, o.kind, o.stream, o.name, o.category, o.deps, o.remote, tuple(k.name for k in o.kernels),
-             o.coll, o.axis, o.comm_bytes, o.peer_stage, o.microbatch, o.chunk, o.mem_start, o.mem_end)
-            for o in prog.ops]
+    """Everything of a program's ops but times (kernels by name)."""
+    out: list[tuple[object, ...]] = []
+    for o in prog.ops:
+        rest = tuple((f.name, getattr(o, f.name)) for f in fields(o) if f.name not in ("kernels", "duration_s", "expert_s"))
+        out.append((o.kind, rest, tuple(k.name for k in o.kernels) if isinstance(o, ComputeOp) else ()))
+    return out
+
+
+def _compute(prog: Program) -> list[CostedComputeOp]:
+    return [o for o in prog.ops if isinstance(o, CostedComputeOp)]
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +83,14 @@ def dense() -> tuple[RunConfig, Lowered]:
 
 def test_a_lowered_program_has_no_times(dense: tuple[RunConfig, Lowered]) -> None:
     _, low = dense
-    compute = [o for p in low.programs for o in p.ops if o.kind == OpKind.COMPUTE and o.kernels]
+    ops = [o for p in low.programs for o in p.ops]
+    compute = [o for o in ops if isinstance(o, ComputeOp) and o.kernels]
     assert compute
     kernels = [k for o in compute for k in o.kernels]
     assert all(isinstance(k, DESCRIPTORS) for k in kernels)
-    assert not any(hasattr(k, "time_s") for k in kernels)
-    assert all(o.duration_s == 0.0 and o.expert_s == 0.0 for p in low.programs for o in p.ops)
+    # no op of a lowered program has a time field, nor has any of its kernels
+    assert not any(hasattr(x, name) for x in (*ops, *kernels) for name in ("time_s", "duration_s", "expert_s"))
+    assert not any(isinstance(o, CostedComputeOp | CostedCopyOp) for o in ops)
     # TP comm overlap's chunks are structure, not time: slices of row-chunked GEMMs
     assert any(isinstance(k, Sliced) for k in kernels)
     assert any(isinstance(k, Sliced) and isinstance(k.of, Gemm) and k.of.row_chunks > 1 for k in kernels)
@@ -82,13 +103,12 @@ def test_two_sources_give_different_times_and_the_same_structure(dense: tuple[Ru
     for prog in low.programs:
         a, b = cost_program(prog, roof), cost_program(prog, calibrated)
         assert _structure(a) == _structure(b) == _structure(prog)
-        times_a = [o.duration_s for o in a.ops if o.kind == OpKind.COMPUTE and o.kernels]
-        times_b = [o.duration_s for o in b.ops if o.kind == OpKind.COMPUTE and o.kernels]
+        times_a = [o.duration_s for o in _compute(a) if o.kernels]
+        times_b = [o.duration_s for o in _compute(b) if o.kernels]
         assert all(t > 0 for t in times_a + times_b)
         assert sum(x != y for x, y in zip(times_a, times_b, strict=True)) > 0.9 * len(times_a)
-        for op in a.ops:  # a compute op lasts as long as its kernels, in kernel order
-            if op.kind == OpKind.COMPUTE:
-                assert op.duration_s == sum(k.time_s for k in op.kernels)  # type: ignore[union-attr]
+        for op in _compute(a):  # a compute op lasts as long as its kernels, in kernel order
+            assert op.duration_s == sum(k.time_s for k in op.kernels)
 
 
 def test_the_costed_program_is_what_lower_gives(dense: tuple[RunConfig, Lowered]) -> None:
@@ -97,7 +117,7 @@ def test_the_costed_program_is_what_lower_gives(dense: tuple[RunConfig, Lowered]
     old = lower(run, roof)
     for prog, ref in zip(low.programs, old.programs, strict=True):
         new = cost_program(prog, roof)
-        assert [(o.duration_s, o.expert_s) for o in new.ops] == [(o.duration_s, o.expert_s) for o in ref.ops]
+        assert [(o.duration_s, o.expert_s) for o in _compute(new)] == [(o.duration_s, o.expert_s) for o in _compute(ref)]
         assert _structure(new) == _structure(ref)
 
 
@@ -109,7 +129,7 @@ def test_twice_the_hbm_bandwidth_speeds_up_exactly_the_memory_bound_kernels(dens
     fast = ComputeCostModel(gpu.model_copy(update={"hbm_Bps": 2 * gpu.hbm_Bps}), run.train.precision)
     launch = gpu.kernel_launch_s
     seen = {MemoryBound: 0, Gemm: 0}
-    descs = {k for p in low.programs for o in p.ops for k in o.kernels}
+    descs = {k for p in low.programs for o in p.ops if isinstance(o, ComputeOp) for k in o.kernels}
     for d in descs:
         assert isinstance(d, DESCRIPTORS)
         t1, t2 = slow.kernel_time(d), fast.kernel_time(d)
@@ -134,9 +154,9 @@ def test_the_cost_pass_is_deterministic_and_leaves_its_input_alone(dense: tuple[
     prog = low.programs[0]
     before = _structure(prog)
     first, second = cost_program(prog, roof), cost_program(prog, roof)
-    assert [(o.duration_s, o.expert_s) for o in first.ops] == [(o.duration_s, o.expert_s) for o in second.ops]
+    assert [(o.duration_s, o.expert_s) for o in _compute(first)] == [(o.duration_s, o.expert_s) for o in _compute(second)]
     assert _structure(prog) == before
-    assert all(isinstance(k, DESCRIPTORS) for o in prog.ops for k in o.kernels)
+    assert all(isinstance(k, DESCRIPTORS) for o in prog.ops if isinstance(o, ComputeOp) for k in o.kernels)
     with pytest.raises(ValueError, match="already costed"):
         cost_program(first, roof)
 
@@ -169,17 +189,39 @@ def test_every_op_kind_round_trips_through_the_cost_pass() -> None:
         costed = cost_program(prog, roof)
         assert _structure(costed) == _structure(prog)
         for old, new in zip(prog.ops, costed.ops, strict=True):
-            kinds.add(old.kind)
-            if old.kind == OpKind.COPY:
-                assert new.duration_s == old.comm_bytes / HOST_BPS > 0
-            elif old.kind == OpKind.COMPUTE:
-                expert = sum(k.time_s for k in new.kernels if k.name.startswith("expert."))  # type: ignore[union-attr]
-                assert new.expert_s == expert
+            kinds.add(type(old))
+            if isinstance(old, CopyOp):
+                assert isinstance(new, CostedCopyOp) and new.duration_s == old.comm_bytes / HOST_BPS > 0
+            elif isinstance(old, ComputeOp):
+                assert isinstance(new, CostedComputeOp)
+                assert new.expert_s == sum(k.time_s for k in new.kernels if k.name.startswith("expert."))
             else:
                 assert new is old
-    assert kinds == set(OpKind)
-    moe_ops = [o for p, roof in progs[-1:] for o in cost_program(p, roof).ops]
+    assert kinds == {ComputeOp, CollectiveOp, SendOp, CopyOp}
+    assert {k.kind for k in kinds} == set(OpKind)
+    moe_ops = _compute(cost_program(*progs[-1]))
     assert any(o.expert_s > 0 for o in moe_ops)
+
+
+def test_each_op_kind_has_only_its_own_fields() -> None:
+    """A small tagged union: the fields every op has, and each kind's own."""
+    common = {"idx", "stream", "name", "category", "deps", "remote", "microbatch", "chunk", "mem_start", "mem_end"}
+    own = {ComputeOp: {"kernels"}, CostedComputeOp: {"kernels", "duration_s", "expert_s"},
+           CollectiveOp: {"coll", "axis", "comm_bytes"}, SendOp: {"coll", "axis", "comm_bytes", "peer_stage"},
+           CopyOp: {"axis", "comm_bytes"}, CostedCopyOp: {"axis", "comm_bytes", "duration_s"}}
+    for cls, names in own.items():
+        assert {f.name for f in fields(cls)} == common | names
+    prog = Program(0)
+    ops: list[Op] = [prog.add(OpKind.COMPUTE, Stream.COMPUTE, "c", kernels=(MemoryBound("act", 1e6),)),
+                     prog.add(OpKind.COLLECTIVE, Stream.TP, "tp.all_reduce", coll="all_reduce", axis="tp"),
+                     prog.add(OpKind.SEND, Stream.PP, "pp.send.F", coll="send", axis="pp", peer_stage=1),
+                     prog.add(OpKind.COPY, Stream.OFFLOAD, "offload.d2h", comm_bytes=1e6),
+                     prog.add(OpKind.COMPUTE, Stream.COMPUTE, "hand-made", duration_s=1.0)]
+    assert [type(o) for o in ops] == [ComputeOp, CollectiveOp, SendOp, CopyOp, CostedComputeOp]
+    assert all(isinstance(o, CommOp) for o in ops[1:3])
+    assert [o.idx for o in ops] == list(range(5))
+    with pytest.raises(TypeError):
+        prog.add(OpKind.COLLECTIVE, Stream.TP, "x", kernels=())  # a collective has no kernels
 
 
 def test_a_host_copy_needs_the_copy_rate() -> None:

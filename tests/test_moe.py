@@ -10,6 +10,7 @@ from simtrain.costs import ComputeCostModel
 from simtrain.hardware import Topology, build_cluster, load_gpu
 from simtrain.lowering import lower
 from simtrain.memory import activation_shape, moe_mlp_activation_bytes
+from simtrain.ops import CommOp, ComputeOp
 from simtrain.routing import expert_loads, worst_rank_load
 from simtrain.simulate import simulate
 
@@ -44,7 +45,8 @@ def test_all_to_all_across_nodes_is_bound_by_one_nic_per_gpu() -> None:
 def _expert_flops_per_rank(cfg: dict) -> float:
     run = load_config(cfg)
     low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
-    return sum(k.flops for o in low.programs[0].ops for k in o.kernels if k.name.startswith("expert."))
+    return sum(k.flops for o in low.programs[0].ops if isinstance(o, ComputeOp) for k in o.kernels
+               if k.name.startswith("expert."))
 
 
 def test_balanced_expert_compute_per_gpu_is_active_flops_over_gpus() -> None:
@@ -87,7 +89,7 @@ def test_hot_rank_load_is_the_mean_of_its_experts() -> None:
 def _ep_bytes(cfg: dict, over: list[str]) -> float:
     run = load_config(cfg, over)
     cost = ComputeCostModel(load_gpu("h100-sxm"), run.train.precision)
-    return sum(op.comm_bytes for op in lower(run, cost).programs[0].ops if op.axis == "ep")
+    return sum(op.comm_bytes for op in lower(run, cost).programs[0].ops if isinstance(op, CommOp) and op.axis == "ep")
 
 
 def test_all_to_alls_carry_the_hot_ranks_tokens() -> None:
@@ -184,7 +186,7 @@ def test_zero3_reduces_and_gathers_expert_weights_over_expert_data_parallel() ->
     expert-data-parallel group, so ZeRO-3 costs more DP traffic than ZeRO-1 would leave out."""
     run = load_config(BASE, ["layout.ep=4", "layout.zero_stage=3"])
     low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
-    axes = {o.axis for o in low.programs[0].ops if o.name.startswith("fsdp.")}
+    axes = {o.axis for o in low.programs[0].ops if isinstance(o, CommOp) and o.name.startswith("fsdp.")}
     assert "edp" in axes and "dp" in axes
     sym, full = simulate(BASE, ["layout.ep=4", "layout.zero_stage=3"], mode="symmetric"), \
         simulate(BASE, ["layout.ep=4", "layout.zero_stage=3"], mode="full")
