@@ -23,6 +23,7 @@ from simtrain.hardware import GpuSpec
 from simtrain.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
 from simtrain.lowering import lower_program
 from simtrain.model import ModelSpec, from_hf_config, preset
+from simtrain.ops import ComputeOp
 
 #: The model the CPU loop calibrates for by default: a Llama-style decoder small enough that a
 #: training step takes a fraction of a second on one core (16.8M parameters).
@@ -168,8 +169,9 @@ def kernel_calls(target: Target) -> KernelCalls:
     calls = KernelCalls()
     for prog in lower_program(target.run()).programs:
         for op in prog.ops:
-            for desc in op.kernels:
-                _record(calls, desc)  # type: ignore[arg-type]  # a lowered program holds descriptors
+            if isinstance(op, ComputeOp):
+                for desc in op.kernels:
+                    _record(calls, desc)  # type: ignore[arg-type]  # a lowered program holds descriptors
     return calls
 
 

@@ -229,3 +229,18 @@ def test_a_host_copy_needs_the_copy_rate() -> None:
     prog = lower_program(run).programs[0]
     with pytest.raises(ValueError, match="host_Bps"):
         cost_program(prog, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
+
+
+def test_calibration_enumerates_the_descriptors_of_a_lowered_program() -> None:
+    """What a calibration measures is read off the lowered program (no cost model, no times); with TP the
+    program also holds collectives, which have no kernels. Goldens from the per-rank shapes of
+    ``simtrain.blocks``: QKV (T, (q + 2 kv) / t, h), MLP up (T, 2 f / t, h), norm 2 x 2 B x (T / t) x h."""
+    from calibration.shapes import CPU_DEFAULT_MODEL, Target, kernel_calls
+
+    m, t, seq = CPU_DEFAULT_MODEL, 2, 512
+    calls = kernel_calls(Target(m, tp=t, sp=True, seq_len=seq))
+    assert ("qkv", "fwd", seq, (m.q_dim + 2 * m.kv_dim) // t, m.hidden) in calls.gemms
+    assert ("mlp_up", "fwd", seq, 2 * m.ffn_hidden // t, m.hidden) in calls.gemms
+    assert ("", "fwd", seq, m.hidden, m.ffn_hidden // t) in calls.gemms  # MLP down: a plain GEMM
+    assert calls.memory_bytes["norm"] == 2 * 2.0 * (seq // t) * m.hidden
+    assert calls.attention == {(1, seq, seq, m.n_heads // t, m.kv_heads // t, m.d_head, True, bwd) for bwd in (False, True)}
