@@ -8,6 +8,10 @@ parameters, ZeRO-3/FSDP all-gather each layer's parameters before its forward an
 prefetch) and reduce-scatter its gradients; the optimizer step closes the program. Ranks of one
 stage differ only by their dp/tp coordinates, so one program serves them all (symmetric) and full
 mode runs it on every rank.
+
+The program is hardware-neutral (``lower_program``): compute ops hold kernel descriptors
+(``simtrain.kernels``), host copies their bytes, and no op a time; ``lower`` runs the cost pass
+(``simtrain.cost_pass``) over it with one cost source.
 """
 
 from __future__ import annotations
