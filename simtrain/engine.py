@@ -43,6 +43,7 @@ from simtrain.network import FlowNetwork, fluid_duration
 from simtrain.ops import (
     CollectiveOp,
     CommOp,
+    ComputeOp,
     CopyOp,
     CostedComputeOp,
     CostedCopyOp,
@@ -55,6 +56,7 @@ from simtrain.ops import (
 from simtrain.roles import tiles
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+_UNCOSTED = (ComputeOp, CopyOp)  # as lowering emits them; the cost pass makes the Costed* subclasses
 _FINISHED = object()  # a comm stream with no ops left
 CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
@@ -467,8 +469,7 @@ class Engine:
                  representatives: list[int] | None = None):
         self.programs, self.grid, self.gpu = programs, grid, gpu
         for prog in programs:  # compute ops and host copies need their times (simtrain.cost_pass)
-            if any(o.kind in (OpKind.COMPUTE, OpKind.COPY) and not isinstance(o, CostedComputeOp | CostedCopyOp)
-                   for o in prog.ops):
+            if any(type(o) in _UNCOSTED for o in prog.ops):
                 raise ValueError(f"stage {prog.stage}'s program is not costed (simtrain.cost_pass.cost_program)")
         self.fast_paths = fast_paths
         self.load_factor = load_factor or {}

@@ -244,3 +244,18 @@ def test_calibration_enumerates_the_descriptors_of_a_lowered_program() -> None:
     assert ("", "fwd", seq, m.hidden, m.ffn_hidden // t) in calls.gemms  # MLP down: a plain GEMM
     assert calls.memory_bytes["norm"] == 2 * 2.0 * (seq // t) * m.hidden
     assert calls.attention == {(1, seq, seq, m.n_heads // t, m.kv_heads // t, m.d_head, True, bwd) for bwd in (False, True)}
+
+
+def test_the_engine_runs_only_a_costed_program() -> None:
+    from simtrain.engine import Engine
+    from simtrain.hardware import Topology
+    from simtrain.layout import RankGrid
+    from simtrain.simulate import cluster_of
+
+    run = _run(OFFLOAD)
+    cl = cluster_of(run)
+    low = lower_program(run)
+    with pytest.raises(ValueError, match="not costed"):
+        Engine(low.programs, RankGrid(run.layout), Topology(cl), cl.gpu, trace=False)
+    costed = [cost_program(p, _roofline(run)) for p in low.programs]
+    assert Engine(costed, RankGrid(run.layout), Topology(cl), cl.gpu, trace=False).run().step_time_s > 0
