@@ -54,43 +54,41 @@ class _Memo:
     def kernel(self, desc: KernelDesc) -> Kernel:
         hit = self.kernels.get(desc)
         if hit is None:
+            if isinstance(desc, Kernel):
+                raise ValueError(f"kernel {desc.name!r} is already costed")
             hit = self.kernels[desc] = self.source.kernel(desc)
         return hit
 
-    def costed(self, descs: tuple[KernelDesc, ...]) -> tuple[tuple[Kernel, ...], float, float]:
-        """(costed kernels, their time s, their routed-expert time s)."""
-        hit = self.tuples.get(id(descs))
-        if hit is None or hit[0] is not descs:
-            kernels = tuple(self.kernel(d) for d in descs)
-            hit = self.tuples[id(descs)] = (descs, kernels, sum(k.time_s for k in kernels),
-                                            sum(k.time_s for k in kernels if k.name.startswith("expert.")))
-        return hit[1], hit[2], hit[3]
-
-
-def _descriptors(op: ComputeOp) -> tuple[KernelDesc, ...]:
-    kernels = op.kernels
-    if isinstance(op, CostedComputeOp) or (kernels and isinstance(kernels[0], Kernel)):
-        raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
-    return kernels  # type: ignore[return-value]  # checked above: descriptors
+    def add(self, descs: tuple[KernelDesc, ...]) -> tuple[tuple[KernelDesc, ...], tuple[Kernel, ...], float, float]:
+        """(descriptors, costed kernels, their time s, their routed-expert time s), memoised."""
+        kernels = tuple(self.kernel(d) for d in descs)
+        hit = self.tuples[id(descs)] = (descs, kernels, sum((k.time_s for k in kernels), 0.0),
+                                        sum((k.time_s for k in kernels if k.name.startswith("expert.")), 0.0))
+        return hit
 
 
 def cost_program(program: Program, source: CostSource) -> Program:
     """A costed copy of ``program``: every compute op's kernels costed by ``source`` and its duration set,
     every host copy timed (``CostedComputeOp``, ``CostedCopyOp``); other ops are shared with ``program``
-    (they carry no time). ``program`` is left
-    as it is, so it can be costed again with another source."""
+    (they carry no time). ``program`` is left as it is, so it can be costed again with another source."""
     memo = _Memo(source)
+    tuples = memo.tuples
     ops: list[Op] = []
     for op in program.ops:
-        if isinstance(op, ComputeOp):
-            kernels, duration, expert = memo.costed(_descriptors(op))
+        kind = type(op)  # exact classes: the costed ones are subclasses (hot loop: no isinstance chain)
+        if kind is ComputeOp:
+            descs: tuple[KernelDesc, ...] = op.kernels  # type: ignore[attr-defined]
+            hit = tuples.get(id(descs))
+            if hit is None or hit[0] is not descs:
+                hit = memo.add(descs)
             op = CostedComputeOp(op.idx, op.stream, op.name, op.category, op.deps, op.remote, op.microbatch, op.chunk,
-                                 op.mem_start, op.mem_end, kernels, duration, expert)
-        elif isinstance(op, CopyOp):
-            if isinstance(op, CostedCopyOp):
-                raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
+                                 op.mem_start, op.mem_end, hit[1], hit[2], hit[3])
+        elif kind is CopyOp:
+            assert isinstance(op, CopyOp)
             op = CostedCopyOp(op.idx, op.stream, op.name, op.category, op.deps, op.remote, op.microbatch, op.chunk,
                               op.mem_start, op.mem_end, op.axis, op.comm_bytes, source.host_copy_s(op.comm_bytes))
+        elif kind is CostedComputeOp or kind is CostedCopyOp:
+            raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
         ops.append(op)
     return Program(program.stage, ops, dict(program.static_mem))
 

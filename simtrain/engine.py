@@ -405,9 +405,10 @@ _BREAKDOWN_AXIS = {"edp": "dp", "etp": "tp"}
 def _axis(op: Op) -> str:
     """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``, ``dp_cp`` -> ``dp``, ``edp``
     -> ``dp``, ``etp`` -> ``tp``; no axis -> ``other``)."""
-    if not isinstance(op, CommOp | CopyOp) or not op.axis:
+    axis: str = getattr(op, "axis", "")  # compute ops have none (hot path: no isinstance chain)
+    if not axis:
         return "other"
-    axis = op.axis.split("_")[0]
+    axis = axis.split("_")[0]
     return _BREAKDOWN_AXIS.get(axis, axis)
 
 
@@ -662,8 +663,8 @@ class Engine:
             start = env.now
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            if isinstance(op, CostedCopyOp):  # a host copy: its own link (PCIe / C2C), no network flows
-                yield env.timeout(op.duration_s)
+            if op.kind == OpKind.COPY:  # a host copy: its own link (PCIe / C2C), no network flows
+                yield env.timeout(cast(CostedCopyOp, op).duration_s)  # costed: checked in __init__
             else:
                 # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
                 stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0

@@ -197,7 +197,8 @@ class Program:
     def add(self, kind: OpKind, stream: Stream, name: str, **kw: object) -> Op:
         """Append an op of ``kind`` and return it (its ``idx`` is its position); ``kw`` are fields of that
         kind's class (a compute op or copy given ``duration_s`` is a costed one)."""
-        op = op_class(kind, "duration_s" in kw)(len(self.ops), stream, name, **kw)  # type: ignore[arg-type]
+        cls = _OP_CLASS[kind] if "duration_s" not in kw else op_class(kind, costed=True)
+        op = cls(len(self.ops), stream, name, **kw)  # type: ignore[arg-type]
         self.ops.append(op)
         return op
 
