@@ -17,6 +17,7 @@ from calibration.shapes import Target, placeholder_gpu
 from simtrain.calibrated import CalibratedCompute
 from simtrain.costs import ComputeCostModel
 from simtrain.lowering import lower
+from simtrain.ops import CostedComputeOp
 
 #: kernels of the embedding, the LM head and the optimizer (simtrain.blocks / lowering names): not the layer's
 NOT_LAYER = ("embedding", "pos_embedding", "final_norm", "lm_head", "cross_entropy", "optimizer")
@@ -25,7 +26,8 @@ def layer_kernels_s(target: Target, compute: CalibratedCompute) -> float:
     """Seconds of one layer's forward and backward kernels (one micro-batch) priced by ``compute``."""
     cost = ComputeCostModel(placeholder_gpu(), calibration=compute)
     lowered = lower(target.run(), cost)
-    total = sum(k.time_s for op in lowered.programs[0].ops if op.category in ("fwd", "bwd")
+    total = sum(k.time_s for op in lowered.programs[0].ops
+                if isinstance(op, CostedComputeOp) and op.category in ("fwd", "bwd")
                 for k in op.kernels if not k.name.startswith(NOT_LAYER))
     return total / target.model.n_layers
 

@@ -1,7 +1,7 @@
 """What to measure: the exact kernels a model and layout produce, enumerated by simtrain itself.
 
-``kernel_calls`` lowers the run with simtrain's own lowering (``simtrain.lowering.lower``) through a
-recording cost model, so the GEMM shapes (forward, input-grad, weight-grad of every projection and
+``kernel_calls`` lowers the run with simtrain's own lowering (``simtrain.lowering.lower_program``) and
+reads the kernel descriptors of the program (no times needed), so the GEMM shapes (forward, input-grad, weight-grad of every projection and
 the LM head), the attention shapes and the byte counts of the memory-bound kernels are exactly the
 ones simtrain will later ask the calibrated profile about. Grids of other shapes are added around
 them so the fitted functions also cover runs the profile was not made for.
@@ -18,13 +18,13 @@ from pydantic import ValidationError
 
 from simtrain.calibrated import gemm_role, memory_op_kind
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig, read_config_file
-from simtrain.costs import ComputeCostModel
 from simtrain.errors import ConfigError, Problem
 from simtrain.hardware import GpuSpec
 from simtrain.hf_config import from_hf_config
-from simtrain.lowering import lower
+from simtrain.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
+from simtrain.lowering import lower_program
 from simtrain.model import ModelSpec, preset
-from simtrain.ops import Kernel
+from simtrain.ops import ComputeOp
 
 #: The model the CPU loop calibrates for by default: a Llama-style decoder small enough that a
 #: training step takes a fraction of a second on one core (16.8M parameters).
@@ -129,7 +129,7 @@ COMPOSITE_GEMMS = ("qkv", "mlp_up")
 
 @dataclass
 class KernelCalls:
-    """What simtrain's lowering asked of the cost model for one target.
+    """The kernels simtrain's lowering emits for one target.
 
     ``gemms`` holds (kernel, role, m, n, k): kernel is a name of ``COMPOSITE_GEMMS`` or "" (a plain
     GEMM, shared by every kernel of that shape).
@@ -140,30 +140,18 @@ class KernelCalls:
     memory_bytes: dict[str, float] = field(default_factory=dict)  # operation kind -> bytes at the target
 
 
-class _Recorder:
-    """Stands in for ComputeCostModel during lowering and records every kernel asked for."""
-
-    def __init__(self, base: ComputeCostModel, calls: KernelCalls):
-        self._base, self._calls = base, calls
-
-    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False,
-             a_cast_share: float = 1.0) -> Kernel:
-        if batch == 1:
-            base = name.split(".")[0]
-            self._calls.gemms.add((base if base in COMPOSITE_GEMMS else "", gemm_role(name), m, n, k))
-        return self._base.gemm(name, m, n, k, batch, grouped, a_cast_share)
-
-    def flash_attention(self, name: str, b: int, s_q: int, s_kv: int, heads: int, kv_heads: int, d: int,
-                        causal: bool, backward: bool) -> Kernel:
-        self._calls.attention.add((b, s_q, s_kv, heads, kv_heads, d, causal, backward))
-        return self._base.flash_attention(name, b, s_q, s_kv, heads, kv_heads, d, causal, backward)
-
-    def memory_op(self, name: str, nbytes: float, flops: float = 0.0) -> Kernel:
-        self._calls.memory_bytes.setdefault(memory_op_kind(name), nbytes)
-        return self._base.memory_op(name, nbytes, flops)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
+def _record(calls: KernelCalls, desc: KernelDesc) -> None:
+    """Add one kernel descriptor of the lowered program to ``calls`` (a slice: its whole kernel)."""
+    if isinstance(desc, Sliced):
+        desc = desc.of
+    if isinstance(desc, Gemm):
+        if desc.batch == 1:
+            base = desc.name.split(".")[0]
+            calls.gemms.add((base if base in COMPOSITE_GEMMS else "", gemm_role(desc.name), desc.m, desc.n, desc.k))
+    elif isinstance(desc, Attention):
+        calls.attention.add(desc.key)
+    elif isinstance(desc, MemoryBound):
+        calls.memory_bytes.setdefault(memory_op_kind(desc.name), desc.bytes)
 
 
 def placeholder_gpu() -> GpuSpec:
@@ -177,10 +165,14 @@ def placeholder_gpu() -> GpuSpec:
 
 
 def kernel_calls(target: Target) -> KernelCalls:
-    """Lower ``target`` with simtrain and return the kernels it produced (shapes and byte counts)."""
+    """Lower ``target`` with simtrain and return the kernels of its program (shapes and byte counts), in
+    program order (a memory-bound operation's bytes are those of its first kernel)."""
     calls = KernelCalls()
-    recorder = _Recorder(ComputeCostModel(placeholder_gpu()), calls)
-    lower(target.run(), recorder)  # type: ignore[arg-type]  # duck-typed cost model
+    for prog in lower_program(target.run()).programs:
+        for op in prog.ops:
+            if isinstance(op, ComputeOp):
+                for desc in op.kernels:
+                    _record(calls, desc)  # type: ignore[arg-type]  # a lowered program holds descriptors
     return calls
 
 

@@ -1,6 +1,7 @@
 """Kernels of one transformer layer, the embedding and the LM head, per TP rank.
 
-Each builder returns *segments*: a compute segment is a tuple of ``Kernel``; a communication
+Each builder returns *segments*: a compute segment is a tuple of kernel descriptors
+(``simtrain.kernels``: shapes, FLOPs and bytes, no time; ``simtrain.cost_pass`` costs them); a communication
 segment is ``Comm(coll, axis, size_bytes)``. Segments alternate the way Megatron-LM's tensor
 parallelism does (Shoeybi et al. 2019, Fig. 3: one all-reduce after the attention and one after the
 MLP in forward, mirrored in backward; with sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2)
@@ -15,9 +16,10 @@ LM head (T, V/t, h). Backward runs dgrad (m, k, n) and wgrad (k, n, m) for each 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Generic, TypeVar
 
 from simtrain.collective_kinds import (
     ALL_GATHER,
@@ -29,10 +31,10 @@ from simtrain.collective_kinds import (
     CollectiveKind,
     NodeLimited,
 )
-from simtrain.costs import FLASH_BLOCK, ComputeCostModel
+from simtrain.costs import FLASH_BLOCK
+from simtrain.kernels import Attention, Gemm, KernelDesc, MemoryBound, NamedWork, row_chunked
 from simtrain.memory import op_sac_recomputed
 from simtrain.model import ModelSpec
-from simtrain.ops import Kernel
 
 TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks
 #: Tensorwise FP8 on DTensor TP (torchao Float8Linear with Float8ColwiseParallel / Float8RowwiseParallel /
@@ -54,7 +56,7 @@ AMAX_CASTS_TE: Mapping[str, int] = MappingProxyType({"attn_fwd": 1, "mlp_fwd": 1
 AMAX_BYTES = 4.0
 
 
-def leading_gemms(kernels: tuple[Kernel, ...], gathered: bool = False) -> int:
+def leading_gemms(kernels: Sequence[NamedWork], gathered: bool = False) -> int:
     """How many of ``kernels``, from the first, are GEMMs (FLOPs, not core attention or a memory-bound op).
 
     ``gathered``: count only the GEMMs an all-gather before them can feed chunk by chunk, those that read
@@ -95,22 +97,26 @@ class Comm:
         return tp_overlap and self.axis == "tp" and self.fusable
 
 
+K = TypeVar("K", bound=NamedWork)
+"""A kernel of a segment: a descriptor as lowering builds it, or a costed ``simtrain.ops.Kernel``."""
+
+
 @dataclass(frozen=True, slots=True)
-class Ring:
+class Ring(Generic[K]):
     """Ring attention (context parallelism, ``cp_comm=p2p``): ``steps`` attention blocks; while block
     i is computed, KV block i is passed on to the next CP rank (``comm``), and block i+1 waits for it
     (Liu et al. 2023 "Ring Attention"; Megatron-core ``AttnFuncWithCPAndKVP2P``). ``comm`` None: the
     blocks arrive otherwise (an all-gather before the ring) and the steps pass nothing on."""
 
     steps: int
-    kernels: tuple[Kernel, ...]
+    kernels: tuple[K, ...]
     comm: Comm | None
 
 
-Segment = tuple[Kernel, ...] | Comm | Ring
+Segment = tuple[KernelDesc, ...] | Comm | Ring[KernelDesc]
 
 
-def merge(segs: list[Segment | tuple[Kernel | None, ...]]) -> list[Segment]:
+def merge(segs: list[Segment | tuple[KernelDesc | None, ...]]) -> list[Segment]:
     """Concatenate adjacent kernel tuples (dropping None kernels and empty tuples) into one segment,
     except the segment right after an overlapped collective: it is what runs beside that collective,
     and the segment after it waits for the collective, so the two stay apart."""
@@ -137,7 +143,6 @@ class BlockBuilder:
     """Builds the segments of one layer/embedding/head for one micro-batch on one TP rank."""
 
     model: ModelSpec
-    cost: ComputeCostModel
     b: int
     s: int
     t: int
@@ -206,10 +211,10 @@ class BlockBuilder:
         """Tokens each rank's norms/residuals see (T/t with sequence parallelism)."""
         return self.T // self.t if self.sp else self.T
 
-    def _gemm_fwd(self, name: str, n: int, k: int, gathered: bool = False) -> Kernel:
+    def _gemm_fwd(self, name: str, n: int, k: int, gathered: bool = False) -> KernelDesc:
         """Forward GEMM; ``gathered``: its input is the TP all-gather's output (column-parallel)."""
         share = 1.0 / self.t if gathered and self.fp8_tp_gather else 1.0
-        return self.cost.gemm(name, self.T, n, k, a_cast_share=share)
+        return Gemm(name, self.T, n, k, a_cast_share=share)
 
     def _gather_bytes(self, size: float) -> float:
         """Bytes of a forward all-gather feeding column-parallel GEMMs of ``size`` BF16 bytes."""
@@ -222,19 +227,19 @@ class BlockBuilder:
             return []
         return [Comm(ALL_REDUCE, AMAX_BYTES, fusable=False) for _ in range(self.amax_casts.get(where, 0))]
 
-    def _gemm_bwd(self, name: str, n: int, k: int) -> tuple[Kernel, Kernel]:
-        return (self.cost.gemm(name + ".dgrad", self.T, k, n), self.cost.gemm(name + ".wgrad", k, n, self.T))
+    def _gemm_bwd(self, name: str, n: int, k: int) -> tuple[KernelDesc, KernelDesc]:
+        return (Gemm(name + ".dgrad", self.T, k, n), Gemm(name + ".wgrad", k, n, self.T))
 
-    def _norm(self, name: str, backward: bool) -> Kernel:
+    def _norm(self, name: str, backward: bool) -> KernelDesc:
         n = 3 if backward else 2  # fwd: read x, write y; bwd: read x and dy, write dx
-        return self.cost.memory_op(name, n * 2.0 * self.Tn * self.model.hidden)
+        return MemoryBound(name, n * 2.0 * self.Tn * self.model.hidden)
 
-    def _residual(self, name: str, backward: bool) -> Kernel | None:
+    def _residual(self, name: str, backward: bool) -> KernelDesc | None:
         h = self.model.hidden
         if backward:
-            return self.cost.memory_op(name, 2 * 2.0 * self.Tn * h + self.Tn * h) if self.dropout else None
+            return MemoryBound(name, 2 * 2.0 * self.Tn * h + self.Tn * h) if self.dropout else None
         mask = self.Tn * h if self.dropout else 0.0
-        return self.cost.memory_op(name, 3 * 2.0 * self.Tn * h + mask)
+        return MemoryBound(name, 3 * 2.0 * self.Tn * h + mask)
 
     @property
     def _dims(self) -> tuple[int, int, int, int, int]:
@@ -258,7 +263,7 @@ class BlockBuilder:
                 out.append((name, d_in, d_out // self.t))
         return out
 
-    def _attn_in_fwd(self) -> tuple[Kernel, ...]:
+    def _attn_in_fwd(self) -> tuple[KernelDesc, ...]:
         """QKV projection(s) of the forward: one fused GEMM, or MLA's down/up projections."""
         h, q, kv, _, _ = self._dims
         if self.model.mla is None:
@@ -266,7 +271,7 @@ class BlockBuilder:
         return tuple(self._gemm_fwd(n, d_out, d_in, gathered=d_in == h)  # the projections of the layer input
                      for n, d_in, d_out in self._projection_dims() if n != "o_proj")
 
-    def _attn_in_bwd(self) -> tuple[Kernel, ...]:
+    def _attn_in_bwd(self) -> tuple[KernelDesc, ...]:
         h, q, kv, _, _ = self._dims
         if self.model.mla is None:
             return self._gemm_bwd("qkv", q + 2 * kv, h)
@@ -278,7 +283,7 @@ class BlockBuilder:
         """Input width of the output projection on this rank (a*d_v/t)."""
         return self.model.n_heads * self.model.v_head_dim // self.t
 
-    def _attention_core(self, backward: bool) -> tuple[Kernel, ...]:
+    def _attention_core(self, backward: bool) -> tuple[KernelDesc, ...]:
         """The attention kernels of this rank's queries against ``s_kv`` keys (no CP exchange)."""
         m = self.model
         heads = m.n_heads // self.t
@@ -288,20 +293,20 @@ class BlockBuilder:
         # Unfused (Megatron "core attention"): QK^T, masked softmax (+dropout), attention x V.
         batch = self.b * heads
         scores = 2.0 * batch * self.s * self.s
-        qk = self.cost.gemm("attn.qk", self.s, self.s, m.d_head, batch)
-        av = self.cost.gemm("attn.av", self.s, m.d_head, self.s, batch)
-        soft = self.cost.memory_op("attn.softmax", (3 if backward else 2) * scores + (scores / 2 if self.dropout else 0))
+        qk = Gemm("attn.qk", self.s, self.s, m.d_head, batch)
+        av = Gemm("attn.av", self.s, m.d_head, self.s, batch)
+        soft = MemoryBound("attn.softmax", (3 if backward else 2) * scores + (scores / 2 if self.dropout else 0))
         if backward:
             return (av, av, soft, qk, qk)
         return (qk, soft, av)
 
-    def _flash(self, backward: bool, s_q: int, s_kv: int, heads: int, kv_heads: int) -> Kernel:
+    def _flash(self, backward: bool, s_q: int, s_kv: int, heads: int, kv_heads: int) -> KernelDesc:
         name = "flash_attn.bwd" if backward else "flash_attn.fwd"
         m = self.model
         # scores use the query/key width, attention x V the value width (MLA: 192 and 128): the kernel's
         # 4*s*s*d FLOPs count both GEMMs, so d is their mean (exact for FLOPs; FA2 convention)
         d = (m.d_head + m.v_head_dim) // 2
-        return self.cost.flash_attention(name, self.b, s_q, s_kv, heads, kv_heads, d,
+        return Attention(name, self.b, s_q, s_kv, heads, kv_heads, d,
                                          causal=True, backward=backward)
 
     def _windowed(self, backward: bool, window: int) -> Segment:
@@ -315,7 +320,7 @@ class BlockBuilder:
         # (flash-attn's local mainloop, n_block_min = (m_block * B - window) / B), masked or not, so a
         # 128-key window on 128-key blocks does twice the work it keeps
         keys = min(window + FLASH_BLOCK, self.s)
-        return (self.cost.flash_attention(name, self.b, self.s, keys, heads, kv_heads, d, causal=False,
+        return (Attention(name, self.b, self.s, keys, heads, kv_heads, d, causal=False,
                                           backward=backward),)
 
     def _attention_segments(self, backward: bool, layer: int | None = None) -> list[Segment]:
@@ -361,13 +366,13 @@ class BlockBuilder:
         kv = 2.0 * self.T * heads * d  # K and V elements of the local tokens, expanded to the query heads
         flash = self._flash(backward, self.s, self.s, heads, heads)
         merge_k = self._ring_merge(backward, heads, heads)
-        cat = self.cost.memory_op("cp_cat.bwd" if backward else "cp_cat",
+        cat = MemoryBound("cp_cat.bwd" if backward else "cp_cat",
                                   2.0 * kv * (2.0 + (4.0 if backward else 0.0)))  # read + write bf16 KV (+ fp32 dKV)
         gather = Comm(ALL_GATHER, 2.0 * kv * self.cp, "cp", overlap=True)
         hop = Comm(RING_SHIFT, 4.0 * kv, "cp") if backward else None
         return [gather, Ring(self.cp, (flash, merge_k, cat), hop)]
 
-    def _ring_merge(self, backward: bool, heads: int, kv_heads: int) -> Kernel:
+    def _ring_merge(self, backward: bool, heads: int, kv_heads: int) -> KernelDesc:
         """One ring step's merge into the running result, 10 bytes per element when fused (read the step's
         bf16 partial, read and write the fp32 accumulator; the stack scales it when eager): forward, the
         output rescaled by the step's log-sum-exp (TE ``flash_attn_fwd_out_correction``; torch
@@ -380,11 +385,11 @@ class BlockBuilder:
         elems = self.T * heads * m.v_head_dim
         if backward:
             elems = self.T * (heads + 2 * kv_heads) * m.d_head
-        return self.cost.memory_op("cp_merge.bwd" if backward else "cp_merge", 10.0 * share * elems)
+        return MemoryBound("cp_merge.bwd" if backward else "cp_merge", 10.0 * share * elems)
 
-    def selective_recompute(self, layer: int | None, modules: tuple[str, ...]) -> tuple[Kernel, ...]:
+    def selective_recompute(self, layer: int | None, modules: tuple[str, ...]) -> tuple[KernelDesc, ...]:
         """Kernels selective recompute re-runs before a layer's backward (see memory._selective_recompute)."""
-        out: list[Kernel] = []
+        out: list[KernelDesc] = []
         if "core_attn" in modules and not self.flash:
             out += self._attention_core(backward=False)
         if "layernorm" in modules:
@@ -396,12 +401,12 @@ class BlockBuilder:
             moe = self.model.moe if layer is not None and self.model.is_moe_layer(layer) else None
             n_up = 2 if self.model.activation == "swiglu" else 1
             if moe is None:
-                out.append(self.cost.memory_op("act.recompute", (n_up + 1) * 2.0 * self.T * self._dims[3]))
+                out.append(MemoryBound("act.recompute", (n_up + 1) * 2.0 * self.T * self._dims[3]))
             else:
                 tokens, k, local, m_e, f_e, f_s = self._moe_dims()
-                out.append(self.cost.memory_op("expert.act.recompute", (n_up + 1) * 2.0 * m_e * local * f_e))
+                out.append(MemoryBound("expert.act.recompute", (n_up + 1) * 2.0 * m_e * local * f_e))
                 if f_s:
-                    out.append(self.cost.memory_op("shared.act.recompute", (n_up + 1) * 2.0 * tokens * f_s))
+                    out.append(MemoryBound("shared.act.recompute", (n_up + 1) * 2.0 * tokens * f_s))
         return tuple(out)
 
     def _op_sac_recompute(self, layer: int | None) -> list[Segment]:
@@ -418,19 +423,19 @@ class BlockBuilder:
         m = self.model
         moe = layer is not None and m.is_moe_layer(layer)
         _, q, kv, f, n_up = self._dims
-        attn: list[Kernel | None] = []
-        mlp: list[Kernel | None] = []
+        attn: list[KernelDesc | None] = []
+        mlp: list[KernelDesc | None] = []
         for name, d_in, d_out, style in op_sac_recomputed(m, layer):
             n = d_out // self.t if style == "col" else d_out
             side = mlp if name in ("w1", "w2", "w3") else attn
             side.append(self._gemm_fwd(name + ".recompute", n, d_in // self.t if style == "row" else d_in,
                                        gathered=style == "col"))
         if m.position == "rope":
-            attn.append(self.cost.memory_op("rope.recompute", 2 * 2.0 * self.T * (q + kv)))
+            attn.append(MemoryBound("rope.recompute", 2 * 2.0 * self.T * (q + kv)))
         if not self.flash:
             attn += self._attention_core(backward=False)
         if not moe:
-            mlp.append(self.cost.memory_op("act.recompute", (n_up + 1) * 2.0 * self.T * f))
+            mlp.append(MemoryBound("act.recompute", (n_up + 1) * 2.0 * self.T * f))
         ln1, ln2 = self._norm("ln1.recompute", False), self._norm("ln2.recompute", False)
         res1 = self._residual("residual1.recompute", False)
         size = 2.0 * self.T * m.hidden
@@ -446,14 +451,14 @@ class BlockBuilder:
         h, _, _, f, n_up = self._dims
         if moe:
             return self._moe_forward()
-        act = self.cost.memory_op("act", (n_up + 1) * 2.0 * self.T * f)
+        act = MemoryBound("act", (n_up + 1) * 2.0 * self.T * f)
         return [(self._gemm_fwd("mlp_up", n_up * f, h, gathered=True), act, self._gemm_fwd("mlp_down", h, f))]
 
     def _mlp_backward(self, moe: bool) -> list[Segment]:
         h, _, _, f, n_up = self._dims
         if moe:
             return self._moe_backward()
-        act = self.cost.memory_op("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
+        act = MemoryBound("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
         return [(*self._gemm_bwd("mlp_down", h, f), act, *self._gemm_bwd("mlp_up", n_up * f, h))]
 
     def _layer_forward(self, layer: int | None = None) -> list[Segment]:
@@ -461,7 +466,7 @@ class BlockBuilder:
         h, q, kv, f, n_up = self._dims
         moe = layer is not None and self.model.is_moe_layer(layer)
         ln1, ln2 = self._norm("ln1", False), self._norm("ln2", False)
-        rope = (self.cost.memory_op("rope", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
+        rope = (MemoryBound("rope", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
         attn: list[Segment] = [(*self._attn_in_fwd(), *rope), *self._attention_segments(False, layer),
                                (self._gemm_fwd("out_proj", h, self._o_in),)]
         mlp = self._mlp_forward(moe)
@@ -485,7 +490,7 @@ class BlockBuilder:
         """Backward segments of transformer layer ``layer`` (reverse order of the forward)."""
         h, q, kv, f, n_up = self._dims
         moe = layer is not None and self.model.is_moe_layer(layer)
-        rope = (self.cost.memory_op("rope.bwd", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
+        rope = (MemoryBound("rope.bwd", 2 * 2.0 * self.T * (q + kv)),) if self.model.position == "rope" else ()
         attn: list[Segment] = [self._gemm_bwd("out_proj", h, self._o_in), *self._attention_segments(True, layer),
                                (*rope, *self._attn_in_bwd())]
         mlp = self._mlp_backward(moe)
@@ -520,7 +525,7 @@ class BlockBuilder:
         return merge([(res2,), *amax_mlp, Comm(ALL_GATHER, size), *mlp, summed, (ln2, res1),
                       *amax_attn, Comm(ALL_GATHER, size), *attn, summed, (ln1,)])
 
-    def _column_backward(self, kernels: tuple[Kernel, ...], first_column: int) -> list[Segment]:
+    def _column_backward(self, kernels: tuple[KernelDesc, ...], first_column: int) -> list[Segment]:
         """Megatron's backward of column-parallel GEMMs (``kernels[first_column:]``, their dgrad and wgrad
         GEMMs, after ``kernels[:first_column]``): the dgrads, then the wgrads beside the asynchronous
         reduction of the input gradient the dgrads produced; with sequence parallelism the input, saved
@@ -562,23 +567,22 @@ class BlockBuilder:
         per_expert = max(tokens * moe.top_k * self.etp // local, 1)
         return tokens, moe.top_k, local, per_expert, moe.ffn_hidden // self.etp, moe.n_shared_experts * moe.shared_ffn
 
-    def _experts(self, backward: bool) -> tuple[Kernel, ...]:
+    def _experts(self, backward: bool) -> tuple[KernelDesc, ...]:
         """Grouped GEMMs of the local experts (kernels named ``expert.*``: the engine scales them by the
         rank's routed load, see simtrain.routing)."""
         h, n_up = self.model.hidden, 2 if self.model.activation == "swiglu" else 1
         _, _, local, m_e, f_e, _ = self._moe_dims()
-        c = self.cost
         if not backward:
-            return (c.gemm("expert.up", m_e, n_up * f_e, h, local, grouped=True),
-                    c.memory_op("expert.act", (n_up + 1) * 2.0 * m_e * local * f_e),
-                    c.gemm("expert.down", m_e, h, f_e, local, grouped=True))
-        return (c.gemm("expert.down.dgrad", m_e, f_e, h, local, grouped=True),
-                c.gemm("expert.down.wgrad", f_e, h, m_e, local, grouped=True),
-                c.memory_op("expert.act.bwd", (2 * n_up + 1) * 2.0 * m_e * local * f_e),
-                c.gemm("expert.up.dgrad", m_e, h, n_up * f_e, local, grouped=True),
-                c.gemm("expert.up.wgrad", h, n_up * f_e, m_e, local, grouped=True))
+            return (Gemm("expert.up", m_e, n_up * f_e, h, local, grouped=True),
+                    MemoryBound("expert.act", (n_up + 1) * 2.0 * m_e * local * f_e),
+                    Gemm("expert.down", m_e, h, f_e, local, grouped=True))
+        return (Gemm("expert.down.dgrad", m_e, f_e, h, local, grouped=True),
+                Gemm("expert.down.wgrad", f_e, h, m_e, local, grouped=True),
+                MemoryBound("expert.act.bwd", (2 * n_up + 1) * 2.0 * m_e * local * f_e),
+                Gemm("expert.up.dgrad", m_e, h, n_up * f_e, local, grouped=True),
+                Gemm("expert.up.wgrad", h, n_up * f_e, m_e, local, grouped=True))
 
-    def _sorted_experts(self, backward: bool) -> tuple[Kernel, ...]:
+    def _sorted_experts(self, backward: bool) -> tuple[KernelDesc, ...]:
         """The local experts between Megatron's second permutation and its inverse: with several local
         experts, the all-to-all dispatcher sorts the received tokens by local expert and unsorts the
         experts' output before the combine (``sort_chunks_by_idxs``, fused by TE under
@@ -593,23 +597,21 @@ class BlockBuilder:
         # forward: sort the dispatched tokens (the dispatch's precision), unsort the BF16 outputs;
         # backward: the gradients of both, BF16
         first = 2.0 if backward else self.dispatch_bytes_per_elem
-        c = self.cost
-        sort = c.memory_op("expert.sort_chunks" + (".bwd" if backward else ""), 2 * first * copies)
-        unsort = c.memory_op("expert.unsort_chunks" + (".bwd" if backward else ""), 2 * 2.0 * copies)
+        sort = MemoryBound("expert.sort_chunks" + (".bwd" if backward else ""), 2 * first * copies)
+        unsort = MemoryBound("expert.unsort_chunks" + (".bwd" if backward else ""), 2 * 2.0 * copies)
         return (unsort, *experts, sort) if backward else (sort, *experts, unsort)
 
-    def _shared(self, backward: bool) -> tuple[Kernel, ...]:
+    def _shared(self, backward: bool) -> tuple[KernelDesc, ...]:
         h, n_up = self.model.hidden, 2 if self.model.activation == "swiglu" else 1
         tokens, _, _, _, _, f_s = self._moe_dims()
         if not f_s:
             return ()
-        c = self.cost
         if not backward:
-            return (c.gemm("shared.up", tokens, n_up * f_s, h),
-                    c.memory_op("shared.act", (n_up + 1) * 2.0 * tokens * f_s), c.gemm("shared.down", tokens, h, f_s))
-        return (c.gemm("shared.down.dgrad", tokens, f_s, h), c.gemm("shared.down.wgrad", f_s, h, tokens),
-                c.memory_op("shared.act.bwd", (2 * n_up + 1) * 2.0 * tokens * f_s),
-                c.gemm("shared.up.dgrad", tokens, h, n_up * f_s), c.gemm("shared.up.wgrad", h, n_up * f_s, tokens))
+            return (Gemm("shared.up", tokens, n_up * f_s, h),
+                    MemoryBound("shared.act", (n_up + 1) * 2.0 * tokens * f_s), Gemm("shared.down", tokens, h, f_s))
+        return (Gemm("shared.down.dgrad", tokens, f_s, h), Gemm("shared.down.wgrad", f_s, h, tokens),
+                MemoryBound("shared.act.bwd", (2 * n_up + 1) * 2.0 * tokens * f_s),
+                Gemm("shared.up.dgrad", tokens, h, n_up * f_s), Gemm("shared.up.wgrad", h, n_up * f_s, tokens))
 
     def _moe_comms(self) -> tuple[Comm, Comm, float]:
         """Dispatch and combine all-to-alls over the EP group (nccl-tests size: this rank's send buffer,
@@ -639,15 +641,14 @@ class BlockBuilder:
         assert moe is not None
         h = self.model.hidden
         tokens, k, _, _, _, _ = self._moe_dims()
-        c = self.cost
-        router = (c.gemm("router", tokens, moe.n_experts, h),
-                  c.memory_op("router.topk", 3 * 4.0 * tokens * moe.n_experts),
-                  c.memory_op("moe.permute", 2 * 2.0 * tokens * k * h))
+        router = (Gemm("router", tokens, moe.n_experts, h),
+                  MemoryBound("router.topk", 3 * 4.0 * tokens * moe.n_experts),
+                  MemoryBound("moe.permute", 2 * 2.0 * tokens * k * h))
         dispatch, combine, gathered = self._moe_comms()
         experts: list[Segment] = [self._sorted_experts(False)]
         if self.etp > 1:
             experts = [Comm(ALL_GATHER, gathered, "etp"), *experts, Comm(REDUCE_SCATTER, gathered, "etp")]
-        unpermute = (c.memory_op("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
+        unpermute = (MemoryBound("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
         shared = self._shared(False)
         if self.ep_overlap:
             return [router, dispatch.overlapped(), shared, *experts, combine, unpermute]
@@ -659,15 +660,14 @@ class BlockBuilder:
         assert moe is not None
         h = self.model.hidden
         tokens, k, _, _, _, _ = self._moe_dims()
-        c = self.cost
         dispatch, combine, gathered = self._moe_comms()
-        unpermute = (c.memory_op("moe.unpermute.bwd", (k + 1) * 2.0 * tokens * h),)
+        unpermute = (MemoryBound("moe.unpermute.bwd", (k + 1) * 2.0 * tokens * h),)
         experts: list[Segment] = [self._sorted_experts(True)]
         if self.etp > 1:
             experts = [Comm(ALL_GATHER, gathered, "etp"), *experts, Comm(REDUCE_SCATTER, gathered, "etp")]
-        router = (c.memory_op("moe.permute.bwd", 2 * 2.0 * tokens * k * h),
-                  c.memory_op("router.topk.bwd", 3 * 4.0 * tokens * moe.n_experts),
-                  c.gemm("router.dgrad", tokens, h, moe.n_experts), c.gemm("router.wgrad", h, moe.n_experts, tokens))
+        router = (MemoryBound("moe.permute.bwd", 2 * 2.0 * tokens * k * h),
+                  MemoryBound("router.topk.bwd", 3 * 4.0 * tokens * moe.n_experts),
+                  Gemm("router.dgrad", tokens, h, moe.n_experts), Gemm("router.wgrad", h, moe.n_experts, tokens))
         grad_combine = Comm(combine.coll, combine.size_bytes, "ep")
         grad_dispatch = Comm(combine.coll, combine.size_bytes, "ep")  # gradients travel in BF16
         shared = self._shared(True)
@@ -675,7 +675,7 @@ class BlockBuilder:
             return [unpermute, grad_combine.overlapped(), shared, *experts, grad_dispatch, router]
         return [(*unpermute, *shared), grad_combine, *experts, grad_dispatch, router]
 
-    def mtp_projection(self, backward: bool) -> tuple[Kernel, ...]:
+    def mtp_projection(self, backward: bool) -> tuple[KernelDesc, ...]:
         """The MTP module's projection of the concatenated [norm(h), norm(embedding)] (2h -> h, per TP
         rank; DeepSeek-V3 sec. 2.2 eq. 21), with its two norms."""
         h = self.model.hidden
@@ -687,16 +687,16 @@ class BlockBuilder:
     def _embedding_forward(self) -> list[Segment]:
         """Token (+ learned position) embedding; vocab-parallel embeddings reduce across TP."""
         h = self.model.hidden
-        kernels = [self.cost.memory_op("embedding", 2 * 2.0 * self.T * h)]
+        kernels = [MemoryBound("embedding", 2 * 2.0 * self.T * h)]
         if self.model.position == "learned":
-            kernels.append(self.cost.memory_op("pos_embedding", 3 * 2.0 * self.T * h))
+            kernels.append(MemoryBound("pos_embedding", 3 * 2.0 * self.T * h))
         if self.t == 1:
             return [tuple(kernels)]
         return [tuple(kernels), Comm(REDUCE_SCATTER if self.sp else ALL_REDUCE, 2.0 * self.T * h)]
 
     def _embedding_backward(self) -> list[Segment]:
         """Embedding gradient (scatter-add of the token gradients)."""
-        k = (self.cost.memory_op("embedding.bwd", 3 * 2.0 * self.T * self.model.hidden),)
+        k = (MemoryBound("embedding.bwd", 3 * 2.0 * self.T * self.model.hidden),)
         if self.t > 1 and self.sp:
             return [Comm(ALL_GATHER, 2.0 * self.T * self.model.hidden), k]
         return [k]
@@ -706,7 +706,7 @@ class BlockBuilder:
         h, v = self.model.hidden, self.model.vocab // self.t
         ln = self._norm("final_norm", False)
         head = (self._gemm_fwd("lm_head", v, h),
-                self.cost.memory_op("cross_entropy", self.T * v * (2.0 + 4.0 + 4.0)))
+                MemoryBound("cross_entropy", self.T * v * (2.0 + 4.0 + 4.0)))
         if self.t == 1:
             return [(ln, *head)]
         pre: list[Segment] = [(ln,), Comm(ALL_GATHER, 2.0 * self.T * h)] if self.sp else [(ln,)]
@@ -716,7 +716,7 @@ class BlockBuilder:
     def _head_backward(self) -> list[Segment]:
         """Cross-entropy and LM-head backward, then the final norm's."""
         h, v = self.model.hidden, self.model.vocab // self.t
-        ce = self.cost.memory_op("cross_entropy.bwd", self.T * v * (4.0 + 2.0))
+        ce = MemoryBound("cross_entropy.bwd", self.T * v * (4.0 + 2.0))
         head = (ce, *self._gemm_bwd("lm_head", v, h))
         ln = self._norm("final_norm.bwd", True)
         if self.t == 1:
@@ -755,15 +755,15 @@ class BlockBuilder:
 
     def _finished(self, segs: list[Segment]) -> list[Segment]:
         """``segs`` as the engine runs them: DTensor's layout copies (``_with_layout_copies``), then the
-        GEMMs TP comm overlap splits by rows costed as their chunks (``_row_chunked``)."""
+        GEMMs TP comm overlap splits by rows marked as run in chunks (``_row_chunked``)."""
         return self._row_chunked(self._with_layout_copies(segs))
 
     def _row_chunked(self, segs: list[Segment]) -> list[Segment]:
         """With TP comm overlap, the GEMMs a fused collective splits by rows into ``TP_OVERLAP_CHUNKS``
         (the leading GEMMs fed by an all-gather, the trailing GEMMs that feed a reduce-scatter or
         all-reduce, weight-gradient GEMMs excepted: they contract over the split dim and run whole, as
-        Transformer Engine's bulk overlaps run them), each costed as that many GEMMs of m / chunks rows
-        (``ComputeCostModel.row_chunked``): TE userbuffers and torch's fused_all_gather_matmul /
+        Transformer Engine's bulk overlaps run them), each marked ``Gemm.row_chunks`` (the cost pass costs it
+        as that many GEMMs of m / chunks rows, ``ComputeCostModel.row_chunked``): TE userbuffers and torch's fused_all_gather_matmul /
         fused_matmul_reduce_scatter launch one GEMM per chunk. Mirrors ``lowering._Emitter._overlapped``."""
         if not (self.tp_overlap and self.t > 1):
             return segs
@@ -781,7 +781,7 @@ class BlockBuilder:
                     and nxt.coll.kind in (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)):
                 trail = leading_gemms(tuple(kernels[::-1]), gathered=True)
             split = set(range(lead)) | set(range(len(kernels) - trail, len(kernels)))
-            out[i] = tuple(self.cost.row_chunked(k, TP_OVERLAP_CHUNKS) if j in split else k
+            out[i] = tuple(row_chunked(k, TP_OVERLAP_CHUNKS) if j in split else k
                            for j, k in enumerate(kernels))
         return out
 
@@ -803,17 +803,17 @@ class BlockBuilder:
         """
         if not (self.dtensor_tp and self.sp and self.t > 1):
             return segs
-        out: list[Segment | tuple[Kernel | None, ...]] = []
+        out: list[Segment | tuple[KernelDesc | None, ...]] = []
         for seg in segs:
             if not (isinstance(seg, Comm) and seg.axis == "tp"
                     and seg.coll.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER)):
                 out.append(seg)
             elif seg.fused_with_gemm(self.tp_overlap) and seg.coll.kind is CollectiveKind.ALL_GATHER:
-                out += [(self.cost.memory_op("tp.ag_shard_copy", 2.0 * seg.size_bytes / self.t),), seg]
+                out += [(MemoryBound("tp.ag_shard_copy", 2.0 * seg.size_bytes / self.t),), seg]
             elif seg.fused_with_gemm(self.tp_overlap):
-                out += [seg, (self.cost.memory_op("tp.rs_reduce", seg.size_bytes * (1.0 + 1.0 / self.t)),)]
+                out += [seg, (MemoryBound("tp.rs_reduce", seg.size_bytes * (1.0 + 1.0 / self.t)),)]
             elif seg.coll.kind is CollectiveKind.ALL_GATHER:
-                out += [seg, (self.cost.memory_op("tp.gather_copy", 2.0 * seg.size_bytes),)]
+                out += [seg, (MemoryBound("tp.gather_copy", 2.0 * seg.size_bytes),)]
             else:
-                out += [(self.cost.memory_op("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
+                out += [(MemoryBound("tp.scatter_copy", 2.0 * seg.size_bytes),), seg]
         return merge(out)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 
 from simtrain.calibrated import CalibratedCompute
 from simtrain.hardware import GpuSpec
+from simtrain.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
+from simtrain.offload import copy_s
 from simtrain.ops import Kernel
 from simtrain.stacks import FA2_ON_HOPPER, SoftwareStack
 
@@ -107,6 +109,36 @@ class ComputeCostModel:
     """Software stack (fusion, CPU launch cost, attention kernel); None = fused kernels, best attention."""
     fp8_recipe: str = "delayed"
     """FP8 scaling recipe (``FP8_CAST_BYTES`` key) when ``dtype == "fp8"``."""
+    host_Bps: float = 0.0
+    """GPU <-> host copy rate per direction, bytes/s (``NodeSpec.host_link_Bps``; CPU activation
+    offloading's copies); 0: unknown, a host copy cannot be costed."""
+
+    # -- the CostSource interface (simtrain.cost_pass) ---------------------------------------------
+    def kernel(self, desc: KernelDesc) -> Kernel:
+        """The costed kernel of descriptor ``desc``: its time (calibrated where the profile measured it,
+        else the roofline), and the FLOPs and HBM bytes this GPU and stack run it with."""
+        if isinstance(desc, Gemm):
+            whole = self.gemm(desc.name, desc.m, desc.n, desc.k, desc.batch, desc.grouped, desc.a_cast_share)
+            return self.row_chunked(whole, desc.row_chunks)
+        if isinstance(desc, MemoryBound):
+            return self.memory_op(desc.name, desc.bytes, desc.flops)
+        if isinstance(desc, Attention):
+            return self.flash_attention(desc.name, desc.b, desc.s_q, desc.s_kv, desc.heads, desc.kv_heads, desc.d,
+                                        desc.causal, desc.backward)
+        if isinstance(desc, Sliced):
+            k, n = self.kernel(desc.of), desc.parts
+            return Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n)
+        raise TypeError(f"not a kernel descriptor: {desc!r}")
+
+    def kernel_time(self, desc: KernelDesc) -> float:
+        """Seconds of one kernel (``kernel(desc).time_s``)."""
+        return self.kernel(desc).time_s
+
+    def host_copy_s(self, nbytes: float) -> float:
+        """Seconds of one copy of ``nbytes`` between GPU and host memory (``offload.copy_s``)."""
+        if self.host_Bps <= 0:
+            raise ValueError("a GPU <-> host copy needs the copy rate host_Bps > 0")
+        return copy_s(nbytes, self.host_Bps)
 
     @property
     def peak_flops_per_s(self) -> float:

@@ -46,7 +46,7 @@ from simtrain.layout import RankGrid
 from simtrain.load import load_config
 from simtrain.lowering import Lowered, lower, microbatches
 from simtrain.network import fluid_duration
-from simtrain.ops import Op, OpKind, Program, Stream
+from simtrain.ops import CommOp, ComputeOp, CostedComputeOp, CostedCopyOp, Op, OpKind, Program, SendOp, Stream
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.roles import roles
 from simtrain.routing import symmetric_load_factors
@@ -59,8 +59,12 @@ from simtrain.topology import Topology
 def op_duration(op: Op) -> tuple[float, float]:
     """(modelled time, routed-expert part of it) of a compute op or host copy, seconds.
 
-    The one place this module reads op times, so a separate cost pass can be plugged in here."""
-    return op.duration_s, op.expert_s
+    The one place this module reads op times: those the cost pass (``simtrain.cost_pass``) attached."""
+    if isinstance(op, CostedComputeOp):
+        return op.duration_s, op.expert_s
+    if isinstance(op, CostedCopyOp):
+        return op.duration_s, 0.0
+    raise TypeError(f"op {op.name!r} has no time: evaluate a costed program (simtrain.cost_pass.cost_program)")
 
 
 @dataclass(slots=True)
@@ -152,12 +156,14 @@ class _Comm:
 
     def time(self, op: Op, stage: int, in_line: bool) -> float:
         """Seconds of collective or send ``op`` of ``stage``'s representative, alone on the fabric."""
-        key = (stage, op.kind, op.coll, op.axis, op.comm_bytes, op.peer_stage, in_line)
+        assert isinstance(op, CommOp)
+        peer = op.peer_stage if isinstance(op, SendOp) else -1
+        key = (stage, op.kind, op.coll, op.axis, op.comm_bytes, peer, in_line)
         t = self._memo.get(key)
         if t is None:
             rank = self.reps[stage]
-            if op.kind == OpKind.SEND:
-                latency, phases, _ = self.planner.send(op, rank, stage, self.reps[op.peer_stage])
+            if isinstance(op, SendOp):
+                latency, phases, _ = self.planner.send(op, rank, stage, self.reps[peer])
             else:
                 latency, phases, _ = self.planner.collective(op, rank, stage)
             t = latency + sum(fluid_duration(ph, self.planner.capacity) for ph in phases)
@@ -248,10 +254,11 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
                         if start > ready and blocker is not None:
                             _attribute(st, programs, s, op, blocker, ready, start, starts, recent[s])
                         st.busy_s[op.category] += dur
-                        f = flops_of.get(id(op.kernels))
-                        if f is None:
-                            f = flops_of[id(op.kernels)] = op.flops
-                        st.flops += f
+                        if isinstance(op, ComputeOp):
+                            f = flops_of.get(id(op.kernels))
+                            if f is None:
+                                f = flops_of[id(op.kernels)] = op.flops
+                            st.flops += f
                         st.last_compute_end_s = end
                     else:
                         recent[s][op.stream].append((start, end, _axis(op)))

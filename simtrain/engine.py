@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
@@ -41,11 +41,24 @@ from simtrain.hardware import GpuSpec
 from simtrain.inline import Guard, Inline, inline_plan, time_bounds
 from simtrain.layout import RankGrid, place
 from simtrain.network import FlowNetwork, fluid_duration
-from simtrain.ops import Op, OpKind, Program, Stream
+from simtrain.ops import (
+    CollectiveOp,
+    CommOp,
+    ComputeOp,
+    CopyOp,
+    CostedComputeOp,
+    CostedCopyOp,
+    Op,
+    OpKind,
+    Program,
+    SendOp,
+    Stream,
+)
 from simtrain.roles import tiles
 from simtrain.topology import Topology
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+_UNCOSTED = (ComputeOp, CopyOp)  # as lowering emits them; the cost pass makes the Costed* subclasses
 _FINISHED = object()  # a comm stream with no ops left
 CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
@@ -216,7 +229,7 @@ class CommPlanner:
             self._stage_groups[key] = self.grid.stage_groups(axis, stage)
         return self._stage_groups[key]
 
-    def collective(self, op: Op, rank: int, stage: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
+    def collective(self, op: CommOp, rank: int, stage: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         """(latency, phases of flows as FlowNetwork tuples, link class) for ``rank``'s op."""
         assert op.coll is not None, f"collective op {op.name} without its Collective"
         # symmetric: keyed by the representative (one per stage and role, ``simtrain.roles``)
@@ -257,7 +270,7 @@ class CommPlanner:
         self._cache[key] = out
         return out
 
-    def send(self, op: Op, rank: int, stage: int, dst_rank: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
+    def send(self, op: CommOp, rank: int, stage: int, dst_rank: int) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         """A pipeline send from ``rank`` to ``dst_rank`` (symmetric: weighted by the whole stage)."""
         key = (SEND, op.comm_bytes, rank, dst_rank)  # symmetric: rank is the stage's representative
         hit = self._cache.get(key)
@@ -395,9 +408,10 @@ _BREAKDOWN_AXIS = {"edp": "dp", "etp": "tp"}
 def _axis(op: Op) -> str:
     """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``, ``dp_cp`` -> ``dp``, ``edp``
     -> ``dp``, ``etp`` -> ``tp``; no axis -> ``other``)."""
-    if not op.axis:
+    axis: str = getattr(op, "axis", "")  # compute ops have none (hot path: no isinstance chain)
+    if not axis:
         return "other"
-    axis = op.axis.split("_")[0]
+    axis = axis.split("_")[0]
     return _BREAKDOWN_AXIS.get(axis, axis)
 
 
@@ -458,6 +472,9 @@ class Engine:
                  fast_paths: bool = True, planner: CommPlanner | None = None,
                  representatives: list[int] | None = None):
         self.programs, self.grid, self.gpu = programs, grid, gpu
+        for prog in programs:  # compute ops and host copies need their times (simtrain.cost_pass)
+            if any(type(o) in _UNCOSTED for o in prog.ops):
+                raise ValueError(f"stage {prog.stage}'s program is not costed (simtrain.cost_pass.cost_program)")
         self.fast_paths = fast_paths
         self.load_factor = load_factor or {}
         """Routed-expert time factor per rank (simtrain.routing); missing ranks run at 1."""
@@ -497,14 +514,14 @@ class Engine:
 
     def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         stage = self.stage[rank]
-        if op.kind == OpKind.SEND:
+        if isinstance(op, SendOp):
             return self.planner.send(op, rank, stage, self._remote_rank(rank, op.peer_stage))
-        return self.planner.collective(op, rank, stage)
+        return self.planner.collective(cast(CollectiveOp, op), rank, stage)
 
     def _owner(self, rank: int, op: Op) -> tuple[Any, ...]:
         if self.symmetric or op.kind == OpKind.SEND:
             return (op.stream, rank)
-        return (op.stream, self.grid.group(op.axis, rank))
+        return (op.stream, self.grid.group(cast(CollectiveOp, op).axis, rank))
 
     def _prepare_comm(self) -> _Sharing:
         """Plan every communication op once; mark those whose edges no other stream ever uses as
@@ -521,8 +538,9 @@ class Engine:
             if by_sig is None:
                 by_sig = sigs[self.stage[r]] = {}
                 for op in ops:
-                    if op.kind in (OpKind.COLLECTIVE, OpKind.SEND):
-                        by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, op.peer_stage),
+                    if isinstance(op, CommOp):
+                        peer = op.peer_stage if isinstance(op, SendOp) else -1
+                        by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, peer),
                                           []).append(op.idx)
             for idxs in by_sig.values():
                 op = ops[idxs[0]]
@@ -619,8 +637,8 @@ class Engine:
                 ops = [op for op in prog.stream_ops(stream) if op.idx not in moved]
                 if not ops:
                     continue
-                if stream == Stream.COMPUTE:
-                    self.env.process(self._compute_stream(r, ops))
+                if stream == Stream.COMPUTE:  # compute ops only (costed: checked in __init__)
+                    self.env.process(self._compute_stream(r, cast(list[CostedComputeOp], ops)))
                 else:
                     self._waiting[r][stream] = None
                     self.env.process(self._comm_stream(r, stream, ops))
@@ -649,7 +667,7 @@ class Engine:
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
             if op.kind == OpKind.COPY:  # a host copy: its own link (PCIe / C2C), no network flows
-                yield env.timeout(op.duration_s)
+                yield env.timeout(cast(CostedCopyOp, op).duration_s)  # costed: checked in __init__
             else:
                 # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
                 stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
@@ -671,7 +689,7 @@ class Engine:
                 return False
         return True
 
-    def _compute_stream(self, rank: int, ops: list[Op]):  # type: ignore[no-untyped-def]
+    def _compute_stream(self, rank: int, ops: list[CostedComputeOp]):  # type: ignore[no-untyped-def]
         """The compute stream of ``rank``, running the blocking collectives before their consumers
         itself (simtrain.inline).
 
@@ -793,11 +811,11 @@ class Engine:
 
     def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
         """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""
-        if op.kind == OpKind.SEND:
+        if isinstance(op, SendOp):
             return self._remote_rank(rank, op.peer_stage), (), ""
         if op.remote is not None:
             return self._remote_rank(rank, op.remote[0]), (), ""
-        if op.kind != OpKind.COLLECTIVE:
+        if not isinstance(op, CollectiveOp):
             return -1, (), ""
         group = self.grid.group(op.axis, rank)
         plans = self.planner.plans
@@ -892,6 +910,7 @@ class Engine:
         if op.kind == OpKind.SEND or self.symmetric:
             yield from self._transfer(rank, latency, phases, cls, private, stretch)
             return
+        op = cast(CollectiveOp, op)
         group = self.grid.group(op.axis, rank)
         # the embedding all-reduce pairs two stages' programs, whose op indices differ; it runs once a step
         key = (group, op.name if op.axis == "pp_emb" else op.idx)

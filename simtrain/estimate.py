@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from simtrain.blocks import Comm, Ring, Segment
+from simtrain.blocks import Comm, Ring
 from simtrain.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Collective, CollectiveKind
 from simtrain.collectives import (
     collective_candidates,
@@ -57,6 +57,7 @@ from simtrain.collectives import (
     unit_idle_times,
 )
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
+from simtrain.cost_pass import CostedSegment, cost_kernels, cost_segments
 from simtrain.costs import ComputeCostModel
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec
@@ -293,7 +294,7 @@ class Estimator:
         gpu = self.cluster.gpu
         return plan.latency_s + idle_time(lambda e: effective_bandwidth(self.topo, gpu, e), plan.phases)
 
-    def _segments_s(self, segs: list[Segment], groups: dict[str, tuple[int, ...]],
+    def _segments_s(self, segs: list[CostedSegment], groups: dict[str, tuple[int, ...]],
                     load: float = 1.0, tp_overlap: bool = False) -> tuple[float, float, float]:
         """(compute, exposed TP/CP comm, exposed EP/ETP comm) of a segment list; an overlapped
         collective costs only what exceeds the compute segment it runs beside; routed-expert kernels
@@ -369,7 +370,7 @@ class Estimator:
         key = _plan_key(self.model, layout, train)
         hit = self._plans.get(key)
         if hit is None:
-            block = build_block(self.model, layout, train, self.cost_model(train))
+            block = build_block(self.model, layout, train)
             run = _layer_run(self.model, layout, train)
             hit = self._plans[key] = layer_plans(run, block, self.model.n_layers + self.model.mtp_depth)
             self._edge_segs[key] = edge_segments(block, layout)
@@ -401,16 +402,17 @@ class Estimator:
         by_plan: dict[int, _LayerTimes] = {}
         for plan in plans.values():
             if id(plan) not in by_plan:
-                by_plan[id(plan)] = self._plan_times(plan, groups, load, tp_overlap_on(layout))
+                by_plan[id(plan)] = self._plan_times(plan, groups, load, tp_overlap_on(layout), self.cost_model(train))
         out = self._times[key] = {i: by_plan[id(p)] for i, p in plans.items()}
         return out
 
     def _plan_times(self, plan: LayerPlan, groups: dict[str, tuple[int, ...]], load: float,
-                    tp_overlap: bool) -> _LayerTimes:
-        f, f_comm, f_ep = self._segments_s(plan.fwd, groups, load, tp_overlap)
-        b, b_comm, b_ep = self._segments_s(plan.bwd, groups, load, tp_overlap)
-        wgrad = sum(k.time_s * (load if k.name.startswith("expert.") else 1.0) for k in plan.bwd_weight)
-        selective = sum(self._segments_s(plan.selective, groups, load, tp_overlap))
+                    tp_overlap: bool, cost: ComputeCostModel) -> _LayerTimes:
+        f, f_comm, f_ep = self._segments_s(cost_segments(plan.fwd, cost), groups, load, tp_overlap)
+        b, b_comm, b_ep = self._segments_s(cost_segments(plan.bwd, cost), groups, load, tp_overlap)
+        wgrad = sum(k.time_s * (load if k.name.startswith("expert.") else 1.0)
+                    for k in cost_kernels(plan.bwd_weight, cost))
+        selective = sum(self._segments_s(cost_segments(plan.selective, cost), groups, load, tp_overlap))
         return _LayerTimes(f, b, f_comm, b_comm, f_ep, b_ep, wgrad, selective)
 
     def edge_times(self, layout: LayoutConfig, train: TrainConfig, grid: RankGrid) -> _EdgeTimes:
@@ -421,11 +423,13 @@ class Estimator:
         hit = self._edges.get(key)
         if hit is not None:
             return hit
-        blk = build_block(self.model, layout, train, self.cost_model(train))
-        emb = sum(self._segments_s(blk.embedding_forward() + blk.embedding_backward(), groups, tp_overlap=blk.tp_overlap))
-        head = sum(self._segments_s(blk.head_forward() + blk.head_backward(), groups, tp_overlap=blk.tp_overlap))
-        proj_f = blk.mtp_projection(False)[0].time_s if self.model.mtp_depth else 0.0
-        proj_b = sum(k.time_s for k in blk.mtp_projection(True)) if self.model.mtp_depth else 0.0
+        blk, cost = build_block(self.model, layout, train), self.cost_model(train)
+        emb = sum(self._segments_s(cost_segments(blk.embedding_forward() + blk.embedding_backward(), cost), groups,
+                                   tp_overlap=blk.tp_overlap))
+        head = sum(self._segments_s(cost_segments(blk.head_forward() + blk.head_backward(), cost), groups,
+                                    tp_overlap=blk.tp_overlap))
+        proj_f = cost.kernel_time(blk.mtp_projection(False)[0]) if self.model.mtp_depth else 0.0
+        proj_b = sum(k.time_s for k in cost_kernels(blk.mtp_projection(True), cost)) if self.model.mtp_depth else 0.0
         out = self._edges[key] = _EdgeTimes(emb, head, proj_f, proj_b)
         return out
 
@@ -621,9 +625,9 @@ class Estimator:
         stack, cost = train.stack_spec, self.cost_model(train)
         for row, params in zip(costs, self.chunk_params(layout), strict=True):
             for cc, (dense, expert, _) in zip(row, params, strict=True):
-                kernel = fp32_grad_accumulation_kernel(layout, train, stack, cost, dense + expert)
+                kernel = fp32_grad_accumulation_kernel(layout, train, stack, dense + expert)
                 if kernel is not None:  # as lowering adds it to each chunk's backward
-                    cc.bwd_s += kernel.time_s
+                    cc.bwd_s += cost.kernel_time(kernel)
         if layout.offload_activation_layers:  # pp = 1: one chunk; waits for the offload/reload copies
             self._offload_stalls(costs[0][0], list(st.chunk(0, 0)), times, layout, train)
         return costs

@@ -8,12 +8,16 @@ parameters, ZeRO-3/FSDP all-gather each layer's parameters before its forward an
 prefetch) and reduce-scatter its gradients; the optimizer step closes the program. Ranks of one
 stage differ only by their dp/tp coordinates, so one program serves them all (symmetric) and full
 mode runs it on every rank.
+
+The program is hardware-neutral (``lower_program``): compute ops hold kernel descriptors
+(``simtrain.kernels``), host copies their bytes, and no op a time; ``lower`` runs the cost pass
+(``simtrain.cost_pass``) over it with one cost source.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simtrain.blocks import (
     TP_OVERLAP_CHUNKS,
@@ -25,7 +29,9 @@ from simtrain.blocks import (
 )
 from simtrain.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Collective, CollectiveKind
 from simtrain.config import LayoutConfig, RunConfig, TrainConfig
+from simtrain.cost_pass import cost_program
 from simtrain.costs import ComputeCostModel
+from simtrain.kernels import KernelDesc, MemoryBound, sliced
 from simtrain.memory import (
     ActivationShape,
     ChunkMemory,
@@ -43,8 +49,8 @@ from simtrain.memory import (
     weight_grad_input_bytes,
 )
 from simtrain.model import ModelSpec
-from simtrain.offload import copy_s, sync_layers
-from simtrain.ops import Kernel, Op, OpKind, Program, Stream
+from simtrain.offload import sync_layers
+from simtrain.ops import Op, OpKind, Program, Stream
 from simtrain.schedules import Action, Route, RouteShape, split_backward_keys
 from simtrain.stack_rules import (
     dp_overlaps,
@@ -105,7 +111,7 @@ class LayerPlan:
     """Routed-expert parameters of the layer on this rank (sharded by ep x etp, reduced over edp)."""
     bwd_input: list[Segment] = field(default_factory=list)
     """Backward without the weight-gradient GEMMs (zero-bubble "B", Qi et al. 2023 sec. 2)."""
-    bwd_weight: tuple[Kernel, ...] = ()
+    bwd_weight: tuple[KernelDesc, ...] = ()
     """The weight-gradient GEMMs alone (zero-bubble "W")."""
     weight_bytes: float = 0.0
     """Activations a split backward keeps from B until W: the linear layers' inputs."""
@@ -151,7 +157,7 @@ class _Emitter:
         self.overlap_older: list[int] = []
         """Earlier overlapped collectives the compute segment after the next must also wait for."""
         self.trailing: list[Op] = []
-        self._summaries: dict[tuple[int, str], tuple[tuple[Kernel, ...], tuple[str, float, float]]] = {}
+        self._names: dict[tuple[int, str], tuple[tuple[KernelDesc, ...], str]] = {}
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
@@ -190,7 +196,7 @@ class _Emitter:
             self.compute(r.kernels, category, mb, chunk)
         self.pending_comm = None
 
-    def compute(self, kernels: tuple[Kernel, ...], category: str, mb: int, chunk: int,
+    def compute(self, kernels: tuple[KernelDesc, ...], category: str, mb: int, chunk: int,
                 mem_start: float = 0.0, mem_end: float = 0.0, tag: str = "activations") -> Op | None:
         """A compute op (or, with TP overlap pending, a chunked comm/compute pipeline)."""
         if not kernels:
@@ -208,29 +214,27 @@ class _Emitter:
                 deps += [*self.overlap_older, self.overlap_comm.idx]
                 self.overlap_comm, self.overlap_older = None, []
         self.extra_deps = []
-        name, duration, expert = self._summary(kernels, category)
-        op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, name, category=category, deps=tuple(deps),
-                           duration_s=duration, kernels=kernels, microbatch=mb, chunk=chunk,
+        op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, self._name(kernels, category), category=category,
+                           deps=tuple(deps), kernels=kernels, microbatch=mb, chunk=chunk,
                            mem_start=((tag, mem_start),) if mem_start else (),
-                           mem_end=((tag, mem_end),) if mem_end else (), expert_s=expert)
+                           mem_end=((tag, mem_end),) if mem_end else ())
         if self.recv_key is not None:
             self.recv_ops[op.idx] = self.recv_key
             self.recv_key = None
         self.last_compute = op.idx
         return op
 
-    def _summary(self, kernels: tuple[Kernel, ...], category: str) -> tuple[str, float, float]:
-        """(op name, time s, routed-expert time s) of a compute op's kernels; memoised per kernel
-        tuple (a layer plan's segments are emitted once per micro-batch and layer)."""
+    def _name(self, kernels: tuple[KernelDesc, ...], category: str) -> str:
+        """The op name of a compute op's kernels; memoised per kernel tuple (a layer plan's segments are
+        emitted once per micro-batch and layer)."""
         key = (id(kernels), category)
-        hit = self._summaries.get(key)
+        hit = self._names.get(key)
         if hit is None or hit[0] is not kernels:
             name = kernels[0].name if len(kernels) == 1 else f"{category}:{kernels[0].name}..{kernels[-1].name}"
-            hit = self._summaries[key] = (kernels, (name, sum(k.time_s for k in kernels),
-                                                    sum(k.time_s for k in kernels if k.name.startswith("expert."))))
+            hit = self._names[key] = (kernels, name)
         return hit[1]
 
-    def _overlapped(self, kernels: tuple[Kernel, ...], category: str, mb: int, chunk: int,
+    def _overlapped(self, kernels: tuple[KernelDesc, ...], category: str, mb: int, chunk: int,
                     mem_start: float, mem_end: float, tag: str, after: Comm | None = None) -> Op | None:
         """TP communication overlap (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers;
         torch async TP): a collective pipelines only with the GEMMs it is fused with. A preceding
@@ -259,12 +263,13 @@ class _Emitter:
             self._blocking_comm(after, category, mb, chunk)
         return op
 
-    def _pipelined(self, kernels: tuple[Kernel, ...], before: Comm | None, after: Comm | None, category: str,
+    def _pipelined(self, kernels: tuple[KernelDesc, ...], before: Comm | None, after: Comm | None, category: str,
                    mb: int, chunk: int, mem_start: float, mem_end: float, tag: str) -> Op | None:
         """The kernels split in ``TP_OVERLAP_CHUNKS``: chunk i of ``before`` (an all-gather) feeds compute
-        chunk i, and compute chunk i feeds chunk i of ``after`` (a reduce-scatter)."""
+        chunk i, and compute chunk i feeds chunk i of ``after`` (a reduce-scatter). Each compute chunk
+        runs a 1/n slice of every kernel (``kernels.Sliced``: the cost pass gives it 1/n of the time)."""
         n = TP_OVERLAP_CHUNKS
-        part = tuple(Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n) for k in kernels)
+        part = tuple(sliced(k, n) for k in kernels)
         producer = () if self.last_compute is None else (self.last_compute,)
         # the all-gather chunks are issued first: the TP stream runs in order, so a reduce-scatter
         # chunk waiting for its GEMM chunk must not hold back the next all-gather chunk
@@ -392,12 +397,9 @@ class _StageLowering:
     first_layer: list[int]
     """Global index of the first layer of each chunk on this stage."""
     block: BlockBuilder
-    cost: ComputeCostModel
     route: Route
     split: set[tuple[int, int]] = field(default_factory=set)
     """(micro-batch, chunk) whose backward is split into B (input grads) and W (weight grads)."""
-    host_Bps: float = 0.0
-    """GPU <-> host copy rate per direction, bytes/s (CPU activation offloading; ``NodeSpec.host_link_Bps``)."""
     prog: Program = field(init=False)
     em: _Emitter = field(init=False)
     sends: dict[tuple[str, int, int], int] = field(default_factory=dict)
@@ -582,7 +584,7 @@ class _StageLowering:
         """The pass adding this micro-batch's BF16 gradients of the chunk into their FP32 copies, where the
         stack runs one (``fp32_grad_accumulation_kernel``), before the chunk's gradients are reduced."""
         params = self.chunk_params(a.chunk) + self.chunk_expert_params(a.chunk)
-        kernel = fp32_grad_accumulation_kernel(self.run.layout, self.run.train, self.stack, self.cost, params)
+        kernel = fp32_grad_accumulation_kernel(self.run.layout, self.run.train, self.stack, params)
         if kernel is not None:
             self.em.compute((kernel,), "bwd", a.microbatch, a.chunk)
 
@@ -696,7 +698,7 @@ class _StageLowering:
             self.fsdp_copied.add(own)
             plan = self.plan(a.chunk, order[pos])
             # FSDP2 copy-out of the gathered flat buffer into the unsharded bf16 parameters (read + write)
-            copy = self.cost.memory_op("fsdp.copy_out", 4.0 * (plan.params_per_rank + plan.expert_params_per_rank))
+            copy = MemoryBound("fsdp.copy_out", 4.0 * (plan.params_per_rank + plan.expert_params_per_rank))
             self.em.compute((copy,), "fwd" if kind == "F" else "bwd", a.microbatch, a.chunk)
 
     def _fsdp_reduce(self, a: Action, i: int, is_last_mb: bool) -> None:
@@ -723,10 +725,10 @@ class _StageLowering:
         grad_b = self.run.train.grad_bytes
         if self.stack.fsdp_param_copies:
             src_b = grad_b if fsdp2_accumulates_fp32(self.run.layout, self.run.train, self.stack) else 2.0
-            self.em.compute((self.cost.memory_op("fsdp.copy_in", (src_b + grad_b) * params),), "bwd",
+            self.em.compute((MemoryBound("fsdp.copy_in", (src_b + grad_b) * params),), "bwd",
                             a.microbatch, a.chunk)
         if self.stack.fsdp_flat_grads:
-            self.em.compute((self.cost.memory_op("fsdp.flat_grad", fsdp1_grad_bytes(grad_b) * params),), "bwd",
+            self.em.compute((MemoryBound("fsdp.flat_grad", fsdp1_grad_bytes(grad_b) * params),), "bwd",
                             a.microbatch, a.chunk)
 
     def _fsdp_reduce_layer(self, a: Action, i: int, is_last_mb: bool) -> None:
@@ -797,7 +799,7 @@ class BucketFiller:
             if lay.shard_stage == 0:
                 # DDP's passes over the bucket (scale; PyTorch: copy in, divide, copy out), on the compute stream
                 passes = self.sl.stack.ddp_grad_passes
-                self.sl.em.compute((self.sl.cost.memory_op("ddp.bucket", 2.0 * passes * size),), "bwd",
+                self.sl.em.compute((MemoryBound("ddp.bucket", 2.0 * passes * size),), "bwd",
                                    self.action.microbatch, self.action.chunk)
                 last = self.sl.em.last_compute
             if dp_overlaps(lay, self.sl.stack)[0]:
@@ -826,8 +828,9 @@ class _Offload:
 
     def _copy(self, k: int, stream: Stream, deps: tuple[int, ...]) -> Op:
         name = "offload.d2h" if stream == Stream.OFFLOAD else "offload.h2d"
+        # no time here: the cost pass gives it the host link's copy time (CostSource.host_copy_s)
         return self.sl.prog.add(OpKind.COPY, stream, name, category="comm", deps=deps, axis="offload",
-                                duration_s=copy_s(self._bytes(k), self.sl.host_Bps), comm_bytes=self._bytes(k),
+                                comm_bytes=self._bytes(k),
                                 microbatch=self.a.microbatch, chunk=self.a.chunk)
 
     def _wait(self, category: str, mem: float) -> None:
@@ -885,7 +888,7 @@ def _finish_stage(sl: _StageLowering) -> None:
         shard = lay.fsdp_shard_size
     expert_shard = sl.edp if lay.shard_stage >= 1 else 1
     per_param = optimizer_bytes_per_param(train, sl.stack)
-    kernel = sl.cost.memory_op("optimizer.step", per_param * (params / shard + experts / expert_shard))
+    kernel = MemoryBound("optimizer.step", per_param * (params / shard + experts / expert_shard))
     deps = (sl.dp_ops[-1],) if sl.dp_ops else ()
     sl.em.pending_comm = None
     sl.em.extra_deps = list(deps)
@@ -1102,7 +1105,7 @@ def pp_runtime_bytes(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, po
     return pipeline_stage_buffer_bytes(model, shape, positions, last, microbatches)
 
 
-def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: ComputeCostModel) -> BlockBuilder:
+def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig) -> BlockBuilder:
     """The BlockBuilder of one micro-batch of this layout, precision and stack (lowering and the search
     estimate build the same one). Stack switches: ``fp8_tp_gather`` (tensorwise FP8 with sequence
     parallelism only), ``dtensor_tp``, ``torch_cp``."""
@@ -1110,7 +1113,7 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig, cost: C
     stack = train.stack_spec
     sp = lay.sequence_parallel and lay.tp > 1
     tensorwise_sp = sp and train.precision == "fp8" and train.fp8_recipe == "current"
-    return BlockBuilder(model, cost, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
+    return BlockBuilder(model, shape.b, shape.s, lay.tp, lay.sequence_parallel, shape.flash,
                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
                         # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
@@ -1132,15 +1135,23 @@ def ep_dedup(model: ModelSpec, lay: LayoutConfig) -> bool:
 
 
 def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowered:
-    """Lower a validated run into one program per pipeline stage, with sends matched to receives.
+    """``lower_program``, then every program costed by ``cost`` (``cost_pass.cost_program``).
 
     ``host_Bps``: GPU <-> host copy rate per direction (bytes/s), needed when the layout offloads
-    activations (``NodeSpec.host_link_Bps``)."""
-    lay = run.layout
-    if lay.offload_activation_layers and host_Bps <= 0:
+    activations (``NodeSpec.host_link_Bps``); it replaces ``cost.host_Bps`` when given."""
+    if run.layout.offload_activation_layers and max(host_Bps, cost.host_Bps) <= 0:
         raise ValueError("offloading activations needs the GPU <-> host copy rate host_Bps > 0")
+    source = replace(cost, host_Bps=host_Bps) if host_Bps > 0 else cost
+    lowered = lower_program(run)
+    return replace(lowered, programs=[cost_program(p, source) for p in lowered.programs])
+
+
+def lower_program(run: RunConfig) -> Lowered:
+    """Lower a validated run into one program per pipeline stage, with sends matched to receives: the
+    hardware-neutral program (kernel descriptors, no times; ``cost_pass.cost_program`` costs it)."""
+    lay = run.layout
     m = microbatches(run)
-    block = build_block(run.model, lay, run.train, cost)
+    block = build_block(run.model, lay, run.train)
     sched = lay.pipeline_schedule
     route = sched.route(lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)
@@ -1150,8 +1161,7 @@ def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowe
     lowered = Lowered(programs=[], schedule=schedule, chunk_memory=[], layers=layers, microbatches=m)
     stages = []
     for s in range(lay.pp):
-        sl = _StageLowering(run, s, layers[s], plans, firsts[s], block, cost, route, split_backward_keys(schedule[s]),
-                            host_Bps)
+        sl = _StageLowering(run, s, layers[s], plans, firsts[s], block, route, split_backward_keys(schedule[s]))
         _param_gathers_at_start(sl)
         _emit_actions(sl, schedule[s])
         _finish_stage(sl)

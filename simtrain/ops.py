@@ -6,14 +6,23 @@ program, and ``remote`` names an op of another stage's program (a pipeline send)
 first. Memory is part of the IR: ``mem_start`` deltas are applied to the rank's ledger when the op
 starts and ``mem_end`` when it ends (the DESIGN's Alloc/Free, folded into the op that causes them so
 the event loop does no extra work).
+
+An op is one of a small tagged union (``Op.kind`` names the class): ``ComputeOp`` (kernels),
+``CollectiveOp`` and ``SendOp`` (``CommOp``: what the network model times), ``CopyOp`` (a GPU <-> host
+copy). Lowering emits them without times (kernel descriptors, ``simtrain.kernels``); the cost pass
+(``simtrain.cost_pass``) makes the costed program, whose compute ops and copies are
+``CostedComputeOp`` / ``CostedCopyOp`` with their ``duration_s``; the engine runs only a costed program.
+A memory-only step (the offload waits) is a compute op without kernels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import ClassVar
 
 from simtrain.collective_kinds import Collective
+from simtrain.kernels import KernelDesc
 
 
 class Stream(IntEnum):
@@ -47,7 +56,8 @@ class OpKind(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
-    """One kernel of a compute op: hardware FLOPs, HBM bytes and its modelled time."""
+    """A costed kernel (what a cost source makes of a ``simtrain.kernels`` descriptor): hardware FLOPs,
+    the HBM bytes it moves on this GPU and stack, and its modelled time, seconds."""
 
     name: str
     flops: float
@@ -59,51 +69,117 @@ class Kernel:
 
 @dataclass(slots=True)
 class Op:
-    """One node of a rank's DAG.
+    """One node of a rank's DAG: what every kind of op has (the kinds are the subclasses below).
 
     Attributes:
         idx: position in the program (ids are local to each program).
-        kind: compute, collective, pipeline send or host copy.
+        kind: compute, collective, pipeline send or host copy (a class constant of each kind).
         stream: the GPU stream it occupies.
         name: label for traces.
         category: breakdown class: "fwd", "bwd", "recompute", "optimizer", "comm".
         deps: indices of ops (other streams, same program) that must finish first.
         remote: (stage, op index) of another stage's op that must finish first (a pipeline recv).
-        duration_s: modelled time of a compute op (sum of its kernels) or a host copy, seconds.
-        kernels: the kernels of a compute op (time order).
-        coll: what a collective or send op runs: its kind and typed options
-            (``simtrain.collective_kinds.Collective``); None for other ops.
-        axis: mesh axis of a collective ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...).
-        comm_bytes: nccl-tests "size" S of the collective, or the bytes of a send, in bytes.
-        peer_stage: destination stage of a send.
+        microbatch / chunk: the micro-batch (-1: none) and model chunk it belongs to.
         mem_start / mem_end: (tag, bytes) ledger deltas at start / end (negative frees).
     """
 
+    kind: ClassVar[OpKind]
     idx: int
-    kind: OpKind
     stream: Stream
     name: str
     category: str = "fwd"
     deps: tuple[int, ...] = ()
     remote: tuple[int, int] | None = None
-    duration_s: float = 0.0
-    kernels: tuple[Kernel, ...] = ()
-    coll: Collective | None = None
-    axis: str = ""
-    comm_bytes: float = 0.0
-    peer_stage: int = -1
     microbatch: int = -1
     chunk: int = 0
     mem_start: tuple[tuple[str, float], ...] = ()
     mem_end: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(slots=True)
+class ComputeOp(Op):
+    """Kernels on the compute stream, as lowering emits them: descriptors (``simtrain.kernels``), no time.
+    A compute op without kernels only waits for its deps and applies its memory deltas."""
+
+    kind: ClassVar[OpKind] = OpKind.COMPUTE
+    kernels: tuple[KernelDesc, ...] | tuple[Kernel, ...] = ()
+    """The kernels, in time order."""
+
+    @property
+    def flops(self) -> float:
+        """Hardware FLOPs of its kernels."""
+        return sum(k.flops for k in self.kernels)
+
+
+@dataclass(slots=True)
+class CostedComputeOp(ComputeOp):
+    """A compute op with its time (``simtrain.cost_pass``): costed kernels, ``duration_s`` their sum."""
+
+    kernels: tuple[Kernel, ...] = ()
+    duration_s: float = 0.0
+    """Modelled time, seconds (the sum of its kernels' times)."""
     expert_s: float = 0.0
     """Part of ``duration_s`` spent in routed-expert kernels, which the engine scales by the rank's
     routed load (simtrain.routing)."""
 
-    @property
-    def flops(self) -> float:
-        """Hardware FLOPs of a compute op."""
-        return sum(k.flops for k in self.kernels)
+
+@dataclass(slots=True)
+class CommOp(Op):
+    """A communication op: a collective of a mesh axis's group, or a pipeline send. The network model
+    (``simtrain.collectives``, ``simtrain.network``) times it while the engine runs."""
+
+    coll: Collective | None = None
+    """What it runs: its kind and typed options (``simtrain.collective_kinds.Collective``)."""
+    axis: str = ""
+    """Mesh axis of the group ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...)."""
+    comm_bytes: float = 0.0
+    """nccl-tests "size" S of the collective, or the bytes of a send, in bytes."""
+
+
+@dataclass(slots=True)
+class CollectiveOp(CommOp):
+    """A collective (``coll``: "all_reduce", "all_gather", "reduce_scatter", "all_to_all", ...)."""
+
+    kind: ClassVar[OpKind] = OpKind.COLLECTIVE
+
+
+@dataclass(slots=True)
+class SendOp(CommOp):
+    """A pipeline send (``coll`` "send") to ``peer_stage``; the receiving op names it in ``remote``."""
+
+    kind: ClassVar[OpKind] = OpKind.SEND
+    peer_stage: int = -1
+    """Destination stage."""
+
+
+@dataclass(slots=True)
+class CopyOp(Op):
+    """A copy of ``comm_bytes`` between GPU and host memory on a copy stream (PCIe / NVLink-C2C), as
+    lowering emits it: no time."""
+
+    kind: ClassVar[OpKind] = OpKind.COPY
+    axis: str = "offload"
+    """Breakdown axis of its time."""
+    comm_bytes: float = 0.0
+    """Bytes copied."""
+
+
+@dataclass(slots=True)
+class CostedCopyOp(CopyOp):
+    """A host copy with its time (``simtrain.cost_pass``: the host link's copy time)."""
+
+    duration_s: float = 0.0
+    """Modelled time, seconds."""
+
+
+_OP_CLASS: dict[OpKind, type[Op]] = {OpKind.COMPUTE: ComputeOp, OpKind.COLLECTIVE: CollectiveOp,
+                                     OpKind.SEND: SendOp, OpKind.COPY: CopyOp}
+_COSTED_CLASS: dict[OpKind, type[Op]] = {OpKind.COMPUTE: CostedComputeOp, OpKind.COPY: CostedCopyOp}
+
+
+def op_class(kind: OpKind, costed: bool = False) -> type[Op]:
+    """The op class of ``kind`` (``costed``: the class that carries a time, for compute ops and copies)."""
+    return _COSTED_CLASS[kind] if costed and kind in _COSTED_CLASS else _OP_CLASS[kind]
 
 
 @dataclass(slots=True)
@@ -121,8 +197,10 @@ class Program:
     static_mem: dict[str, float] = field(default_factory=dict)
 
     def add(self, kind: OpKind, stream: Stream, name: str, **kw: object) -> Op:
-        """Append an op and return it (its ``idx`` is its position)."""
-        op = Op(len(self.ops), kind, stream, name, **kw)  # type: ignore[arg-type]
+        """Append an op of ``kind`` and return it (its ``idx`` is its position); ``kw`` are fields of that
+        kind's class (a compute op or copy given ``duration_s`` is a costed one)."""
+        cls = _OP_CLASS[kind] if "duration_s" not in kw else op_class(kind, costed=True)
+        op = cls(len(self.ops), stream, name, **kw)  # type: ignore[arg-type]
         self.ops.append(op)
         return op
 

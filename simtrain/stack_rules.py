@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from simtrain.blocks import AMAX_CASTS_TE, AMAX_CASTS_TORCHAO
 from simtrain.collective_kinds import ALL_REDUCE, REDUCE_SCATTER, Collective
 from simtrain.config import LayoutConfig, TrainConfig
-from simtrain.costs import ComputeCostModel
-from simtrain.ops import Kernel
+from simtrain.kernels import MemoryBound
 from simtrain.stack_spec import SoftwareStack
 
 # DeepSpeed BF16_Optimizer.update_hp_grads: hp_grad.add_(lp.grad.to(float32)) reads the BF16 gradient (2 B)
@@ -80,7 +79,7 @@ def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> Collectiv
 
 
 def fp32_grad_accumulation_kernel(lay: LayoutConfig, train: TrainConfig, stack: SoftwareStack,
-                                  cost: ComputeCostModel, params: float) -> Kernel | None:
+                                  params: float) -> MemoryBound | None:
     """The per-micro-batch pass adding the BF16 gradients of ``params`` parameters into FP32 copies, where
     one runs (under pipeline parallelism); lowering and the search estimate add the same kernel to each
     chunk's backward. Two stacks run one:
@@ -94,9 +93,9 @@ def fp32_grad_accumulation_kernel(lay: LayoutConfig, train: TrainConfig, stack: 
       (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``).
     """
     if stack.fp32_grad_accumulation_pass and lay.pp > 1:
-        return cost.memory_op("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
+        return MemoryBound("grad.fp32_accumulate", FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM * params)
     if fsdp2_accumulates_fp32(lay, train, stack):
-        return cost.memory_op("grad.fp32_accumulate", FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM * params)
+        return MemoryBound("grad.fp32_accumulate", FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM * params)
     return None
 
 

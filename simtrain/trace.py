@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from simtrain.engine import TraceEvent
-from simtrain.ops import OpKind, Stream
+from simtrain.ops import CollectiveOp, CommOp, ComputeOp, CopyOp, OpKind, SendOp, Stream
 from simtrain.results import StageMemory
 
 US_PER_S = 1e6  # the Chrome trace format counts microseconds
@@ -44,12 +44,12 @@ def _op_args(e: TraceEvent) -> dict[str, Any]:
     args: dict[str, Any] = {"category": e.category}
     if op.microbatch >= 0:
         args["microbatch"] = op.microbatch
-    if op.comm_bytes:
+    if isinstance(op, CommOp | CopyOp) and op.comm_bytes:
         args["bytes"] = op.comm_bytes
-    if op.kernels:
+    if isinstance(op, ComputeOp) and op.kernels:
         args["hw_flops"] = op.flops
         args["kernels"] = [k.name for k in op.kernels]
-    if op.kind == OpKind.COLLECTIVE:
+    if isinstance(op, CollectiveOp):
         assert op.coll is not None
         args["collective"] = op.coll.kind.value
         if (limited := op.coll.node_limited) is not None:  # the deduplicated all-to-all's routing
@@ -61,7 +61,7 @@ def _op_args(e: TraceEvent) -> dict[str, Any]:
         args["group"] = group
         if e.algorithm:
             args["algorithm"] = e.algorithm
-    elif op.kind == OpKind.SEND:
+    elif isinstance(op, SendOp):
         args["to_rank"] = e.peer
         args["to_stage"] = op.peer_stage
     if op.remote is not None:

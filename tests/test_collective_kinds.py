@@ -40,6 +40,7 @@ from simtrain.hardware import GpuSpec
 from simtrain.hardware_load import build_cluster, load_gpu
 from simtrain.load import load_config
 from simtrain.lowering import lower
+from simtrain.ops import CommOp
 from simtrain.profile import load_profile
 from simtrain.simulate import simulate
 from simtrain.topology import Topology
@@ -97,10 +98,10 @@ def test_node_limited_options_survive_lowering_to_the_engine_and_the_trace() -> 
     run = load_config(DEEPEP)
     lowered = lower(run, COST)
     limited = {op.coll for prog in lowered.programs for op in prog.ops
-               if op.coll is not None and op.coll.node_limited is not None}
+               if isinstance(op, CommOp) and op.coll is not None and op.coll.node_limited is not None}
     assert limited == {Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(max_nodes=0, top_k=2, n_experts=16))}
     res = simulate(run, trace=True)
-    events = [e for e in res.trace if e.op.coll in limited]
+    events = [e for e in res.trace if isinstance(e.op, CommOp) and e.op.coll in limited]
     assert events and {e.algorithm for e in events} == {"node_limited/Simple"}  # the engine planned it so
     chrome = to_chrome_trace(events, {r: 0 for r in {e.rank for e in events}})
     args = [ev["args"] for ev in chrome["traceEvents"] if ev.get("ph") == "X"]
@@ -111,7 +112,7 @@ def test_node_limited_options_survive_lowering_to_the_engine_and_the_trace() -> 
 
 def test_plain_ep_dispatch_stays_a_plain_all_to_all() -> None:
     run = load_config({**DEEPEP, "layout": dict(dp=16, ep=16, ep_dispatcher="alltoall")})
-    colls = {op.coll for prog in lower(run, COST).programs for op in prog.ops if op.coll is not None}
+    colls = {op.coll for prog in lower(run, COST).programs for op in prog.ops if isinstance(op, CommOp) and op.coll is not None}
     assert ALL_TO_ALL in colls and all(c.node_limited is None for c in colls)
 
 

@@ -9,6 +9,7 @@ from test_steady import TINY_MOE
 from test_symmetric_full import TINY
 from test_symmetric_roles import SMALL, _small
 
+from simtrain.collective_kinds import ALL_REDUCE
 from simtrain.config import LayoutConfig
 from simtrain.critical_path import _Setup, evaluate, evaluate_run
 from simtrain.engine import Engine
@@ -76,7 +77,7 @@ def _allreduce_program(window_s: float) -> Program:
     then the optimizer, which waits for the all-reduce."""
     prog = Program(0)
     b1 = prog.add(OpKind.COMPUTE, Stream.COMPUTE, "B1", category="bwd", duration_s=0.5)
-    ar = prog.add(OpKind.COLLECTIVE, Stream.DP, "grad_ar", category="comm", deps=(b1.idx,), coll="all_reduce",
+    ar = prog.add(OpKind.COLLECTIVE, Stream.DP, "grad_ar", category="comm", deps=(b1.idx,), coll=ALL_REDUCE,
                   axis="dp", comm_bytes=4e9)
     prog.add(OpKind.COMPUTE, Stream.COMPUTE, "B2", category="bwd", duration_s=window_s)
     prog.add(OpKind.COMPUTE, Stream.COMPUTE, "opt", category="optimizer", deps=(ar.idx,), duration_s=0.25)
@@ -86,7 +87,7 @@ def _allreduce_program(window_s: float) -> Program:
 def test_overlapped_dp_all_reduce_exposes_what_the_backward_does_not_hide() -> None:
     grid, topo, gpu = _fabric()
     alone = Program(0)
-    alone.add(OpKind.COLLECTIVE, Stream.DP, "grad_ar", category="comm", coll="all_reduce", axis="dp", comm_bytes=4e9)
+    alone.add(OpKind.COLLECTIVE, Stream.DP, "grad_ar", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=4e9)
     t_ar = evaluate([alone], grid, topo, gpu).step_time_s
     assert t_ar > 0.01
     for window in (0.2 * t_ar, 0.9 * t_ar, 1.5 * t_ar):
@@ -185,7 +186,7 @@ def test_deterministic() -> None:
 def test_a_dependency_cycle_is_an_error_not_a_hang() -> None:
     prog = Program(0)
     a = prog.add(OpKind.COMPUTE, Stream.COMPUTE, "a", duration_s=1.0)
-    b = prog.add(OpKind.COLLECTIVE, Stream.DP, "b", deps=(1,), coll="all_reduce", axis="dp", comm_bytes=1.0)
+    b = prog.add(OpKind.COLLECTIVE, Stream.DP, "b", deps=(1,), coll=ALL_REDUCE, axis="dp", comm_bytes=1.0)
     prog.ops[a.idx].deps = (b.idx,)
     with pytest.raises(ValueError, match="cycle"):
         evaluate([prog], *_fabric())

@@ -390,11 +390,10 @@ def test_sliding_window_kernel_visits_every_key_block_its_window_meets() -> None
     """Hardware work of a 128-key window on 128-key blocks: two key blocks per query block, so twice the
     window's scores (flash-attn local mainloop); model FLOPs keep the window (test above)."""
     from simtrain.blocks import BlockBuilder
-    from simtrain.costs import FLASH_BLOCK, ComputeCostModel
-    from simtrain.hardware_load import load_gpu
+    from simtrain.costs import FLASH_BLOCK
 
     m, s = preset("gpt-oss-120b"), 4096
-    b = BlockBuilder(m, ComputeCostModel(load_gpu("h100-sxm"), "bf16"), 1, s, 1, False, True, False)
+    b = BlockBuilder(m, 1, s, 1, False, True, False)
     (windowed,) = b._windowed(False, 128)
     assert windowed.flops == 4.0 * s * (128 + FLASH_BLOCK) * m.n_heads * m.d_head
     (wide,) = b._windowed(False, s - 64)  # a window within a block of the sequence: every key block

@@ -86,8 +86,9 @@ def _engine_run(n: int, host_Bps: float) -> tuple[float, float, float, list[floa
     (st,) = res.stats.values()
     est = Estimator(run.model, cl)
     plans = est.plans(run.layout, run.train)
-    fwd = [sum(k.time_s for s in plans[i].fwd if isinstance(s, tuple) for k in s) for i in range(L)]
-    bwd = [sum(k.time_s for s in plans[i].bwd if isinstance(s, tuple) for k in s) for i in range(L)]
+    cost = est.cost_model(run.train)
+    fwd = [sum(cost.kernel_time(k) for s in plans[i].fwd if isinstance(s, tuple) for k in s) for i in range(L)]
+    bwd = [sum(cost.kernel_time(k) for s in plans[i].bwd if isinstance(s, tuple) for k in s) for i in range(L)]
     return res.step_time_s, st.exposed.get("offload", 0.0), low.microbatches, fwd, bwd, [plans[i].act_bytes
                                                                                            for i in range(L)]
 

@@ -10,6 +10,7 @@ from simtrain.costs import ComputeCostModel
 from simtrain.hardware_load import load_gpu
 from simtrain.load import load_config
 from simtrain.lowering import lower, split_layers
+from simtrain.ops import CommOp, ComputeOp, CostedComputeOp
 from simtrain.schedules import ActionCosts, build_schedule, makespan
 from simtrain.simulate import simulate
 
@@ -25,7 +26,7 @@ def _costs(schedule: str, stage: int = 1) -> dict[str, float]:
     low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
     out: dict[str, float] = defaultdict(float)
     for op in low.programs[stage].ops:
-        if op.kernels and op.microbatch == 3 and op.chunk == 0:
+        if isinstance(op, CostedComputeOp) and op.kernels and op.microbatch == 3 and op.chunk == 0:
             kind = "W" if all(k.name.endswith(".wgrad") for k in op.kernels) else op.category
             out[kind] += op.duration_s
     return out
@@ -135,9 +136,9 @@ def test_tp_comm_overlap_pipelines_only_with_the_fused_gemms() -> None:
     def busy(e: object) -> bool:
         return any(s < e.end_s - tol and e.start_s + tol < t for s, t in tp)  # type: ignore[attr-defined]
 
-    non_gemm = [e for e in rank0 if e.stream == "compute" and e.op.kernels
+    non_gemm = [e for e in rank0 if e.stream == "compute" and isinstance(e.op, ComputeOp) and e.op.kernels
                 and all(k.name.startswith(("flash_attn", "act", "rope")) for k in e.op.kernels)]
-    gemms = [e for e in rank0 if e.stream == "compute" and e.op.kernels
+    gemms = [e for e in rank0 if e.stream == "compute" and isinstance(e.op, ComputeOp) and e.op.kernels
              and all(k.name.startswith(("qkv", "out_proj", "mlp_up", "mlp_down")) for k in e.op.kernels)]
     assert non_gemm and gemms
     assert not any(busy(e) for e in non_gemm)
@@ -183,11 +184,11 @@ def test_deepspeed_pipeline_engine_reduces_gradients_after_the_flush() -> None:
             for stack in ("deepspeed", "megatron-te")}
     for stack, coll in (("deepspeed", "all_reduce"), ("megatron-te", "reduce_scatter")):
         rank0 = [e for e in runs[stack].trace if e.rank == 0]
-        grads = [e for e in rank0 if e.op.axis == "dp" and e.op.coll.kind != "all_gather"]
-        assert grads and all(e.op.coll.kind == coll for e in grads)
+        grads = [e for e in rank0 if isinstance(e.op, CommOp) and e.op.axis == "dp" and e.op.coll.kind != "all_gather"]
+        assert grads and all(isinstance(e.op, CommOp) and e.op.coll.kind == coll for e in grads)
         last_bwd = max(e.end_s for e in rank0 if e.category == "bwd")
         optimizer = next(e for e in rank0 if e.category == "optimizer")
-        gathers = [e for e in rank0 if e.op.axis == "dp" and e.op.coll.kind == "all_gather"]
+        gathers = [e for e in rank0 if isinstance(e.op, CommOp) and e.op.axis == "dp" and e.op.coll.kind == "all_gather"]
         if stack == "deepspeed":
             assert min(e.start_s for e in grads) >= last_bwd - 1e-12
             assert gathers and min(e.start_s for e in gathers) >= optimizer.end_s - 1e-12
