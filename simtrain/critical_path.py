@@ -36,15 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simtrain.comm_planner import CommPlanner, symmetry_violation
 from simtrain.config import RunConfig
 from simtrain.costs import ComputeCostModel
-from simtrain.engine import AXES, RECENT_OPS, CommPlanner, _axis, symmetry_violation
+from simtrain.engine import AXES, RECENT_OPS, _axis
 from simtrain.errors import InfeasibleLayout
 from simtrain.hardware import ClusterSpec, GpuSpec
 from simtrain.inline import inline_plan
+from simtrain.layer_plan import microbatches
 from simtrain.layout import RankGrid
 from simtrain.load import load_config
-from simtrain.lowering import Lowered, lower, microbatches
+from simtrain.lowering import Lowered, lower
 from simtrain.network import fluid_duration
 from simtrain.ops import CommOp, ComputeOp, CostedComputeOp, CostedCopyOp, Op, OpKind, Program, SendOp, Stream
 from simtrain.profile import compute_calibration, run_cluster

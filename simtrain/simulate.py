@@ -11,15 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from simtrain import invariants
+from simtrain.comm_planner import CommPlanner, symmetry_violation
 from simtrain.config import RunConfig, TrainConfig
 from simtrain.costs import ComputeCostModel
-from simtrain.engine import AXES, CommPlanner, Engine, EngineResult, RankStats, symmetry_violation
+from simtrain.engine import AXES, Engine
+from simtrain.engine_records import EngineResult, RankStats
 from simtrain.errors import InfeasibleLayout
 from simtrain.flops import model_flops_per_step
 from simtrain.hardware import ClusterSpec
+from simtrain.layer_plan import microbatches
 from simtrain.layout import RankGrid
 from simtrain.load import load_config
-from simtrain.lowering import Lowered, lower, microbatches
+from simtrain.lowering import Lowered, lower
 from simtrain.memory import closed_form_peak, expert_static_memory, fp8_weight_cache_bytes, static_memory
 from simtrain.profile import compute_calibration, run_cluster
 from simtrain.results import StageMemory, StepResult

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from simtrain.engine import EngineResult, Ledger, RankStats
+from simtrain.engine_records import EngineResult, Ledger, RankStats
 from simtrain.schedules import Schedule, schedule_of
 
 #: Largest extrapolation error accepted, relative to the quantity's scale (the step time for times, the

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simtrain.engine import TraceEvent
+from simtrain.engine_records import TraceEvent
 from simtrain.ops import CollectiveOp, CommOp, ComputeOp, CopyOp, OpKind, SendOp, Stream
 from simtrain.results import StageMemory
 

@@ -121,7 +121,7 @@ def test_fsdp1_builds_each_flat_gradient_before_its_reduce_scatter(grad_dtype: s
     """FSDP1 (Composer): the autograd ``cat`` of the views' gradients (2 + 2 B), a cast to a wider reduce
     dtype (2 + 4 B, fp32 only) and the in-place pre-divide (2 x G B) precede every layer's reduce-scatter,
     in every micro-batch; FSDP2 (torchtitan) copies instead and has no such pass."""
-    from simtrain.lowering import fsdp1_grad_bytes
+    from simtrain.stack_rules import fsdp1_grad_bytes
 
     assert fsdp1_grad_bytes(2.0 if grad_dtype == "bf16" else 4.0) == per_param
     cfg = _cfg("composer-fsdp", pp=1)
@@ -211,7 +211,7 @@ def _tp_run(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool
 
 def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool = True):  # type: ignore[no-untyped-def]
     """The BlockBuilder lowering builds for ``_tp_run``."""
-    from simtrain.lowering import build_block
+    from simtrain.layer_plan import build_block
 
     run, _ = _tp_run(stack, precision, overlap, sp)
     return build_block(run.model, run.layout, run.train)
@@ -383,7 +383,7 @@ def test_te_current_scaling_all_reduces_the_amax_of_what_it_gathers_in_fp8() -> 
     all-gathers in FP8: the QKV and FC1 inputs in forward, the proj and FC2 grad outputs in backward,
     each right before its all-gather; weights are local shards with local scales."""
     from simtrain.blocks import AMAX_BYTES, Comm
-    from simtrain.lowering import build_block
+    from simtrain.layer_plan import build_block
 
     run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1), layout=dict(tp=8, sequence_parallel=True),
                            train=dict(seq_len=8192, global_batch_seqs=2, stack="megatron-te", precision="fp8",

@@ -13,7 +13,7 @@ from simtrain.cli import main
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError
 from simtrain.flops import attention_keys_per_query, layer_forward_flops_per_token, model_flops_per_step
-from simtrain.lowering import first_layers, split_layers
+from simtrain.layer_plan import first_layers, split_layers
 from simtrain.schedules import schedule_route
 from simtrain.simulate import simulate
 from simtrain.validate import check_run

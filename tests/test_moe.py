@@ -200,7 +200,7 @@ def test_routed_experts_wait_for_the_overlapped_dispatch() -> None:
     the all-to-all; the routed experts need the tokens it delivers, so they are a separate segment the
     engine starts after it (a merged segment would let them run before their tokens arrive)."""
     from simtrain.blocks import Comm
-    from simtrain.lowering import build_block
+    from simtrain.layer_plan import build_block
 
     run = load_config(dict(model="deepseek-v3", hardware=dict(n_nodes=8),
                            layout=dict(ep=64, dp=64, ep_comm_overlap=True),
@@ -247,7 +247,7 @@ def test_deepep_dispatch_crosses_the_network_once_per_remote_node() -> None:
     ("qwen3-30b-a3b", "deepep", Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(0, 8, 128))),
 ])
 def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str, coll: Collective) -> None:
-    from simtrain.lowering import build_block
+    from simtrain.layer_plan import build_block
     run = load_config(BASE, [f"model={model}", "layout.ep=8", f"layout.ep_dispatcher={dispatcher}"])
     dispatch, combine, _ = build_block(run.model, run.layout, run.train)._moe_comms()
     assert dispatch.coll == combine.coll == coll
@@ -257,7 +257,7 @@ def test_alltoall_dispatcher_sorts_received_tokens_by_local_expert() -> None:
     """Megatron's second permutation (sort_chunks_by_idxs): with several local experts the all-to-all
     dispatcher reads and writes the k x tokens received copies once after the dispatch and once before
     the combine, and their gradients in backward; DeepEP lands them in expert order, one expert needs no sort."""
-    from simtrain.lowering import build_block
+    from simtrain.layer_plan import build_block
 
     def sorts(*overrides: str) -> dict[str, float]:
         run = load_config(BASE, ["model=qwen3-30b-a3b", *overrides])

@@ -8,8 +8,9 @@ import pytest
 
 from simtrain.costs import ComputeCostModel
 from simtrain.hardware_load import load_gpu
+from simtrain.layer_plan import split_layers
 from simtrain.load import load_config
-from simtrain.lowering import lower, split_layers
+from simtrain.lowering import lower
 from simtrain.ops import CommOp, ComputeOp, CostedComputeOp
 from simtrain.schedules import ActionCosts, build_schedule, makespan
 from simtrain.simulate import simulate
@@ -148,7 +149,7 @@ def test_tp_comm_overlap_pipelines_only_with_the_fused_gemms() -> None:
 def test_gathered_gemms_exclude_weight_gradients() -> None:
     """An all-gather pipelines with the GEMMs that read the gathered tensor as their row-split operand
     (fprop, dgrad); a weight-gradient GEMM contracts over the gathered dim and waits for all of it."""
-    from simtrain.lowering import leading_gemms
+    from simtrain.blocks import leading_gemms
     from simtrain.ops import Kernel
 
     dgrad, wgrad = Kernel("mlp_down.dgrad", 1e12, 1e9, 1e-3), Kernel("mlp_down.wgrad", 1e12, 1e9, 1e-3)

@@ -11,7 +11,8 @@ import pytest
 from simtrain.cli import main
 from simtrain.config import RunConfig
 from simtrain.errors import ConfigError
-from simtrain.estimate import Estimator, single_chunk_peak
+from simtrain.estimate import Estimator
+from simtrain.estimate_parts import single_chunk_peak
 from simtrain.load import load_config
 from simtrain.memory import ChunkMemory, closed_form_peak
 from simtrain.schedules import build_schedule

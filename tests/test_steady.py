@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_symmetric_full import TINY
 
-from simtrain.engine import EngineResult, Ledger, RankStats
+from simtrain.engine_records import EngineResult, Ledger, RankStats
 from simtrain.simulate import simulate
 from simtrain.steady import ERR_TOL, MAX_WORK_FRACTION, TIMELINE_TOL, extrapolate, plan
 
