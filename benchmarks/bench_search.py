@@ -1,4 +1,4 @@
-"""Time ``simtrain.search`` (not a pass/fail test).
+"""Time ``simtrain.studies.search`` (not a pass/fail test).
 
     python benchmarks/bench_search.py            # all cases
     python benchmarks/bench_search.py --quick    # only (a)
@@ -21,9 +21,9 @@ import argparse
 import time
 from pathlib import Path
 
-from simtrain.search import SearchSpace, _point, search
-from simtrain.search_render import render_search
-from simtrain.sweep import base_data, run_points
+from simtrain.studies.search import SearchSpace, _point, search
+from simtrain.studies.search_render import render_search
+from simtrain.studies.sweep import base_data, run_points
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_405B = ROOT / "examples" / "llama3_405b_h100.yaml"

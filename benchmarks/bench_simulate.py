@@ -1,4 +1,4 @@
-"""Time ``simtrain.simulate`` itself (not a pass/fail test).
+"""Time ``simtrain.studies.simulate`` itself (not a pass/fail test).
 
 Each case is run once as a warm-up, then three times; the median wall time (``time.perf_counter``)
 is reported.
@@ -17,7 +17,7 @@ Cases:
   (d) examples/deepseek_v3_h800.yaml: DeepSeek-V3 on 2,048 H800, DualPipe, EP64.
   (e) long gradient accumulation: the 405B example's pipeline (pp=16, vpp=4) with 384 micro-batches
       per step on 256 GPUs (dp=2), as Megatron-Bridge's GB200 405B recipe runs, with the steady-state
-      shortcut (``simtrain.steady``) and with every micro-batch simulated (``sim.steady_state=false``);
+      shortcut (``simtrain.engine.steady``) and with every micro-batch simulated (``sim.steady_state=false``);
       both must give the same step time.
 """
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from simtrain.sweep import sweep, write_table
+from simtrain.studies.sweep import sweep, write_table
 
 CONFIG = {
     "name": "llama3-8b-64xh100-sweep", "model": "llama3-8b", "hardware": {"node": "dgx-h100", "n_nodes": 8},

@@ -1,4 +1,4 @@
-"""How far the critical-path evaluator (``simtrain.critical_path``) is from the engine (not a test).
+"""How far the critical-path evaluator (``simtrain.engine.critical_path``) is from the engine (not a test).
 
     python benchmarks/evaluator_vs_engine.py                # every case, CSV to /tmp/evaluator_vs_engine.csv
     python benchmarks/evaluator_vs_engine.py --per-case 10  # fewer layouts per case
@@ -6,7 +6,7 @@
 
 Both evaluate the same lowered program of each layout (the engine in symmetric mode with its
 steady-state shortcut, the evaluator with the same shortcut). The layouts are the search's own
-(``simtrain.search_space.enumerate_layouts``) over tp/pp/vpp/zero/recompute and, for MoE models,
+(``simtrain.studies.search_space.enumerate_layouts``) over tp/pp/vpp/zero/recompute and, for MoE models,
 ep/schedule grids, taken at an even stride so each case keeps ``--per-case`` of them. Reported per
 case and overall: the median, p90 and max of |critical path / engine - 1|, and the worst layouts with
 the breakdown component that moved most between the two (the cause: compute stretched by collectives
@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simtrain.critical_path import _Setup, evaluate_run
-from simtrain.errors import ConfigError, InfeasibleLayout
-from simtrain.estimate import Estimator
-from simtrain.load import load_config
-from simtrain.search_space import SearchSpace, enumerate_layouts
-from simtrain.simulate import cluster_of, simulate
+from simtrain.engine.critical_path import _Setup, evaluate_run
+from simtrain.spec.errors import ConfigError, InfeasibleLayout
+from simtrain.spec.load import load_config
+from simtrain.studies.estimate import Estimator
+from simtrain.studies.search_space import SearchSpace, enumerate_layouts
+from simtrain.studies.simulate import cluster_of, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 

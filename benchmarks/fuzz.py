@@ -61,9 +61,9 @@ def _worker(conn: Connection, seed: int, share: float, mem_gib: float) -> None:
     if mem_gib > 0:
         limit = int(mem_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    import simtrain.cli  # noqa: F401 - imported before the first case so its wall time is the case's own
-    import simtrain.fidelity  # noqa: F401
-    import simtrain.simulate  # noqa: F401
+    import simtrain.cli.main  # noqa: F401 - imported before the first case so its wall time is the case's own
+    import simtrain.studies.simulate  # noqa: F401
+    import simtrain.validation.fidelity  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="simtrain-fuzz-"))
     while True:

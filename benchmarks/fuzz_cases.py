@@ -9,7 +9,7 @@ its seed alone (``case_rng(seed, index)``) and hypothesis can drive the same gen
   stack, precision and node type, on dense and MoE presets shrunk to a few layers so each
   simulation is fast. Outcome: a clean refusal (``ConfigError``/``InfeasibleLayout``) or a
   ``StepResult`` that passes :func:`invariant_breaks`.
-- ``cli``: an argv for ``simtrain.cli.main`` plus files to write first (malformed config files,
+- ``cli``: an argv for ``simtrain.cli.main.main`` plus files to write first (malformed config files,
   ``--set`` strings, CSVs for ``validate``, tables for ``report``). Outcome: exit 0, or exit 2 with a
   message on stderr naming a field or the file, no traceback, within 10 s (:func:`cli_breaks`).
 
@@ -34,9 +34,9 @@ from benchmarks.fuzz_known import KNOWN_OPEN as KNOWN_OPEN
 from benchmarks.fuzz_known import KnownBug as KnownBug
 from benchmarks.fuzz_known import known_bug as known_bug
 from benchmarks.fuzz_known import known_hang as known_hang
-from simtrain.hardware_load import list_nodes
-from simtrain.schedules import SCHEDULES
-from simtrain.stacks import STACKS
+from simtrain.hardware.load import list_nodes
+from simtrain.plan.schedules import SCHEDULES
+from simtrain.spec.stacks import STACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED_RUNS = ROOT.parent / "shared" / "validation" / "published_runs.csv"
@@ -531,8 +531,8 @@ def run_config_case(cfg: dict[str, Any], check_determinism: bool = False) -> dic
     import time
     import traceback
 
-    from simtrain.errors import ConfigError, InfeasibleLayout
-    from simtrain.simulate import simulate
+    from simtrain.spec.errors import ConfigError, InfeasibleLayout
+    from simtrain.studies.simulate import simulate
 
     start = time.perf_counter()
     try:
@@ -555,14 +555,14 @@ def run_config_case(cfg: dict[str, Any], check_determinism: bool = False) -> dic
 
 
 def run_cli_case(case: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Write the case's files into ``workdir`` and run ``simtrain.cli.main`` there, in this process."""
+    """Write the case's files into ``workdir`` and run ``simtrain.cli.main.main`` there, in this process."""
     import contextlib
     import io
     import os
     import time
     import traceback
 
-    from simtrain.cli import main
+    from simtrain.cli.main import main
 
     workdir.mkdir(parents=True, exist_ok=True)
     for name, data in case["files"].items():

@@ -5,9 +5,9 @@ at (nor used to motivate a model change) until the issue's end. This script ther
 counts and aggregate statistics of the signed step-time error (predicted - measured) / measured in %:
 
 - rows, simulated, compared (a measured step time to compare with), not simulatable, errors;
-- median, p90 (nearest rank, as ``simtrain.fidelity.error_stats``) and mean of |error|;
+- median, p90 (nearest rank, as ``simtrain.validation.fidelity.error_stats``) and mean of |error|;
 - the signed median and the share of compared rows predicted too fast (signed error < 0);
-- the coverage of the likely range simtrain ships (``simtrain.uncertainty.band_for`` on the packaged
+- the coverage of the likely range simtrain ships (``simtrain.studies.uncertainty.band_for`` on the packaged
   error tables of the published and Megatron-Bridge runs): how many compared rows' measured step time
   falls in the band of their prediction, against the bands' promised coverage; and the leave-one-out
   coverage that ``simtrain validate`` reports on the file itself.
@@ -63,7 +63,7 @@ def aggregate(rows: list[dict[str, Any]], likely_range: dict[str, Any] | None = 
 def shipped_range_coverage(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """How many compared rows' measured step time lies in the band simtrain's packaged error tables give
     their prediction (``runs`` with a band, ``held`` inside, ``promised_pct`` the bands' mean coverage)."""
-    from simtrain.uncertainty import band_for, read_error_table
+    from simtrain.studies.uncertainty import band_for, read_error_table
 
     table = read_error_table()
     runs, held, promised = 0, 0, 0.0
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(args.json).read_text())
         rows, likely = data["rows"], data["summary"].get("likely_range")
     else:
-        from simtrain.fidelity import validate_runs
+        from simtrain.validation.fidelity import validate_runs
 
         frame, summary = validate_runs(args.csv, workers=args.workers)
         rows = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")

@@ -74,7 +74,7 @@ class Figure:
 
 def _cli_json(argv: list[str]) -> Any:
     """Run ``simtrain`` in this process and parse its JSON output."""
-    from simtrain.cli import main
+    from simtrain.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -86,14 +86,14 @@ def _cli_json(argv: list[str]) -> Any:
 
 @cache
 def _sim(example: str, *overrides: str) -> Any:
-    from simtrain.simulate import simulate
+    from simtrain.studies.simulate import simulate
 
     return simulate(str(ROOT / "examples" / example), list(overrides))
 
 
 @cache
 def _run(example: str) -> Any:
-    from simtrain.run import simulate_run
+    from simtrain.studies.run import simulate_run
 
     return simulate_run(str(ROOT / "examples" / example))
 
@@ -115,7 +115,7 @@ def _seventy_b_band() -> dict[str, float]:
 
 
 def _band(moe: bool, gpu: str) -> Any:
-    from simtrain.uncertainty import band_for, read_error_table
+    from simtrain.studies.uncertainty import band_for, read_error_table
 
     return band_for(1.0, "megatron-te", moe, gpu, read_error_table())
 
@@ -131,7 +131,7 @@ def _moe_band() -> dict[str, float]:
 
 
 def _leave_one_out() -> dict[str, float]:
-    from simtrain.uncertainty import PACKAGED_TABLE, leave_one_out, read_error_table
+    from simtrain.studies.uncertainty import PACKAGED_TABLE, leave_one_out, read_error_table
 
     published = read_error_table(PACKAGED_TABLE)
     both = read_error_table()  # the published runs, then the out-of-sample archive
@@ -166,9 +166,9 @@ def _gb200_search() -> dict[str, float]:
 
 
 def _deepseek_estimate() -> dict[str, float]:
-    from simtrain.estimate import Estimator
-    from simtrain.load import load_config
-    from simtrain.simulate import cluster_of
+    from simtrain.spec.load import load_config
+    from simtrain.studies.estimate import Estimator
+    from simtrain.studies.simulate import cluster_of
 
     run = load_config(str(ROOT / "examples" / "deepseek_v3_h800.yaml"))
     est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio).estimate(run.layout, run.train)
@@ -196,7 +196,7 @@ def _llama8b() -> dict[str, float]:
 def _error_frame(archive: bool) -> Any:
     import pandas as pd
 
-    from simtrain.uncertainty import ARCHIVE_TABLE, PACKAGED_TABLE
+    from simtrain.studies.uncertainty import ARCHIVE_TABLE, PACKAGED_TABLE
 
     return pd.read_csv(ARCHIVE_TABLE if archive else PACKAGED_TABLE)
 
@@ -205,7 +205,7 @@ def _in_sample_row(source: str | None) -> Callable[[], dict[str, float]]:
     """A row of the README's accuracy table: |step-time error| of the published runs of ``source``
     (None: all), as ``simtrain validate`` summarises them (``fidelity.error_stats``, nearest-rank p90)."""
     def compute() -> dict[str, float]:
-        from simtrain.fidelity import error_stats
+        from simtrain.validation.fidelity import error_stats
 
         df = _error_frame(False)
         rows = df if source is None else df[df["source"] == source]

@@ -12,7 +12,7 @@ NCCL when several GPUs are visible; across nodes run it under torchrun); then th
 profile (``calibration.writer``). Every result is appended to the journal as it is measured, so
 running the same command again after an interruption resumes where it stopped (``--fresh`` starts
 over). A profile NAME is written to ``calibrated/NAME/`` of the user profile directory
-(``$SIMTRAIN_PROFILES_DIR``, else the platform's user data dir: ``simtrain/profile_paths.py``); a path
+(``$SIMTRAIN_PROFILES_DIR``, else the platform's user data dir: ``simtrain/hardware/profile_paths.py``); a path
 is written where it points. A progress bar with an ETA goes to stderr when it is a terminal
 (``calibration.progress``); ``--json`` prints one JSON object (the profile's path and the counts) to
 stdout and nothing else. Exit status: 0 done, 1 a measurement run failed (a rank died), 2 bad
@@ -41,8 +41,8 @@ from calibration.progress import CalibrationProgress
 from calibration.shapes import CPU_DEFAULT_MODEL, Target, parse_layout, resolve_model, target_from_config
 from calibration.timing import DeviceTimer, TimerSettings
 from calibration.writer import build_profile, write_profile
-from simtrain.errors import ConfigError
-from simtrain.profile import JOURNAL_FILE, profile_folder
+from simtrain.hardware.profile import JOURNAL_FILE, profile_folder
+from simtrain.spec.errors import ConfigError
 
 MiB = 1024**2
 L2_FLUSH_BYTES = 256 * MiB  # Triton do_bench's flush buffer; >= 2x the L2 of A100/H100/H200 (50 MB)

@@ -45,11 +45,11 @@ from calibration.device import describe, fingerprint
 from calibration.journal import Journal, measurement_key
 from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
 from calibration.writer import build_profile, write_profile
-from simtrain.collective_kinds import CollectiveKind
-from simtrain.profile import JOURNAL_FILE, profile_folder
+from simtrain.hardware.profile import JOURNAL_FILE, profile_folder
+from simtrain.lower.collective_kinds import CollectiveKind
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
-#: What this script measures (a profile stores each by its string value: ``simtrain.profile`` parses it back).
+#: What this script measures (a profile stores each by its string value: ``simtrain.hardware.profile`` parses it back).
 COLLECTIVES = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER,
                CollectiveKind.ALL_TO_ALL, CollectiveKind.BROADCAST, CollectiveKind.SEND)
 FAIL_RANK_ENV = "SIMTRAIN_CALIBRATION_FAIL_RANK"  # fault injection for tests: this rank raises at start

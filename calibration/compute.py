@@ -206,7 +206,7 @@ def layer_memory(ctx: Context, target: Target) -> dict[str, float]:
 
     GPU: activations kept after forward, the step's peak above the inputs, reserved, and the context
     (device memory in use outside PyTorch's allocator), bytes. CPU: the bytes autograd saves for
-    backward (unique storages, parameters excluded), the quantity ``simtrain.memory`` models.
+    backward (unique storages, parameters excluded), the quantity ``simtrain.lower.memory`` models.
     """
     m, t = target.model, target.tp
     layer = ops.EagerLlamaLayer(m.hidden, max(m.n_heads // t, 1), max(m.kv_heads // t, 1), m.ffn_hidden // t,

@@ -12,7 +12,7 @@ and written as JSON. Output goes under ``$OUT`` when it is set (else ``./device_
 
 Known accounting differences printed with the memory numbers: the real step keeps BF16 AdamW
 moments (4 bytes/param) while simtrain's default accounting is Megatron's fp32 master weights and
-moments (12 bytes/param); eager HF activations follow the ``eager_hf`` stack of ``simtrain.memory``.
+moments (12 bytes/param); eager HF activations follow the ``eager_hf`` stack of ``simtrain.lower.memory``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from simtrain.model import ModelSpec
-from simtrain.trace import write_atomic
+from simtrain.engine.trace import write_atomic
+from simtrain.spec.model import ModelSpec
 
 #: Llama 3.2 1B dimensions (meta-llama/Llama-3.2-1B config.json: hidden 2048, 16 layers, 32 heads,
 #: 8 KV heads, FFN 8192, vocab 128256, tied embeddings): 1.24B parameters.

@@ -14,12 +14,12 @@ import statistics
 from typing import Any
 
 from calibration.shapes import Target, placeholder_gpu
-from simtrain.calibrated import CalibratedCompute
-from simtrain.costs import ComputeCostModel
-from simtrain.lowering import lower
-from simtrain.ops import CostedComputeOp
+from simtrain.cost.calibrated import CalibratedCompute
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.lower.lowering import lower
+from simtrain.lower.ops import CostedComputeOp
 
-#: kernels of the embedding, the LM head and the optimizer (simtrain.blocks / lowering names): not the layer's
+#: kernels of the embedding, the LM head and the optimizer (simtrain.lower.blocks / lowering names): not the layer's
 NOT_LAYER = ("embedding", "pos_embedding", "final_norm", "lm_head", "cross_entropy", "optimizer")
 
 def layer_kernels_s(target: Target, compute: CalibratedCompute) -> float:

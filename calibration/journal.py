@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simtrain.trace import write_atomic
+from simtrain.engine.trace import write_atomic
 
 
 class JournalMismatch(RuntimeError):

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch import nn
 
 from calibration.ops import EagerLlama
-from simtrain.model import ModelSpec
-from simtrain.trace import write_atomic
+from simtrain.engine.trace import write_atomic
+from simtrain.spec.model import ModelSpec
 
 
 def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, str]:

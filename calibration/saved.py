@@ -3,7 +3,7 @@
 Every tensor saved for backward passes through the pack hook; its *storage* is counted once (views
 and tensors sharing memory are one allocation), parameters are excluded (they are not
 activations), and each storage is attributed to the module that was running when it was first
-saved. This is the ground truth simtrain's activation formulas (``simtrain/memory.py``) are checked
+saved. This is the ground truth simtrain's activation formulas (``simtrain/lower/memory.py``) are checked
 against, and the CPU measurement of a layer step's activation memory.
 """
 

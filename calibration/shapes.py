@@ -1,6 +1,6 @@
 """What to measure: the exact kernels a model and layout produce, enumerated by simtrain itself.
 
-``kernel_calls`` lowers the run with simtrain's own lowering (``simtrain.lowering.lower_program``) and
+``kernel_calls`` lowers the run with simtrain's own lowering (``simtrain.lower.lowering.lower_program``) and
 reads the kernel descriptors of the program (no times needed), so the GEMM shapes (forward, input-grad, weight-grad of every projection and
 the LM head), the attention shapes and the byte counts of the memory-bound kernels are exactly the
 ones simtrain will later ask the calibrated profile about. Grids of other shapes are added around
@@ -16,15 +16,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simtrain.calibrated import gemm_role, memory_op_kind
-from simtrain.config import LayoutConfig, RunConfig, TrainConfig, read_config_file
-from simtrain.errors import ConfigError, Problem
-from simtrain.hardware import GpuSpec
-from simtrain.hf_config import from_hf_config
-from simtrain.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
-from simtrain.lowering import lower_program
-from simtrain.model import ModelSpec, preset
-from simtrain.ops import ComputeOp
+from simtrain.cost.calibrated import gemm_role, memory_op_kind
+from simtrain.hardware.hardware import GpuSpec
+from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
+from simtrain.lower.lowering import lower_program
+from simtrain.lower.ops import ComputeOp
+from simtrain.spec.config import LayoutConfig, RunConfig, TrainConfig, read_config_file
+from simtrain.spec.errors import ConfigError, Problem
+from simtrain.spec.hf_config import from_hf_config
+from simtrain.spec.model import ModelSpec, preset
 
 #: The model the CPU loop calibrates for by default: a Llama-style decoder small enough that a
 #: training step takes a fraction of a second on one core (16.8M parameters).

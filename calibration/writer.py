@@ -1,6 +1,6 @@
 """Build the calibrated profile from the journal and write it atomically.
 
-The layout of the file is documented in ``simtrain/profile.py`` (which reads it). Everything here is
+The layout of the file is documented in ``simtrain/hardware/profile.py`` (which reads it). Everything here is
 derived from the journal, so rewriting the profile after more measurements (for example the
 collectives of a later ``torchrun`` run) keeps what was measured before.
 """
@@ -19,10 +19,10 @@ import yaml
 from calibration.fit import fit_curve, fit_gemm
 from calibration.insitu import in_situ_factor
 from calibration.shapes import Target
-from simtrain.calibrated import busbw_factor
-from simtrain.collective_kinds import CollectiveKind
-from simtrain.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION, parse_profile
-from simtrain.trace import write_atomic
+from simtrain.cost.calibrated import busbw_factor
+from simtrain.engine.trace import write_atomic
+from simtrain.hardware.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION, parse_profile
+from simtrain.lower.collective_kinds import CollectiveKind
 
 
 def _ok(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -173,7 +173,7 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
 
 
 def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The profile (see ``simtrain/profile.py``) from a journal's header and records."""
+    """The profile (see ``simtrain/hardware/profile.py``) from a journal's header and records."""
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_kind[r["kind"]].append(r)
@@ -195,7 +195,7 @@ def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any
 
 
 HEADER = """\
-# simtrain calibrated hardware profile (schema: simtrain/profile.py). Written by `simtrain calibrate`
+# simtrain calibrated hardware profile (schema: simtrain/hardware/profile.py). Written by `simtrain calibrate`
 # and `python -m calibration.collectives` from the measurements in measurements.jsonl beside it;
 # re-run the calibration rather than editing it. Units are in the key names (SI).
 """

@@ -1,6 +1,6 @@
 """Ultra-Scale-Playbook-style study: the best layout and its MFU for models of 1B to 70B on 1 to 64
 nodes of H100, as a heatmap (Hugging Face, "The Ultra-Scale Playbook", 2025, which ran thousands of
-such configurations on real clusters; here each cell is a ``simtrain.search``).
+such configurations on real clusters; here each cell is a ``simtrain.studies.search``).
 
     python examples/ultrascale_study.py                    # full grid (minutes)
     python examples/ultrascale_study.py --quick            # 3 models x 3 cluster sizes
@@ -18,10 +18,10 @@ import argparse
 import time
 from typing import Any
 
-from simtrain.errors import ConfigError
-from simtrain.report import write_report
-from simtrain.search import SearchSpace, search
-from simtrain.sweep import to_frame, write_table
+from simtrain.spec.errors import ConfigError
+from simtrain.studies.report import write_report
+from simtrain.studies.search import SearchSpace, search
+from simtrain.studies.sweep import to_frame, write_table
 
 MODELS = ("gpt-1.7b", "llama2-7b", "llama3-8b", "llama2-13b", "gpt-39b", "llama3-70b")
 NODES = (1, 2, 4, 8, 16, 32, 64)

@@ -4,13 +4,13 @@
 training step for a model, a cluster and a parallel layout.
 """
 
-from simtrain.config import HardwareConfig, LayoutConfig, RunConfig, SimConfig, TrainConfig
-from simtrain.errors import ConfigError, InfeasibleLayout, SimtrainError
-from simtrain.hf_config import from_hf_config
-from simtrain.load import load_config
-from simtrain.model import ModelSpec, list_presets, preset
-from simtrain.results import StepResult
-from simtrain.simulate import simulate
+from simtrain.engine.results import StepResult
+from simtrain.spec.config import HardwareConfig, LayoutConfig, RunConfig, SimConfig, TrainConfig
+from simtrain.spec.errors import ConfigError, InfeasibleLayout, SimtrainError
+from simtrain.spec.hf_config import from_hf_config
+from simtrain.spec.load import load_config
+from simtrain.spec.model import ModelSpec, list_presets, preset
+from simtrain.studies.simulate import simulate
 
 __all__ = [
     "ConfigError", "HardwareConfig", "InfeasibleLayout", "LayoutConfig", "ModelSpec", "RunConfig", "SimConfig",

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from simtrain import simulate
-from simtrain.cli import main
-from simtrain.config import apply_overrides
-from simtrain.errors import ConfigError
-from simtrain.limits import MAX_CONFIG_BYTES, MAX_GPUS, MAX_LAYERS, MAX_YAML_DEPTH
-from simtrain.load import load_config
-from simtrain.safe_yaml import load_yaml
+from simtrain.cli.main import main
+from simtrain.spec.config import apply_overrides
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.limits import MAX_CONFIG_BYTES, MAX_GPUS, MAX_LAYERS, MAX_YAML_DEPTH
+from simtrain.spec.load import load_config
+from simtrain.spec.safe_yaml import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_8B = str(ROOT / "examples" / "llama3_8b_h100_fsdp.yaml")
@@ -122,7 +122,7 @@ def test_the_alias_bomb_is_refused_before_it_expands() -> None:
     ({"model": {"preset": "llama3-8b", "moe": 5}}, ("model.moe",)),
 ])
 def test_wrong_types_at_any_level_are_refused_with_the_path(wrong: dict[str, Any], needles: tuple[str, ...]) -> None:
-    from simtrain.config import read_config_file
+    from simtrain.spec.config import read_config_file
 
     data = {**read_config_file(FSDP_8B), **wrong}
     api_refused(data, [], *needles)

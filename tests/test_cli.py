@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simtrain.cli import main
+from simtrain.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "llama3_70b_h100.yaml")

@@ -9,17 +9,30 @@ from pathlib import Path
 
 import pytest
 
-from simtrain.calibrated import busbw_factor
-from simtrain.cli import main
-from simtrain.collective_algorithms import (
+from simtrain.cli.main import main
+from simtrain.cost.calibrated import busbw_factor
+from simtrain.cost.collective_algorithms import (
     ALGORITHMS,
     AlgorithmRegistry,
     FlowAlgorithm,
     Group,
     node_hit_probability,
 )
-from simtrain.collective_flows import Phases, route_flow
-from simtrain.collective_kinds import (
+from simtrain.cost.collective_flows import Phases, route_flow
+from simtrain.cost.collectives import (
+    choose_plan,
+    collective_candidates,
+    effective_bandwidth,
+    plan_collective,
+    unit_idle_times,
+)
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.engine.trace import to_chrome_trace
+from simtrain.hardware.hardware import GpuSpec
+from simtrain.hardware.load import build_cluster, load_gpu
+from simtrain.hardware.profile import load_profile
+from simtrain.hardware.topology import Topology
+from simtrain.lower.collective_kinds import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -27,24 +40,11 @@ from simtrain.collective_kinds import (
     CollectiveKind,
     NodeLimited,
 )
-from simtrain.collectives import (
-    choose_plan,
-    collective_candidates,
-    effective_bandwidth,
-    plan_collective,
-    unit_idle_times,
-)
-from simtrain.costs import ComputeCostModel
-from simtrain.errors import ConfigError
-from simtrain.hardware import GpuSpec
-from simtrain.hardware_load import build_cluster, load_gpu
-from simtrain.load import load_config
-from simtrain.lowering import lower
-from simtrain.ops import CommOp
-from simtrain.profile import load_profile
-from simtrain.simulate import simulate
-from simtrain.topology import Topology
-from simtrain.trace import to_chrome_trace
+from simtrain.lower.lowering import lower
+from simtrain.lower.ops import CommOp
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.studies.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_PROFILE = ROOT / "simtrain" / "data" / "hardware_profiles" / "calibrated" / "example-cpu" / "profile.yaml"
@@ -254,9 +254,9 @@ def test_a_measured_curve_stands_for_plain_collectives_only() -> None:
     plan, but not the deduplicated (node-limited) all-to-all's."""
     from types import SimpleNamespace
 
-    from simtrain.calibrated import CollectiveTable, Curve
-    from simtrain.collective_algorithms import MeasuredTable
-    from simtrain.collective_flows import MeasuredCandidate
+    from simtrain.cost.calibrated import CollectiveTable, Curve
+    from simtrain.cost.collective_algorithms import MeasuredTable
+    from simtrain.cost.collective_flows import MeasuredCandidate
 
     c = build_cluster("dgx-h100", 2)
     topo, gpus = Topology(c), tuple(range(16))

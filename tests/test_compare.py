@@ -1,4 +1,4 @@
-"""simtrain compare: two configs side by side (simtrain.compare), its CLI, Markdown and HTML (rendered by
+"""simtrain compare: two configs side by side (simtrain.studies.compare), its CLI, Markdown and HTML (rendered by
 headless Chromium when it is installed)."""
 
 from __future__ import annotations
@@ -13,11 +13,19 @@ from typing import Any
 import pytest
 import yaml
 
-from simtrain.cli import main
-from simtrain.compare import ABSENT, compare, config_diff, flatten, render_html, render_markdown, render_text
-from simtrain.errors import ConfigError
-from simtrain.load import load_config
-from simtrain.simulate import simulate
+from simtrain.cli.main import main
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.studies.compare import (
+    ABSENT,
+    compare,
+    config_diff,
+    flatten,
+    render_html,
+    render_markdown,
+    render_text,
+)
+from simtrain.studies.simulate import simulate
 
 BASE: dict[str, Any] = {
     "name": "compare-test", "model": {"preset": "llama3-8b", "n_layers": 4},

@@ -1,4 +1,4 @@
-"""The convergence what-if model (simtrain.convergence) and the batch what-if of simtrain.run."""
+"""The convergence what-if model (simtrain.studies.convergence) and the batch what-if of simtrain.studies.run."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from test_run import BASE, fake_step  # the same tiny run and engine-free step
 
-from simtrain.convergence import (
+from simtrain.spec.errors import ConfigError
+from simtrain.studies.convergence import (
     NoiseScaleModel,
     deepseek_optimal_batch_tokens,
     deepseek_optimal_lr,
     kaplan_critical_batch_tokens,
     noise_model,
 )
-from simtrain.errors import ConfigError
-from simtrain.run import batch_whatif
+from simtrain.studies.run import batch_whatif
 
 
 def test_mccandlish_tradeoff() -> None:

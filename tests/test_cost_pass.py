@@ -9,16 +9,14 @@ from dataclasses import fields, replace
 
 import pytest
 
-from simtrain.calibrated import CalibratedCompute, Curve, GemmModel
-from simtrain.collective_kinds import ALL_REDUCE, SEND
-from simtrain.config import RunConfig
-from simtrain.cost_pass import cost_program
-from simtrain.costs import ComputeCostModel
-from simtrain.hardware_load import load_gpu
-from simtrain.kernels import Attention, Gemm, MemoryBound, Sliced
-from simtrain.load import load_config
-from simtrain.lowering import Lowered, lower, lower_program
-from simtrain.ops import (
+from simtrain.cost.calibrated import CalibratedCompute, Curve, GemmModel
+from simtrain.cost.cost_pass import cost_program
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.load import load_gpu
+from simtrain.lower.collective_kinds import ALL_REDUCE, SEND
+from simtrain.lower.kernels import Attention, Gemm, MemoryBound, Sliced
+from simtrain.lower.lowering import Lowered, lower, lower_program
+from simtrain.lower.ops import (
     CollectiveOp,
     CommOp,
     ComputeOp,
@@ -32,6 +30,8 @@ from simtrain.ops import (
     SendOp,
     Stream,
 )
+from simtrain.spec.config import RunConfig
+from simtrain.spec.load import load_config
 
 DESCRIPTORS = (Gemm, Attention, MemoryBound, Sliced)
 TINY = {"preset": "llama3-8b", "n_layers": 4}
@@ -236,7 +236,7 @@ def test_a_host_copy_needs_the_copy_rate() -> None:
 def test_calibration_enumerates_the_descriptors_of_a_lowered_program() -> None:
     """What a calibration measures is read off the lowered program (no cost model, no times); with TP the
     program also holds collectives, which have no kernels. Goldens from the per-rank shapes of
-    ``simtrain.blocks``: QKV (T, (q + 2 kv) / t, h), MLP up (T, 2 f / t, h), norm 2 x 2 B x (T / t) x h."""
+    ``simtrain.lower.blocks``: QKV (T, (q + 2 kv) / t, h), MLP up (T, 2 f / t, h), norm 2 x 2 B x (T / t) x h."""
     from calibration.shapes import CPU_DEFAULT_MODEL, Target, kernel_calls
 
     m, t, seq = CPU_DEFAULT_MODEL, 2, 512
@@ -249,10 +249,10 @@ def test_calibration_enumerates_the_descriptors_of_a_lowered_program() -> None:
 
 
 def test_the_engine_runs_only_a_costed_program() -> None:
-    from simtrain.engine import Engine
-    from simtrain.layout import RankGrid
-    from simtrain.simulate import cluster_of
-    from simtrain.topology import Topology
+    from simtrain.engine.engine import Engine
+    from simtrain.hardware.topology import Topology
+    from simtrain.plan.layout import RankGrid
+    from simtrain.studies.simulate import cluster_of
 
     run = _run(OFFLOAD)
     cl = cluster_of(run)

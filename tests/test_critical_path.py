@@ -1,4 +1,4 @@
-"""The critical-path evaluator (``simtrain.critical_path``) against closed forms and the engine."""
+"""The critical-path evaluator (``simtrain.engine.critical_path``) against closed forms and the engine."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from test_steady import TINY_MOE
 from test_symmetric_full import TINY
 from test_symmetric_roles import SMALL, _small
 
-from simtrain.collective_kinds import ALL_REDUCE
-from simtrain.config import LayoutConfig
-from simtrain.critical_path import _Setup, evaluate, evaluate_run
-from simtrain.engine import Engine
-from simtrain.hardware_load import build_cluster
-from simtrain.layout import RankGrid
-from simtrain.load import load_config
-from simtrain.ops import OpKind, Program, Stream
-from simtrain.schedules import build_schedule
-from simtrain.simulate import simulate
-from simtrain.topology import Topology
+from simtrain.engine.critical_path import _Setup, evaluate, evaluate_run
+from simtrain.engine.engine import Engine
+from simtrain.hardware.load import build_cluster
+from simtrain.hardware.topology import Topology
+from simtrain.lower.collective_kinds import ALL_REDUCE
+from simtrain.lower.ops import OpKind, Program, Stream
+from simtrain.plan.layout import RankGrid
+from simtrain.plan.schedules import build_schedule
+from simtrain.spec.config import LayoutConfig
+from simtrain.spec.load import load_config
+from simtrain.studies.simulate import simulate
 
 TF, TB = 1.0, 2.0
 
@@ -120,7 +120,7 @@ NO_SHARED_LINK = {
     "tp8-full-recompute": _tiny(dict(tp=8, recompute="full"), 1, 4),
     "dp8": _tiny(dict(dp=8), 1, 16),
     # MoE, experts over the node's 8 GPUs, the hottest expert taking 3x the mean: the routed-expert
-    # kernels of the simulated (hottest) rank run 3x longer in both evaluators (simtrain.routing)
+    # kernels of the simulated (hottest) rank run 3x longer in both evaluators (simtrain.plan.routing)
     "moe-ep8-skewed": {**_tiny(dict(dp=8, ep=8), 1, 16, TINY_MOE),
                        "train": dict(seq_len=512, global_batch_seqs=16, moe_routing="skewed", moe_hot_expert_load=3.0)},
 }
@@ -195,7 +195,7 @@ def test_a_dependency_cycle_is_an_error_not_a_hang() -> None:
 @pytest.mark.parametrize("name", ["tp8", "tp8-full-recompute", "dp8"])  # each has comm-stream collectives
 def test_in_situ_slowdown_stretches_comm_stream_collectives_as_the_engine_does(name: str) -> None:
     """A calibrated ``comm_in_situ_slowdown`` stretches a collective on its comm stream, not one the
-    compute stream runs in line (``simtrain.inline``): the evaluator follows the engine's rule."""
+    compute stream runs in line (``simtrain.engine.inline``): the evaluator follows the engine's rule."""
     run = load_config(NO_SHARED_LINK[name])
     setup = _Setup.of(run)
     low = setup.lowered(run)
@@ -209,7 +209,7 @@ def test_in_situ_slowdown_stretches_comm_stream_collectives_as_the_engine_does(n
 
 @pytest.mark.parametrize("name", ["6g-tp2-cp2-pp2", "6g-tp-outermost"])
 def test_roles_are_evaluated_and_the_slowest_sets_the_step(name: str) -> None:
-    """Groups that do not tile the nodes: one evaluation per role (``simtrain.roles``), as the engine's
+    """Groups that do not tile the nodes: one evaluation per role (``simtrain.plan.roles``), as the engine's
     symmetric mode runs them; no contention in these two, so the steps agree closely, peaks exactly."""
     cfg = _small(*SMALL[name])
     eng = simulate(cfg)

@@ -6,18 +6,18 @@ from collections import defaultdict
 
 import pytest
 
-from simtrain.collective_kinds import ALL_REDUCE, SEND
-from simtrain.config import LayoutConfig
-from simtrain.costs import ComputeCostModel
-from simtrain.engine import Engine
-from simtrain.hardware_load import build_cluster
-from simtrain.layout import RankGrid
-from simtrain.load import load_config
-from simtrain.lowering import lower
-from simtrain.ops import OpKind, Program, Stream
-from simtrain.schedules import Action, build_schedule
-from simtrain.simulate import cluster_of, simulate
-from simtrain.topology import Topology
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.engine.engine import Engine
+from simtrain.hardware.load import build_cluster
+from simtrain.hardware.topology import Topology
+from simtrain.lower.collective_kinds import ALL_REDUCE, SEND
+from simtrain.lower.lowering import lower
+from simtrain.lower.ops import OpKind, Program, Stream
+from simtrain.plan.layout import RankGrid
+from simtrain.plan.schedules import Action, build_schedule
+from simtrain.spec.config import LayoutConfig
+from simtrain.spec.load import load_config
+from simtrain.studies.simulate import cluster_of, simulate
 
 TF, TB = 1.0, 2.0
 HOP_SLACK = 1e-3  # s: pipeline-send latencies (~13 us per hop, a few dozen hops) on a >10 s step; any
@@ -195,7 +195,7 @@ def test_stage_imbalance_is_the_slowest_stage_extra_compute(slow: int | None) ->
     slowest one's pace, so stage 0 waits m x 0.5 x (TF + TB) = 12 s more than the fill and drain; the
     breakdown calls that ``stage_imbalance`` and leaves the rest of its input waits as ``bubble``
     (balanced: no imbalance, bubble = (p - 1)(TF + TB))."""
-    from simtrain.simulate import _breakdown, _compute_s
+    from simtrain.studies.simulate import _breakdown, _compute_s
 
     p, m = 4, 8
     progs = _programs("1f1b", p, m, 1)
@@ -218,9 +218,9 @@ def test_stage_imbalance_is_the_slowest_stage_extra_compute(slow: int | None) ->
 def test_interference_per_link_class() -> None:
     """Collectives hold NCCL's channel SMs (16 for a DGX node's inter-node rings, nccl#689); a
     pipeline send/recv holds one small CTA (nccl#1433), so it slows compute by one SM's share."""
-    from simtrain.comm_planner import P2P_CLASS
-    from simtrain.engine import _interference
-    from simtrain.hardware_load import load_gpu
+    from simtrain.engine.comm_planner import P2P_CLASS
+    from simtrain.engine.engine import _interference
+    from simtrain.hardware.load import load_gpu
 
     for name in ("a100-80gb", "h100-sxm", "h200", "b200"):
         gpu = load_gpu(name)
@@ -234,9 +234,9 @@ def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
     """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores): every collective of a
     comm stream (here ZeRO-1's gradient reduce-scatters and parameter all-gathers) lasts (1 + f) x its
     transfer; blocking in-line ones and compute do not change."""
-    from simtrain.costs import ComputeCostModel
-    from simtrain.load import load_config
-    from simtrain.lowering import lower
+    from simtrain.cost.costs import ComputeCostModel
+    from simtrain.lower.lowering import lower
+    from simtrain.spec.load import load_config
 
     cfg = {"model": {"preset": "llama3-8b", "n_layers": 2}, "hardware": {"node": "dgx-h100", "n_nodes": 1},
            "layout": {"dp": 8, "zero_stage": 1}, "train": {"seq_len": 1024, "global_batch_seqs": 8}}

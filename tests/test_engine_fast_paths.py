@@ -9,11 +9,11 @@ import importlib
 import pytest
 from test_symmetric_full import CASES, _cfg
 
-from simtrain.inline import Guard, inline_plan, time_bounds
-from simtrain.ops import OpKind, Program, Stream
-from simtrain.simulate import simulate
+from simtrain.engine.inline import Guard, inline_plan, time_bounds
+from simtrain.lower.ops import OpKind, Program, Stream
+from simtrain.studies.simulate import simulate
 
-simulate_module = importlib.import_module("simtrain.simulate")
+simulate_module = importlib.import_module("simtrain.studies.simulate")
 
 EXTRA = {
     # TP inside a node with nothing else on NVLink: every TP collective is private and runs in line

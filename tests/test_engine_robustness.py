@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from simtrain.simulate import simulate
+from simtrain.studies.simulate import simulate
 
 
 def _small(preset: str, n_layers: int, n_nodes: int, seqs: int) -> dict[str, Any]:
@@ -58,8 +58,8 @@ SMALL = _small("llama3-8b", 4, 1, 16)
 
 
 def test_every_example_meets_the_invariants() -> None:
-    """``simulate`` checks its result (``simtrain.invariants``); a small run passes with margin."""
-    from simtrain import invariants
+    """``simulate`` checks its result (``simtrain.engine.invariants``); a small run passes with margin."""
+    from simtrain.engine import invariants
     r = simulate(SMALL, ["layout.pp=2", "layout.dp=4"])
     assert invariants.violations(r, 1.0) == []
     assert r.hfu >= r.mfu
@@ -77,7 +77,7 @@ def test_every_example_meets_the_invariants() -> None:
 def test_a_result_breaking_an_invariant_is_refused(field: str, value: Any, needle: str) -> None:
     from dataclasses import replace
 
-    from simtrain import invariants
+    from simtrain.engine import invariants
     r = simulate(SMALL, ["layout.pp=2", "layout.dp=4"])
     if field == "breakdown_s":
         bd = dict(r.breakdown_s, compute=r.breakdown_s["compute"] + 0.5 * r.step_time_s)
@@ -90,15 +90,15 @@ def test_a_result_breaking_an_invariant_is_refused(field: str, value: Any, needl
         bad = replace(r, **{field: value})
     found = invariants.violations(bad, 1.0)
     assert any(needle in v for v in found), found
-    from simtrain.errors import SimulationInvariantError
+    from simtrain.spec.errors import SimulationInvariantError
     with pytest.raises(SimulationInvariantError, match="robust") as exc:
         invariants.check(bad, type("G", (), {"fp8_flops_per_s": 0.0, "bf16_flops_per_s": 1.0})(), "bf16")
     assert exc.value.config == "robust"
 
 
 def test_fp8_runs_may_exceed_the_bf16_peak_but_not_the_fp8_one() -> None:
-    from simtrain import invariants
-    from simtrain.hardware_load import load_gpu
+    from simtrain.engine import invariants
+    from simtrain.hardware.load import load_gpu
     gpu = load_gpu("h100-sxm")
     assert invariants.peak_ratio(gpu, "bf16") == 1.0
     assert invariants.peak_ratio(gpu, "fp8") == pytest.approx(gpu.fp8_flops_per_s / gpu.bf16_flops_per_s)
@@ -112,9 +112,9 @@ def test_simulate_raises_and_the_cli_exits_3_on_a_broken_result(monkeypatch: pyt
 
     import yaml
 
-    sim = importlib.import_module("simtrain.simulate")
-    from simtrain.cli import main
-    from simtrain.errors import SimulationInvariantError
+    sim = importlib.import_module("simtrain.studies.simulate")
+    from simtrain.cli.main import main
+    from simtrain.spec.errors import SimulationInvariantError
     real = sim._breakdown
 
     def broken(*args: Any) -> dict[str, Any]:
@@ -169,7 +169,7 @@ def test_steady_state_memory_does_not_grow_with_the_micro_batch_count() -> None:
 def test_steady_short_runs_are_capped() -> None:
     """The short runs stop after ``MAX_SHORT_RUNS`` whatever the micro-batch count (their largest, hence
     the shortcut's time and memory, is bounded)."""
-    from simtrain.steady import MAX_SHORT_RUNS, plan
+    from simtrain.engine.steady import MAX_SHORT_RUNS, plan
     steady = plan("1f1b", 8, 10**9)
     assert steady is not None
     counts = list(steady.counts())
@@ -180,8 +180,8 @@ def test_rank_grid_groups_are_memoised_partitions() -> None:
     """Full mode looks a group up per rank and op: ``RankGrid.group`` computes each group once and
     hands every member the same tuple (the NVL72 case's 2,304 ranks recomputed a 288-rank dp x cp
     plane per lookup)."""
-    from simtrain.layout import RankGrid
-    from simtrain.load import load_config
+    from simtrain.plan.layout import RankGrid
+    from simtrain.spec.load import load_config
     run = load_config(_small("mixtral-8x7b", 4, 4, 64), ["layout.tp=2", "layout.cp=2", "layout.dp=8",
                                                           "layout.ep=4", "layout.sequence_parallel=true"])
     grid = RankGrid(run.layout)

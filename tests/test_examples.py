@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simtrain.cli import main
-from simtrain.hardware_load import build_cluster
-from simtrain.load import load_config
+from simtrain.cli.main import main
+from simtrain.hardware.load import build_cluster
+from simtrain.spec.load import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError
 from simtrain.formats import (
     read_megatron,
     read_megatron_file,
@@ -22,8 +20,10 @@ from simtrain.formats import (
     write_torchtitan,
 )
 from simtrain.formats.megatron import parse_args
-from simtrain.load import load_config
-from simtrain.model import preset
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.spec.model import preset
 
 DATA = Path(__file__).parent / "data"
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
@@ -125,7 +125,7 @@ def test_megatron_round_trip_of_every_example(example: Path) -> None:
 
 
 def test_megatron_round_trip_simulates_the_same_step() -> None:
-    from simtrain.simulate import simulate
+    from simtrain.studies.simulate import simulate
 
     run = load_config(DATA.parent.parent / "examples" / "llama3_8b_h100_fsdp.yaml")
     back = read_megatron(write_megatron(run)[0], base=run).config

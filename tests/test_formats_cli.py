@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simtrain.cli import main
+from simtrain.cli.main import main
 from simtrain.formats import read_megatron_file, read_torchtitan_file
-from simtrain.load import load_config
-from simtrain.model import preset
+from simtrain.spec.load import load_config
+from simtrain.spec.model import preset
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -83,7 +83,7 @@ def test_simulate_takes_framework_files_directly(capsys) -> None:
 def test_hf_config_flag_replaces_the_model(tmp_path: Path, capsys) -> None:
     import argparse
 
-    from simtrain.cli_formats import config_source
+    from simtrain.cli.formats import config_source
 
     folder = tmp_path / "Llama-3-8B"
     shutil.copytree(DATA / "hf" / "llama3-8b", folder)
@@ -150,7 +150,7 @@ def test_schema_command(tmp_path: Path) -> None:
 
 
 def test_schema_describes_every_field() -> None:
-    from simtrain.schema import run_config_schema
+    from simtrain.spec.schema import run_config_schema
 
     schema = run_config_schema()
     nodes = {"RunConfig": schema, **schema["$defs"]}

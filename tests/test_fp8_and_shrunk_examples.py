@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.simulate import simulate
+from simtrain.studies.simulate import simulate
 
 # DeepSeek-V3 in miniature: MLA, 1 dense + 3 MoE layers with a shared expert, MTP, 16 experts top-4
 TINY_DSV3 = dict(name="tiny-dsv3", n_layers=4, hidden=512, n_heads=8, ffn_hidden=1536, activation="swiglu",
@@ -54,7 +54,7 @@ def test_fp8_is_faster_keeps_weight_copies_and_current_scaling_costs_more() -> N
 
 
 def test_fp8_needs_a_gpu_with_fp8() -> None:
-    from simtrain.errors import ConfigError
+    from simtrain.spec.errors import ConfigError
     with pytest.raises(ConfigError):
         simulate(dict(H100, hardware=dict(node="dgx-a100", n_nodes=1)), ["train.precision=fp8"])
 
@@ -64,7 +64,7 @@ def test_trace_covers_every_stream(cfg: dict, tmp_path) -> None:
     """The Chrome trace names a thread for every stream the ops use (EP, CP, FSDP gathers...)."""
     import json
 
-    from simtrain.trace import write_chrome_trace
+    from simtrain.engine.trace import write_chrome_trace
     r = simulate(cfg, trace=True)
     path = tmp_path / "t.json"
     write_chrome_trace(path, r.trace, r.stage_of)

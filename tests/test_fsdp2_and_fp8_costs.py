@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.costs import ComputeCostModel
-from simtrain.hardware_load import load_gpu
-from simtrain.load import load_config
-from simtrain.lowering import Lowered, lower
-from simtrain.ops import ComputeOp, OpKind
-from simtrain.profile import compute_calibration, run_cluster
-from simtrain.simulate import simulate
-from simtrain.stacks import get_stack
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.load import load_gpu
+from simtrain.hardware.profile import compute_calibration, run_cluster
+from simtrain.lower.lowering import Lowered, lower
+from simtrain.lower.ops import ComputeOp, OpKind
+from simtrain.spec.load import load_config
+from simtrain.spec.stacks import get_stack
+from simtrain.studies.simulate import simulate
 
 LLAMA_TINY = dict(name="ltiny", n_layers=8, hidden=512, n_heads=8, n_kv_heads=2, ffn_hidden=1408,
                   activation="swiglu", norm="rmsnorm", position="rope", vocab=8192, tied_embeddings=False,
@@ -92,7 +92,7 @@ def test_a_kept_stage_adds_each_microbatch_gradients_into_fp32_before_reducing()
     ends with ``unsharded_accumulated_grad += grad`` over the chunk's parameters (fp32 read + bf16 read +
     fp32 write = 10 B each), and the stage's reduce-scatters follow the last one. A bf16 reduce dtype keeps
     autograd's own accumulation (no pass); without PP FSDP2 reduce-scatters every backward (no pass)."""
-    from simtrain.stack_rules import FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM
+    from simtrain.lower.stack_rules import FSDP2_UNSHARDED_ACCUMULATION_BYTES_PER_PARAM
 
     micro = SEQS // DP
     titan = _lowered("torchtitan-eager")
@@ -121,7 +121,7 @@ def test_fsdp1_builds_each_flat_gradient_before_its_reduce_scatter(grad_dtype: s
     """FSDP1 (Composer): the autograd ``cat`` of the views' gradients (2 + 2 B), a cast to a wider reduce
     dtype (2 + 4 B, fp32 only) and the in-place pre-divide (2 x G B) precede every layer's reduce-scatter,
     in every micro-batch; FSDP2 (torchtitan) copies instead and has no such pass."""
-    from simtrain.stack_rules import fsdp1_grad_bytes
+    from simtrain.lower.stack_rules import fsdp1_grad_bytes
 
     assert fsdp1_grad_bytes(2.0 if grad_dtype == "bf16" else 4.0) == per_param
     cfg = _cfg("composer-fsdp", pp=1)
@@ -211,7 +211,7 @@ def _tp_run(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool
 
 def _tp_block(stack: str, precision: str = "bf16", overlap: bool = False, sp: bool = True):  # type: ignore[no-untyped-def]
     """The BlockBuilder lowering builds for ``_tp_run``."""
-    from simtrain.layer_plan import build_block
+    from simtrain.lower.layer_plan import build_block
 
     run, _ = _tp_run(stack, precision, overlap, sp)
     return build_block(run.model, run.layout, run.train)
@@ -221,7 +221,7 @@ def test_dtensor_sequence_parallel_copies_around_each_tp_collective() -> None:
     """torch's functional collectives gather/scatter along dim 0, so torchtitan's Shard(1) sequence
     parallelism copies the whole gathered tensor after each all-gather and the whole input before each
     reduce-scatter (read + write); Megatron's [s, b, h] layout does not (async TP: the next test)."""
-    from simtrain.blocks import Comm
+    from simtrain.lower.blocks import Comm
 
     segs = _tp_block("torchtitan-compile").layer_forward()
     for i, seg in enumerate(segs):
@@ -241,7 +241,7 @@ def test_async_tp_copies_the_shard_in_and_sums_the_stacked_partials() -> None:
     shard into the symmetric-memory workspace (read + write of 1/t of the gathered bytes), and a fused
     reduce-scatter ends with a separate sum of the t stacked partials (read the whole unreduced output,
     write one shard), which waits for the collective; no full-tensor layout copies."""
-    from simtrain.blocks import Comm
+    from simtrain.lower.blocks import Comm
 
     t = 8
     segs = _tp_block("torchtitan-compile", overlap=True).layer_forward()
@@ -264,7 +264,7 @@ def test_async_tp_copies_the_shard_in_and_sums_the_stacked_partials() -> None:
 def test_float8_tensor_parallel_gathers_in_fp8_after_casting_the_shard() -> None:
     """torchao Float8ColwiseParallel (torchtitan's default with tensorwise float8 and TP): the forward
     all-gathers move 1 byte per element and the column-parallel GEMMs quantise only their 1/t shard."""
-    from simtrain.blocks import Comm
+    from simtrain.lower.blocks import Comm
 
     def gathers(block) -> list[float]:  # type: ignore[no-untyped-def]
         return [s.size_bytes for s in block.layer_forward() if isinstance(s, Comm) and s.coll.kind == "all_gather"]
@@ -285,7 +285,7 @@ def test_async_tp_cannot_fuse_the_reduce_scatter_of_summed_input_gradients() -> 
     the functional collectives (with their layout copy), blocking; Megatron's reduce-scatter of the QKV
     and FC1 input gradients runs beside their weight-gradient GEMMs (Transformer Engine's default "bulk"
     overlap for ``qkv_wgrad`` / ``fc1_wgrad``)."""
-    from simtrain.blocks import Comm
+    from simtrain.lower.blocks import Comm
 
     def backward_scatters(block) -> list[tuple[bool, bool, str]]:  # type: ignore[no-untyped-def]
         segs = block.layer_backward()
@@ -304,7 +304,7 @@ def test_megatron_sequence_parallel_regathers_the_input_for_the_weight_gradient(
     """Megatron saves a column-parallel layer's sequence-parallel input as its shard and all-gathers it
     again in backward, beside the dgrad GEMM, for the wgrad GEMM (Korthikanti et al. 2022, 4.2.2; TE
     userbuffers' "bulk" qkv_dgrad / fc1_dgrad); torchtitan's DTensor layers saved the gathered input."""
-    from simtrain.blocks import Comm
+    from simtrain.lower.blocks import Comm
 
     for overlap in (False, True):
         segs = _tp_block("megatron-te", overlap=overlap).layer_backward()
@@ -339,7 +339,7 @@ def test_tensor_parallel_without_sp_all_reduces_the_input_gradient_beside_the_wg
     """Without sequence parallelism Megatron all-reduces a column-parallel layer's input gradient
     asynchronously beside its wgrad GEMM (``async_grad_allreduce``); BigScience's Megatron-DeepSpeed
     (``copy_to_tensor_model_parallel_region``) all-reduces it after the layer's backward, blocking."""
-    from simtrain.blocks import Comm
+    from simtrain.lower.blocks import Comm
 
     def backward(stack: str) -> list:  # type: ignore[type-arg]
         return _tp_block(stack, sp=False).layer_backward()
@@ -360,7 +360,7 @@ def test_tensorwise_fp8_on_dtensor_tp_all_reduces_each_amax() -> None:
     inputs; 7 in backward, every linear's grad output), each before the all-gather it feeds, so
     async TP's fused gathers still meet their GEMMs. BF16, Transformer Engine's delayed scaling and TP 1
     run none."""
-    from simtrain.blocks import AMAX_BYTES, Comm
+    from simtrain.lower.blocks import AMAX_BYTES, Comm
 
     def amaxes(segs: list) -> list:  # type: ignore[type-arg]
         return [s for s in segs if isinstance(s, Comm) and s.coll.kind == "all_reduce" and s.size_bytes == AMAX_BYTES]
@@ -382,8 +382,8 @@ def test_te_current_scaling_all_reduces_the_amax_of_what_it_gathers_in_fp8() -> 
     """Transformer Engine's current scaling under SP reduces over TP only the amax of the tensors it
     all-gathers in FP8: the QKV and FC1 inputs in forward, the proj and FC2 grad outputs in backward,
     each right before its all-gather; weights are local shards with local scales."""
-    from simtrain.blocks import AMAX_BYTES, Comm
-    from simtrain.layer_plan import build_block
+    from simtrain.lower.blocks import AMAX_BYTES, Comm
+    from simtrain.lower.layer_plan import build_block
 
     run = load_config(dict(model="llama3-8b", hardware=dict(n_nodes=1), layout=dict(tp=8, sequence_parallel=True),
                            train=dict(seq_len=8192, global_batch_seqs=2, stack="megatron-te", precision="fp8",

@@ -127,7 +127,7 @@ def test_invariants_catch_a_broken_result() -> None:
     """The invariant check is not vacuous: a sane result passes, tampered copies of it fail."""
     import copy
 
-    from simtrain.simulate import simulate
+    from simtrain.studies.simulate import simulate
 
     cfg = {"model": {"preset": "llama3-8b", "n_layers": 4}, "hardware": {"n_nodes": 1},
            "layout": {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True, "zero_stage": 1},

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from simtrain.cli import main
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError
-from simtrain.flops import attention_keys_per_query, layer_forward_flops_per_token, model_flops_per_step
-from simtrain.layer_plan import first_layers, split_layers
-from simtrain.schedules import schedule_route
-from simtrain.simulate import simulate
-from simtrain.validate import check_run
+from simtrain.cli.main import main
+from simtrain.lower.flops import attention_keys_per_query, layer_forward_flops_per_token, model_flops_per_step
+from simtrain.lower.layer_plan import first_layers, split_layers
+from simtrain.plan.schedules import schedule_route
+from simtrain.plan.validate import check_run
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError
+from simtrain.studies.simulate import simulate
 
 
 def _case_331(**layout: Any) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def test_offload_with_one_chunk_at_pp1_is_still_accepted() -> None:
 
 
 def test_config_error_is_raised_by_load(tmp_path: Path) -> None:
-    from simtrain.load import load_config
+    from simtrain.spec.load import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_case_331()))

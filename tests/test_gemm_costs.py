@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.costs import K_FIXED, K_REFERENCE, ComputeCostModel, depth_factor
-from simtrain.hardware_load import load_gpu
+from simtrain.cost.costs import K_FIXED, K_REFERENCE, ComputeCostModel, depth_factor
+from simtrain.hardware.load import load_gpu
 
 #: XLA's measured sm_90 (H100 SXM) BF16 GEMM rates, flops/s, for b = 1 (openxla/xla
 #: xla/service/gpu/model/matmul_interpolator_data.h). Keyed (m, n, k). The table times single
@@ -79,7 +79,7 @@ def _attention_rate(cost: ComputeCostModel, d: int) -> float:
     ("a100-80gb", "megatron-te", 0.87, 1.0),         # before Hopper the best kernel is FA2
 ])
 def test_flash_attention_rate_follows_the_head_dim(gpu: str, stack: str, ratio_64: float, ratio_256: float) -> None:
-    from simtrain.stacks import get_stack
+    from simtrain.spec.stacks import get_stack
 
     cost = ComputeCostModel(load_gpu(gpu), "bf16", stack=get_stack(stack))
     base = _attention_rate(cost, 128)

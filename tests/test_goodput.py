@@ -1,4 +1,4 @@
-"""Goodput over a whole run (simtrain.goodput): closed forms, invariants, checkpoint bytes, CLI, example."""
+"""Goodput over a whole run (simtrain.studies.goodput): closed forms, invariants, checkpoint bytes, CLI, example."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simtrain.cli import main
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError
-from simtrain.goodput import (
+from simtrain.cli.main import main
+from simtrain.engine.results import StageMemory, StepResult
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.goodput_spec import LLAMA3_FAILURES_PER_GPU_HOUR, CheckpointSpec, FailureSpec
+from simtrain.spec.load import load_config
+from simtrain.studies.goodput import (
     CheckpointCost,
     GoodputInputs,
     _state_share,
@@ -27,10 +30,7 @@ from simtrain.goodput import (
     interval_sweep,
     young_interval,
 )
-from simtrain.goodput_spec import LLAMA3_FAILURES_PER_GPU_HOUR, CheckpointSpec, FailureSpec
-from simtrain.load import load_config
-from simtrain.results import StageMemory, StepResult
-from simtrain.run import simulate_run
+from simtrain.studies.run import simulate_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = {
@@ -155,7 +155,7 @@ def _stage(components: dict[str, float]) -> StageMemory:
 def test_checkpoint_bytes_from_simulated_memory(layout: dict[str, Any], bytes_per_param: int) -> None:
     """Megatron checkpoints hold bf16 weights + fp32 master, m, v (14 B/param) whatever the sharding;
     a torch FSDP checkpoint 12 B/param. One node writes it all here: write time = bytes / bandwidth."""
-    from simtrain.simulate import simulate
+    from simtrain.studies.simulate import simulate
 
     train = {"seq_len": 1024, "global_batch_seqs": 16}
     stack = {"stack": "torchtitan-compile"} if "fsdp" in layout else {}

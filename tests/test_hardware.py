@@ -1,4 +1,4 @@
-"""Tests for simtrain.hardware: profiles, unit conversion, errors, topology and graph."""
+"""Tests for simtrain.hardware.hardware: profiles, unit conversion, errors, topology and graph."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from simtrain import hardware as hw
-from simtrain import hardware_load as hwl
-from simtrain import topology
-from simtrain.errors import ConfigError
-from simtrain.profile_paths import builtin_root, user_root
-from simtrain.units import GB, TB, TFLOPS, GiB, MiB
+from simtrain.hardware import hardware as hw
+from simtrain.hardware import load as hwl
+from simtrain.hardware import topology
+from simtrain.hardware.profile_paths import builtin_root, user_root
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.units import GB, TB, TFLOPS, GiB, MiB
 
 EXPECTED_GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h800", "h200", "b200", "b300", "gb200", "gb300", "mi300x"}
 EXPECTED_NODES = {

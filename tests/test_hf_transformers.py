@@ -2,7 +2,7 @@
 
 Each case builds the family's configuration class in transformers (the dims of a published model, or
 small variants that switch on a feature), writes ``config.json`` with ``to_json_file`` (the file a
-user has), loads it with ``simtrain.hf_config.from_hf_config`` and compares ``param_count()`` with
+user has), loads it with ``simtrain.spec.hf_config.from_hf_config`` and compares ``param_count()`` with
 the parameters of ``AutoModelForCausalLM.from_config`` built under ``torch.device("meta")`` (no
 memory). The same file is then rewritten with the field names transformers 4 used, which must load
 to the same model. Skipped when transformers or torch is not importable (CI installs both).
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from simtrain.errors import ConfigError
-from simtrain.hf_config import from_hf_config
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.hf_config import from_hf_config
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

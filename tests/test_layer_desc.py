@@ -1,8 +1,8 @@
-"""The one layer description (``simtrain.layer_desc``) against the counters it replaced.
+"""The one layer description (``simtrain.spec.layer_desc``) against the counters it replaced.
 
 Facts of a model that the layer description must reproduce exactly: parameter counts, model FLOPs
-and activation bytes through the public API of ``simtrain.model``, ``simtrain.flops`` and
-``simtrain.memory``. ``tests/data/layer_desc/snapshot.json`` was written by ``facts`` below run
+and activation bytes through the public API of ``simtrain.spec.model``, ``simtrain.lower.flops`` and
+``simtrain.lower.memory``. ``tests/data/layer_desc/snapshot.json`` was written by ``facts`` below run
 against the code *before* the layer description (main at 8961681, where model.py, flops.py and
 memory.py counted each layer independently), so the refactored code is compared with independent
 goldens: ints exactly, floats bit for bit.
@@ -19,9 +19,18 @@ from typing import Any
 
 import pytest
 
-from simtrain.flops import layer_forward_flops_per_token, model_flops_per_token
-from simtrain.hf_config import from_hf_config
-from simtrain.layer_desc import (
+from simtrain.lower.flops import layer_forward_flops_per_token, model_flops_per_token
+from simtrain.lower.memory import (
+    ActivationShape,
+    backward_transient_bytes,
+    layer_activation_bytes,
+    mlp_intermediate_bytes,
+    op_sac_activation_bytes,
+    torch_cp_backward_transient_bytes,
+    weight_grad_input_bytes,
+)
+from simtrain.spec.hf_config import from_hf_config
+from simtrain.spec.layer_desc import (
     MLP,
     Attention,
     Component,
@@ -35,17 +44,8 @@ from simtrain.layer_desc import (
     SavePolicy,
     TPStyle,
 )
-from simtrain.memory import (
-    ActivationShape,
-    backward_transient_bytes,
-    layer_activation_bytes,
-    mlp_intermediate_bytes,
-    op_sac_activation_bytes,
-    torch_cp_backward_transient_bytes,
-    weight_grad_input_bytes,
-)
-from simtrain.model import ModelSpec, list_presets, preset
-from simtrain.model_spec import ModelSpec as SpecModuleModelSpec
+from simtrain.spec.model import ModelSpec, list_presets, preset
+from simtrain.spec.model_spec import ModelSpec as SpecModuleModelSpec
 
 HERE = Path(__file__).parent
 SNAPSHOT = HERE / "data" / "layer_desc" / "snapshot.json"
@@ -193,7 +193,7 @@ def test_blocks_are_typed_component_lists() -> None:
         ("q_a_proj", TPStyle.REP), ("q_b_proj", TPStyle.COL), ("kv_a_proj_with_mqa", TPStyle.REP),
         ("kv_b_proj", TPStyle.COL), ("o_proj", TPStyle.ROW)]  # fmt: skip
     assert Linear("o_proj", 4096, 1024, TPStyle.ROW).per_rank(8) == (512, 1024)
-    assert SpecModuleModelSpec is ModelSpec  # simtrain.model re-exports the one class
+    assert SpecModuleModelSpec is ModelSpec  # simtrain.spec.model re-exports the one class
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "mixtral-8x7b", "gpt3-175b"])

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from simtrain.config import LayoutConfig
-from simtrain.layout import GRID_AXES, RankGrid
+from simtrain.plan.layout import GRID_AXES, RankGrid
+from simtrain.spec.config import LayoutConfig
 
 LAYOUTS = [
     dict(dp=2, tp=2, pp=2),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.config import LayoutConfig, TrainConfig
-from simtrain.memory import ActivationShape, layer_activation_bytes, static_memory
-from simtrain.model import preset
-from simtrain.simulate import simulate
+from simtrain.lower.memory import ActivationShape, layer_activation_bytes, static_memory
+from simtrain.spec.config import LayoutConfig, TrainConfig
+from simtrain.spec.model import preset
+from simtrain.studies.simulate import simulate
 
 GPT3 = preset("gpt3-175b")
 S, B = 2048, 1
@@ -212,13 +212,13 @@ def test_first_stage_holds_p_microbatches() -> None:
 
 def test_op_sac_saves_between_selective_and_full() -> None:
     """Op-level SAC keeps less than no recompute and more than full recompute, and re-runs kernels."""
-    from simtrain.memory import (
+    from simtrain.lower.memory import (
         activation_shape,
         layer_checkpoint_bytes,
         op_sac_activation_bytes,
         op_sac_recomputed,
     )
-    from simtrain.model import ModelSpec
+    from simtrain.spec.model import ModelSpec
 
     spec = ModelSpec(**LLAMA_TINY)
     shape = activation_shape(TrainConfig(global_batch_seqs=1, seq_len=1024), LayoutConfig(), spec)
@@ -252,8 +252,8 @@ def test_loss_parallel_backward_holds_a_third_fp32_buffer() -> None:
     """torch's loss_parallel backward ((zeros + exp(x)) * grad) holds three fp32 logit-sized tensors
     beside the saved log-softmax, against two for aten's fused log_softmax backward; TP 1 has no
     loss_parallel. Either way the freed bf16 logits leave a 2 B-per-logit block no fp32 tensor fits."""
-    from simtrain.memory import loss_backward_transient_bytes
-    from simtrain.model import ModelSpec
+    from simtrain.lower.memory import loss_backward_transient_bytes
+    from simtrain.spec.model import ModelSpec
 
     spec = ModelSpec(**LLAMA_TINY)
     logits = 4.0 * 2 * 1024 * LLAMA_TINY["vocab"]  # fp32, b=2, s=1024, unsharded
@@ -268,8 +268,8 @@ def test_torch_pipelining_buffers() -> None:
     """torch.distributed.pipelining: one activation and one gradient receive buffer per micro-batch
     on every stage that receives them, and the last stage's output of every micro-batch (torchtitan's
     fp32 logits: ``self.output(h).float()``), for the whole step."""
-    from simtrain.memory import pipeline_stage_buffer_bytes
-    from simtrain.model import ModelSpec
+    from simtrain.lower.memory import pipeline_stage_buffer_bytes
+    from simtrain.spec.model import ModelSpec
 
     spec = ModelSpec(**LLAMA_TINY)
     a = ActivationShape(b=1, s=1024, t=2, sp=True, flash=True, dropout=False)
@@ -308,7 +308,7 @@ def test_dtensor_sp_keeps_the_gathered_linear_inputs(t: int) -> None:
     in activations and in what a split backward's W reads; the norm inputs stay sharded."""
     import dataclasses
 
-    from simtrain.memory import activation_shape, weight_grad_input_bytes
+    from simtrain.lower.memory import activation_shape, weight_grad_input_bytes
 
     sharded = _shape(t=t, sp=True)
     gathered = dataclasses.replace(sharded, gathered_inputs=True)

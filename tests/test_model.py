@@ -1,4 +1,4 @@
-"""Tests for simtrain.model: parameter counts against published numbers, presets, HF loading."""
+"""Tests for simtrain.spec.model: parameter counts against published numbers, presets, HF loading."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from simtrain.errors import ConfigError
-from simtrain.hf_config import from_hf_config
-from simtrain.model import ModelSpec, list_presets, preset, preset_table
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.hf_config import from_hf_config
+from simtrain.spec.model import ModelSpec, list_presets, preset, preset_table
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 

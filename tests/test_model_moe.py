@@ -1,4 +1,4 @@
-"""Tests for the MoE / MLA / MTP / attention-variant parts of simtrain.model and simtrain.flops."""
+"""Tests for the MoE / MLA / MTP / attention-variant parts of simtrain.spec.model and simtrain.lower.flops."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from simtrain.errors import ConfigError
-from simtrain.flops import (
+from simtrain.lower.flops import (
     attention_keys_per_query,
     layer_forward_flops_per_token,
     model_flops_per_step,
     model_flops_per_token,
 )
-from simtrain.hf_config import from_hf_config
-from simtrain.model import ModelSpec, MoESpec, list_presets, preset, preset_table
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.hf_config import from_hf_config
+from simtrain.spec.model import ModelSpec, MoESpec, list_presets, preset, preset_table
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 
@@ -307,7 +307,7 @@ def test_preset_table_shows_total_and_active() -> None:
 
 
 def _dense_flops_reference(model: ModelSpec, seq_len: int) -> float:
-    """The dense formula as it stood before MoE support (simtrain/flops.py @dc29204), verbatim."""
+    """The dense formula as it stood before MoE support (simtrain/lower/flops.py @dc29204), verbatim."""
     h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
     n_up = 2 if model.activation == "swiglu" else 1
     gemm_params = h * (q + 2 * kv) + q * h + h * f * n_up + f * h
@@ -389,8 +389,8 @@ def test_routed_expert_split_for_ep() -> None:
 def test_sliding_window_kernel_visits_every_key_block_its_window_meets() -> None:
     """Hardware work of a 128-key window on 128-key blocks: two key blocks per query block, so twice the
     window's scores (flash-attn local mainloop); model FLOPs keep the window (test above)."""
-    from simtrain.blocks import BlockBuilder
-    from simtrain.costs import FLASH_BLOCK
+    from simtrain.cost.costs import FLASH_BLOCK
+    from simtrain.lower.blocks import BlockBuilder
 
     m, s = preset("gpt-oss-120b"), 4096
     b = BlockBuilder(m, 1, s, 1, False, True, False)

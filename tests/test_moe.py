@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
-from simtrain.collectives import effective_bandwidth, plan_collective
-from simtrain.costs import ComputeCostModel
-from simtrain.hardware_load import build_cluster, load_gpu
-from simtrain.load import load_config
-from simtrain.lowering import lower
-from simtrain.memory import activation_shape, moe_mlp_activation_bytes
-from simtrain.ops import CommOp, ComputeOp
-from simtrain.routing import expert_loads, worst_rank_load
-from simtrain.simulate import simulate
-from simtrain.topology import Topology
+from simtrain.cost.collectives import effective_bandwidth, plan_collective
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.load import build_cluster, load_gpu
+from simtrain.hardware.topology import Topology
+from simtrain.lower.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
+from simtrain.lower.lowering import lower
+from simtrain.lower.memory import activation_shape, moe_mlp_activation_bytes
+from simtrain.lower.ops import CommOp, ComputeOp
+from simtrain.plan.routing import expert_loads, worst_rank_load
+from simtrain.spec.load import load_config
+from simtrain.studies.simulate import simulate
 
 # a shrunk Mixtral: 4 layers, 8 experts top-2, h=1024
 SMALL_MOE = dict(name="moe-small", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=2048,
@@ -155,7 +155,7 @@ def test_dispatch_combine_show_up_as_exposed_ep() -> None:
 
 
 def test_moe_config_errors() -> None:
-    from simtrain.errors import ConfigError
+    from simtrain.spec.errors import ConfigError
     with pytest.raises(ConfigError, match="layout.ep"):
         load_config(BASE, ["layout.ep=3"])
     with pytest.raises(ConfigError, match="sequence_parallel"):
@@ -178,7 +178,7 @@ def test_node_limited_all_to_all_crosses_the_network_once_per_node() -> None:
 
 
 def test_deepseek_v3_routes_to_at_most_four_nodes() -> None:
-    from simtrain.model import preset
+    from simtrain.spec.model import preset
     moe = preset("deepseek-v3").moe
     assert moe is not None and moe.group_limited and (moe.n_group, moe.topk_group) == (8, 4)
 
@@ -199,8 +199,8 @@ def test_routed_experts_wait_for_the_overlapped_dispatch() -> None:
     """With the dispatch overlapped (``ep_comm_overlap``, DualPipe), only the shared experts run beside
     the all-to-all; the routed experts need the tokens it delivers, so they are a separate segment the
     engine starts after it (a merged segment would let them run before their tokens arrive)."""
-    from simtrain.blocks import Comm
-    from simtrain.layer_plan import build_block
+    from simtrain.lower.blocks import Comm
+    from simtrain.lower.layer_plan import build_block
 
     run = load_config(dict(model="deepseek-v3", hardware=dict(n_nodes=8),
                            layout=dict(ep=64, dp=64, ep_comm_overlap=True),
@@ -217,7 +217,7 @@ def test_routed_experts_wait_for_the_overlapped_dispatch() -> None:
 def test_node_hit_probability_closed_forms() -> None:
     from math import comb
 
-    from simtrain.collectives import node_hit_probability
+    from simtrain.cost.collectives import node_hit_probability
     # Qwen3-30B-A3B's 128 experts over 2 nodes, top-8: a token misses a node only if all 8 are elsewhere
     assert node_hit_probability(2, 8, 128) == pytest.approx(1 - comb(64, 8) / comb(128, 8))
     assert node_hit_probability(8, 8, 256, m_nodes=4) == 0.5  # DeepSeek-V3: at most 4 of 8 nodes
@@ -229,7 +229,7 @@ def test_deepep_dispatch_crosses_the_network_once_per_remote_node() -> None:
     """EP16 over two H100 nodes, top-8 of 128 experts: a plain all-to-all sends half of each GPU's k
     copies (size/2) through its NIC, DeepEP one copy per token (size/8) to the rail peer, which forwards
     over NVLink: the network part is 4x shorter, divided by the chance a token hits the other node."""
-    from simtrain.collectives import node_hit_probability
+    from simtrain.cost.collectives import node_hit_probability
     cluster = build_cluster("dgx-h100", 2)
     topo, gpu = Topology(cluster), cluster.gpu
     S, gpus = 64 * 2**20, tuple(range(16))
@@ -247,7 +247,7 @@ def test_deepep_dispatch_crosses_the_network_once_per_remote_node() -> None:
     ("qwen3-30b-a3b", "deepep", Collective(CollectiveKind.ALL_TO_ALL, NodeLimited(0, 8, 128))),
 ])
 def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str, coll: Collective) -> None:
-    from simtrain.layer_plan import build_block
+    from simtrain.lower.layer_plan import build_block
     run = load_config(BASE, [f"model={model}", "layout.ep=8", f"layout.ep_dispatcher={dispatcher}"])
     dispatch, combine, _ = build_block(run.model, run.layout, run.train)._moe_comms()
     assert dispatch.coll == combine.coll == coll
@@ -257,7 +257,7 @@ def test_alltoall_dispatcher_sorts_received_tokens_by_local_expert() -> None:
     """Megatron's second permutation (sort_chunks_by_idxs): with several local experts the all-to-all
     dispatcher reads and writes the k x tokens received copies once after the dispatch and once before
     the combine, and their gradients in backward; DeepEP lands them in expert order, one expert needs no sort."""
-    from simtrain.layer_plan import build_block
+    from simtrain.lower.layer_plan import build_block
 
     def sorts(*overrides: str) -> dict[str, float]:
         run = load_config(BASE, ["model=qwen3-30b-a3b", *overrides])

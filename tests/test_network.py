@@ -1,4 +1,4 @@
-"""Fluid max-min network (simtrain.network) and collective plans (simtrain.collectives)."""
+"""Fluid max-min network (simtrain.engine.network) and collective plans (simtrain.cost.collectives)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 import pytest
 import simpy
 
-from simtrain.collectives import effective_bandwidth, idle_time, plan_collective, plan_send
-from simtrain.hardware_load import build_cluster
-from simtrain.network import FlowNetwork, fluid_duration
-from simtrain.topology import Topology
+from simtrain.cost.collectives import effective_bandwidth, idle_time, plan_collective, plan_send
+from simtrain.engine.network import FlowNetwork, fluid_duration
+from simtrain.hardware.load import build_cluster
+from simtrain.hardware.topology import Topology
 
 GiB = 1024.0**3
 

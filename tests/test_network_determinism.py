@@ -12,8 +12,8 @@ import json
 
 import simpy
 
-from simtrain.network import FlowNetwork
-from simtrain.simulate import simulate
+from simtrain.engine.network import FlowNetwork
+from simtrain.studies.simulate import simulate
 
 # the fuzz case, as the campaign generated it (benchmarks/fuzz.py --seed 11 --case 240)
 CASE_240 = {

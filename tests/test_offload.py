@@ -1,4 +1,4 @@
-"""CPU activation offloading (``layout.offload_activation_layers``; ``simtrain.offload``)."""
+"""CPU activation offloading (``layout.offload_activation_layers``; ``simtrain.lower.offload``)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,18 @@ import copy
 
 import pytest
 
-from simtrain.costs import ComputeCostModel
-from simtrain.engine import Engine
-from simtrain.errors import ConfigError
-from simtrain.estimate import Estimator
-from simtrain.hardware_load import build_cluster, load_node
-from simtrain.layout import RankGrid
-from simtrain.load import load_config
-from simtrain.lowering import lower
-from simtrain.offload import copy_s, stall_s, sync_layers, windows
-from simtrain.ops import OpKind, Stream
-from simtrain.simulate import cluster_of, simulate
-from simtrain.topology import Topology
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.engine.engine import Engine
+from simtrain.hardware.load import build_cluster, load_node
+from simtrain.hardware.topology import Topology
+from simtrain.lower.lowering import lower
+from simtrain.lower.offload import copy_s, stall_s, sync_layers, windows
+from simtrain.lower.ops import OpKind, Stream
+from simtrain.plan.layout import RankGrid
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.studies.estimate import Estimator
+from simtrain.studies.simulate import cluster_of, simulate
 
 L = 8
 ONE_GPU = {"model": {"preset": "llama3-8b", "n_layers": L},

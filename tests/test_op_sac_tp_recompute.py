@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.costs import ComputeCostModel
-from simtrain.estimate import Estimator
-from simtrain.load import load_config
-from simtrain.lowering import Lowered, lower
-from simtrain.ops import ComputeOp
-from simtrain.profile import compute_calibration, run_cluster
-from simtrain.simulate import cluster_of, simulate
-from simtrain.stacks import get_stack
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.profile import compute_calibration, run_cluster
+from simtrain.lower.lowering import Lowered, lower
+from simtrain.lower.ops import ComputeOp
+from simtrain.spec.load import load_config
+from simtrain.spec.stacks import get_stack
+from simtrain.studies.estimate import Estimator
+from simtrain.studies.simulate import cluster_of, simulate
 
 LLAMA_TINY = dict(name="ltiny", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=2, ffn_hidden=2816,
                   activation="swiglu", norm="rmsnorm", position="rope", vocab=8192, tied_embeddings=False,

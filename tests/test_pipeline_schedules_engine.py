@@ -6,14 +6,14 @@ from collections import defaultdict
 
 import pytest
 
-from simtrain.costs import ComputeCostModel
-from simtrain.hardware_load import load_gpu
-from simtrain.layer_plan import split_layers
-from simtrain.load import load_config
-from simtrain.lowering import lower
-from simtrain.ops import CommOp, ComputeOp, CostedComputeOp
-from simtrain.schedules import ActionCosts, build_schedule, makespan
-from simtrain.simulate import simulate
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.load import load_gpu
+from simtrain.lower.layer_plan import split_layers
+from simtrain.lower.lowering import lower
+from simtrain.lower.ops import CommOp, ComputeOp, CostedComputeOp
+from simtrain.plan.schedules import ActionCosts, build_schedule, makespan
+from simtrain.spec.load import load_config
+from simtrain.studies.simulate import simulate
 
 TINY = dict(name="tiny", n_layers=16, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=4096,
             activation="swiglu", norm="rmsnorm", position="rope", vocab=4096, tied_embeddings=False,
@@ -82,7 +82,7 @@ def test_new_schedules_symmetric_equals_full_and_ledger_matches_closed_form(kind
 def test_uneven_interleaved_stages_for_405b() -> None:
     """126 layers over pp=16 x vpp=8 positions: the first and last position give up a layer each
     (Llama 3 405B), and an interleaved schedule with m % p != 0 runs."""
-    from simtrain.schedules import Route
+    from simtrain.plan.schedules import Route
     layers = split_layers(126, 16, 8, Route("interleaved", 16, 8))
     assert sum(map(sum, layers)) == 126
     assert layers[0][0] == 0 and layers[15][7] == 0 and layers[1][0] == 1
@@ -105,7 +105,7 @@ def test_tp_comm_overlap_pays_for_its_chunked_gemms() -> None:
     """The GEMMs fused with a TP collective run as TP_OVERLAP_CHUNKS GEMMs of m / chunks rows: on the 8B
     at one 8k sequence per TP8 rank group the chunks' quantisation costs about what the overlap hides
     (NeMo's 8B recipes run without TP), while the 70B above gains."""
-    from simtrain.blocks import TP_OVERLAP_CHUNKS
+    from simtrain.lower.blocks import TP_OVERLAP_CHUNKS
 
     cost = ComputeCostModel(load_gpu("h100-sxm"), "bf16")
     whole = cost.gemm("qkv", 8192, 768, 4096)
@@ -149,8 +149,8 @@ def test_tp_comm_overlap_pipelines_only_with_the_fused_gemms() -> None:
 def test_gathered_gemms_exclude_weight_gradients() -> None:
     """An all-gather pipelines with the GEMMs that read the gathered tensor as their row-split operand
     (fprop, dgrad); a weight-gradient GEMM contracts over the gathered dim and waits for all of it."""
-    from simtrain.blocks import leading_gemms
-    from simtrain.ops import Kernel
+    from simtrain.lower.blocks import leading_gemms
+    from simtrain.lower.ops import Kernel
 
     dgrad, wgrad = Kernel("mlp_down.dgrad", 1e12, 1e9, 1e-3), Kernel("mlp_down.wgrad", 1e12, 1e9, 1e-3)
     act = Kernel("act.bwd", 0.0, 1e9, 1e-4)
@@ -162,8 +162,8 @@ def test_gathered_gemms_exclude_weight_gradients() -> None:
 def test_search_estimate_prices_tp_comm_overlap_like_the_engine() -> None:
     """The layout search's closed form pipelines each TP collective with its fused GEMMs, as lowering does:
     Llama 3 70B at TP 8 with overlap on, within 5 % of the engine, and faster than with overlap off."""
-    from simtrain.estimate import Estimator
-    from simtrain.simulate import cluster_of
+    from simtrain.studies.estimate import Estimator
+    from simtrain.studies.simulate import cluster_of
 
     cfg = dict(model="llama3-70b", hardware=dict(n_nodes=8),
                layout=dict(tp=8, dp=8, sequence_parallel=True, tp_comm_overlap=True),
@@ -204,9 +204,9 @@ def test_deepspeed_bf16_optimizer_adds_each_microbatch_gradients_into_fp32() -> 
     backward (hp_grad.add_(lp.grad.to(float32)): 18 bytes per parameter of the rank's chunk), before the
     gradient goes upstream; Megatron-core fuses the FP32 accumulation into the wgrad GEMM (no pass), and
     without PP the pass is not run (the BF16 optimizer path modelled is the pipeline engine's)."""
-    from simtrain.ops import OpKind
-    from simtrain.stack_rules import FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM
-    from simtrain.stacks import get_stack
+    from simtrain.lower.ops import OpKind
+    from simtrain.lower.stack_rules import FP32_GRAD_ACCUMULATION_BYTES_PER_PARAM
+    from simtrain.spec.stacks import get_stack
 
     cfg = dict(BASE, hardware=dict(n_nodes=2), layout=dict(pp=2, dp=8, zero_stage=1))
     res = simulate(cfg, ["train.stack=deepspeed"], mode="full", trace=True)
@@ -229,8 +229,8 @@ def test_deepspeed_bf16_optimizer_adds_each_microbatch_gradients_into_fp32() -> 
 def test_search_estimate_prices_the_fp32_accumulation_pass_like_the_engine() -> None:
     """The closed form adds the same pass to each chunk's backward: GPT-3 175B in BLOOM's layout (TP 4,
     PP 12, DP 8 on A100s) under the deepspeed stack, within 3 % of the engine (the pass is ~7 % of the step)."""
-    from simtrain.estimate import Estimator
-    from simtrain.simulate import cluster_of
+    from simtrain.studies.estimate import Estimator
+    from simtrain.studies.simulate import cluster_of
 
     cfg = dict(model=dict(preset="gpt3-175b", vocab=50304), hardware=dict(gpu="a100-80gb", node="dgx-a100", n_nodes=48),
                layout=dict(tp=4, pp=12, dp=8, zero_stage=1, sequence_parallel=False, recompute="full"),
@@ -246,8 +246,8 @@ def test_tied_embedding_gradients_are_all_reduced_between_the_end_stages() -> No
     GPU a 2-rank all-reduce moves the whole buffer once (half out, half back). Symmetric = full mode,
     the search estimate adds the same; nothing when one rank holds both ends (DualPipeV) or the
     pipeline is torch's (no embedding group)."""
-    from simtrain.estimate import Estimator
-    from simtrain.simulate import cluster_of
+    from simtrain.studies.estimate import Estimator
+    from simtrain.studies.simulate import cluster_of
 
     cfg = dict(model=dict(preset="gpt3-175b", vocab=51200), hardware=dict(node="dgx-a100", n_nodes=2),
                layout=dict(tp=8, pp=2, vpp=2, recompute="full"),

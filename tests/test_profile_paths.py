@@ -14,11 +14,11 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from simtrain import hardware_load as hwl
-from simtrain.cli import main
-from simtrain.errors import ConfigError
-from simtrain.profile import list_profiles, load_profile, profile_folder
-from simtrain.profile_paths import ENV_VAR, ProfileKind, builtin_root, entries, user_root
+from simtrain.cli.main import main
+from simtrain.hardware import load as hwl
+from simtrain.hardware.profile import list_profiles, load_profile, profile_folder
+from simtrain.hardware.profile_paths import ENV_VAR, ProfileKind, builtin_root, entries, user_root
+from simtrain.spec.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_PROFILES = REPO / "simtrain" / "data" / "hardware_profiles"
@@ -145,13 +145,13 @@ def test_wheel_carries_the_profiles_and_runs_from_a_zip(tmp_path: Path) -> None:
                 for p in PACKAGE_PROFILES.rglob("*") if p.is_file()}
     assert expected and expected <= names
     assert "calibration/cli.py" in names and "simtrain/py.typed" in names
-    probe = ("import simtrain, simtrain.hardware_load as hwl\n"
-             "from simtrain.profile import load_profile\n"
-             "from simtrain.profile_paths import builtin_root\n"
+    probe = ("import simtrain, simtrain.hardware.load as hwl\n"
+             "from simtrain.hardware.profile import load_profile\n"
+             "from simtrain.hardware.profile_paths import builtin_root\n"
              "assert '.whl' in simtrain.__file__, simtrain.__file__\n"
              "assert type(builtin_root()).__name__ == 'Path' and 'zipfile' in type(builtin_root()).__module__\n"
              "print(len(hwl.list_gpus()), len(hwl.list_nodes()), load_profile('example-cpu').name)\n"
-             f"from simtrain.cli import main\nraise SystemExit(main(['simulate', {str(EXAMPLE)!r}, "
+             f"from simtrain.cli.main import main\nraise SystemExit(main(['simulate', {str(EXAMPLE)!r}, "
              "'--set', 'model={preset: llama3-8b, n_layers: 2}', '--json']))\n")
     env = {**os.environ, "PYTHONPATH": str(wheel), ENV_VAR: str(tmp_path / "empty")}
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simtrain.errors import ConfigError, InfeasibleLayout
-from simtrain.load import load_config
-from simtrain.simulate import simulate
+from simtrain.spec.errors import ConfigError, InfeasibleLayout
+from simtrain.spec.load import load_config
+from simtrain.studies.simulate import simulate
 
 STATIC_KEYS = ("weights", "grads", "optimizer", "comm_buffers", "workspace", "context")
 

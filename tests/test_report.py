@@ -1,4 +1,4 @@
-"""Reports (simtrain.report): plots present, self-contained HTML, rendered by headless Chromium."""
+"""Reports (simtrain.studies.report): plots present, self-contained HTML, rendered by headless Chromium."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from simtrain.cli import main
-from simtrain.report import render_html, render_markdown, write_report
-from simtrain.sweep import sweep, to_frame, write_table
+from simtrain.cli.main import main
+from simtrain.studies.report import render_html, render_markdown, write_report
+from simtrain.studies.sweep import sweep, to_frame, write_table
 
 BASE: dict[str, Any] = {
     "name": "report-test", "model": {"preset": "llama3-8b", "n_layers": 4},
@@ -56,7 +56,7 @@ def test_markdown_and_csv(table: pd.DataFrame, tmp_path: Path) -> None:
     assert [p.name for p in written] == ["r.md", "r.csv"]
     best = pd.read_csv(tmp_path / "r.csv")
     assert best["MFU %"].is_monotonic_decreasing and len(best) <= 20
-    # each layout's likely measured step time (simtrain.uncertainty), a range around its prediction
+    # each layout's likely measured step time (simtrain.studies.uncertainty), a range around its prediction
     assert (best["likely from s"] < best["likely to s"]).all() and "likely from s" in md
 
 
@@ -120,7 +120,7 @@ def test_whatif_table_plots_time_vs_batch(tmp_path: Path, capsys: pytest.Capture
     assert main(["run", str(cfg), "--whatif-batches", "16Ki,32Ki,64Ki", "--noise-scale-tokens", "32Ki",
                  "--out", str(out)]) == 0
     assert "McCandlish" in capsys.readouterr().out
-    from simtrain.sweep import read_table
+    from simtrain.studies.sweep import read_table
 
     assert "fig-time-vs-batch" in images(render_html(read_table(out)))
 
@@ -141,7 +141,7 @@ def test_cli_report_refuses_tables_it_cannot_read(tmp_path: Path, capsys: pytest
 
 def test_label_names_every_axis() -> None:
     """A 64-GPU layout's label multiplies to 64 (it was "tp4 pp2 vpp8 dp4", cp dropped)."""
-    from simtrain.report import label
+    from simtrain.studies.report import label
 
     row = {"layout.tp": 4, "layout.cp": 2, "layout.ep": 1, "layout.etp": None, "layout.pp": 2, "layout.vpp": 8,
            "layout.dp": 4, "layout.zero_stage": 1, "train.micro_batch_size": 1, "layout.recompute": "none",
@@ -155,9 +155,9 @@ def test_label_names_every_axis() -> None:
 def test_search_table_counts_and_layouts_over_capacity(tmp_path: Path) -> None:
     """A search table read back: counts by what became of each layout (not "N do not fit" for every layout
     that was not simulated), and the layouts over HBM with how far over, the closest first."""
-    from simtrain.report import counts, not_fitting_table
-    from simtrain.search import SearchSpace, search
-    from simtrain.sweep import read_table
+    from simtrain.studies.report import counts, not_fitting_table
+    from simtrain.studies.search import SearchSpace, search
+    from simtrain.studies.sweep import read_table
 
     cfg = {**BASE, "model": {"preset": "llama3-8b", "n_layers": 16}, "hardware": {"node": "dgx-h100", "n_nodes": 2},
            "layout": {"tp": 1, "dp": 16}, "train": {"seq_len": 8192, "global_batch_seqs": 64}, "run": None}

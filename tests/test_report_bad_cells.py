@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simtrain.cli import main
-from simtrain.errors import ConfigError
-from simtrain.report import check_table, render_markdown
+from simtrain.cli.main import main
+from simtrain.spec.errors import ConfigError
+from simtrain.studies.report import check_table, render_markdown
 
 
 @pytest.mark.parametrize(("text", "column", "row", "value"), [

@@ -1,4 +1,4 @@
-"""Batch-size schedules (simtrain.batch) and whole runs (simtrain.run): arithmetic, caching, CLI."""
+"""Batch-size schedules (simtrain.spec.batch) and whole runs (simtrain.studies.run): arithmetic, caching, CLI."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from simtrain.batch import parse_count
-from simtrain.cli import main
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError
-from simtrain.load import load_config
-from simtrain.phases import resolve_phases
-from simtrain.results import StepResult
-from simtrain.run import phase_config, simulate_run
+from simtrain.cli.main import main
+from simtrain.engine.results import StepResult
+from simtrain.plan.phases import resolve_phases
+from simtrain.spec.batch import parse_count
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.studies.run import phase_config, simulate_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = {
@@ -246,7 +246,7 @@ def test_run_progress_one_unit_per_phase_quiet_under_json(tmp_path: Path, monkey
     path.write_text(json.dumps(config))
     tty = _Tty()
     monkeypatch.setattr("sys.stderr", tty)
-    monkeypatch.setattr("simtrain.run._default_simulate", lambda mode: fake_step)
+    monkeypatch.setattr("simtrain.studies.run._default_simulate", lambda mode: fake_step)
     assert main(["run", str(path), "--json"]) == 0
     assert tty.text == ""
     assert main(["run", str(path)]) == 0

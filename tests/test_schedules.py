@@ -6,9 +6,7 @@ from collections import Counter
 
 import pytest
 
-from simtrain.errors import ConfigError
-from simtrain.load import load_config
-from simtrain.schedules import (
+from simtrain.plan.schedules import (
     SCHEDULES,
     Action,
     ActionCosts,
@@ -30,6 +28,8 @@ from simtrain.schedules import (
     validate_schedule,
     zb_h1,
 )
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
 
 CASES = [(1, 1), (1, 4), (2, 2), (2, 5), (4, 1), (4, 3), (4, 8), (8, 16), (3, 7)]
 INTERLEAVED = [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 3), (8, 16, 2), (3, 6, 4)]

@@ -1,4 +1,4 @@
-"""Layout search (simtrain.search) and its closed-form estimate (simtrain.estimate)."""
+"""Layout search (simtrain.studies.search) and its closed-form estimate (simtrain.studies.estimate)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from simtrain.cli import main
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError
-from simtrain.estimate import Estimator
-from simtrain.estimate_parts import single_chunk_peak
-from simtrain.load import load_config
-from simtrain.memory import ChunkMemory, closed_form_peak
-from simtrain.schedules import build_schedule
-from simtrain.search import (
+from simtrain.cli.main import main
+from simtrain.lower.memory import ChunkMemory, closed_form_peak
+from simtrain.plan.schedules import build_schedule
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.studies.estimate import Estimator
+from simtrain.studies.estimate_parts import single_chunk_peak
+from simtrain.studies.search import (
     CAUSE,
     Candidate,
     SearchSpace,
@@ -26,9 +26,9 @@ from simtrain.search import (
     enumerate_layouts,
     search,
 )
-from simtrain.search_render import render_search
-from simtrain.simulate import cluster_of, simulate
-from simtrain.sweep import base_data, run_points
+from simtrain.studies.search_render import render_search
+from simtrain.studies.simulate import cluster_of, simulate
+from simtrain.studies.sweep import base_data, run_points
 
 SMALL: dict[str, Any] = {
     "name": "search-test", "model": {"preset": "llama3-8b", "n_layers": 8},
@@ -241,7 +241,7 @@ def test_search_ranks_and_explains() -> None:
     assert "estimated" in {c.status for c in r.candidates}
     frame = r.to_frame()
     assert len(frame) == len(r.candidates) and {"status", "reason", "layout.tp", "est_step_time_s"} <= set(frame)
-    # the winner's likely measured range (simtrain.uncertainty) is printed under the ranking
+    # the winner's likely measured range (simtrain.studies.uncertainty) is printed under the ranking
     assert best.row is not None and best.row["step_time_low_s"] < best.row["step_time_high_s"]
     assert f"best: {best.label()}" in render_search(r) and "likely measured" in render_search(r)
 

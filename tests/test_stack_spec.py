@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
-from simtrain.cli import main
-from simtrain.errors import ConfigError
-from simtrain.estimate import Estimator
-from simtrain.load import load_config
-from simtrain.schema import run_config_schema
-from simtrain.simulate import cluster_of, simulate
-from simtrain.stack_rules import optimizer_bytes_per_param
-from simtrain.stack_spec import FLAT_FIELDS, GROUPS, ROW_DEFAULT_FIELDS, OpFusion, SoftwareStack
-from simtrain.stacks import STACKS, StackOverride, get_stack, resolve_stack, stack_choice
-from simtrain.sweep import sweep
+from simtrain.cli.main import main
+from simtrain.lower.stack_rules import optimizer_bytes_per_param
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.spec.schema import run_config_schema
+from simtrain.spec.stack_spec import FLAT_FIELDS, GROUPS, ROW_DEFAULT_FIELDS, OpFusion, SoftwareStack
+from simtrain.spec.stacks import STACKS, StackOverride, get_stack, resolve_stack, stack_choice
+from simtrain.studies.estimate import Estimator
+from simtrain.studies.simulate import cluster_of, simulate
+from simtrain.studies.sweep import sweep
 
 #: Every preset's 33 fields as the SoftwareStack dataclass held them before the spec (written by that code).
 GOLDEN = json.loads((Path(__file__).parent / "data" / "stack_presets.json").read_text())

@@ -1,4 +1,4 @@
-"""Steady-state extrapolation (``simtrain.steady``): three short runs a pipeline period apart, extended
+"""Steady-state extrapolation (``simtrain.engine.steady``): three short runs a pipeline period apart, extended
 by the periods they lack, give what simulating every micro-batch gives, or the shortcut is declined."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from test_symmetric_full import TINY
 
-from simtrain.engine_records import EngineResult, Ledger, RankStats
-from simtrain.simulate import simulate
-from simtrain.steady import ERR_TOL, MAX_WORK_FRACTION, TIMELINE_TOL, extrapolate, plan
+from simtrain.engine.records import EngineResult, Ledger, RankStats
+from simtrain.engine.steady import ERR_TOL, MAX_WORK_FRACTION, TIMELINE_TOL, extrapolate, plan
+from simtrain.studies.simulate import simulate
 
-simulate_module = importlib.import_module("simtrain.simulate")
+simulate_module = importlib.import_module("simtrain.studies.simulate")
 
 TINY_MOE = {**TINY, "name": "tiny-moe", "moe": dict(n_experts=8, top_k=2, ffn_hidden=512)}
 

@@ -1,4 +1,4 @@
-"""Sweeps (simtrain.sweep): grid parsing, one row per point, errors as rows, files, workers vs Dask."""
+"""Sweeps (simtrain.studies.sweep): grid parsing, one row per point, errors as rows, files, workers vs Dask."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from simtrain.cli import main
-from simtrain.errors import ConfigError
-from simtrain.sweep import expand_grid, parse_grid, read_table, sweep, write_table
+from simtrain.cli.main import main
+from simtrain.spec.errors import ConfigError
+from simtrain.studies.sweep import expand_grid, parse_grid, read_table, sweep, write_table
 
 # Llama 3 8B with 4 layers on one node: every point simulates in a few milliseconds.
 BASE: dict[str, Any] = {
@@ -50,7 +50,7 @@ def test_one_row_per_point_with_units(table: pd.DataFrame) -> None:
     assert (ok["layout.dp"] * ok["layout.tp"] * ok["layout.pp"] == 8).all()  # dp=auto filled the node
     mem = json.loads(ok.iloc[0]["memory_json"])
     assert mem[0]["peak_bytes"] > 0 and 0 < len(mem[0]["timeline"]) <= 96
-    # the likely measured range (simtrain.uncertainty) brackets the same ratio of every point's step time
+    # the likely measured range (simtrain.studies.uncertainty) brackets the same ratio of every point's step time
     assert (ok["step_time_low_s"] < ok["step_time_high_s"]).all()
     ratios = (ok["step_time_high_s"] / ok["step_time_s"]).round(12)
     assert ratios.nunique() == 1
@@ -147,7 +147,7 @@ def test_progress_bar_with_eta_on_stderr_only_when_wanted(capsys: pytest.Capture
     it only on a terminal and never with --json."""
     import io
 
-    from simtrain.progress import progress_bar, wanted
+    from simtrain.studies.progress import progress_bar, wanted
 
     with progress_bar("simulating", 3, enabled=True) as advance:
         advance(2)

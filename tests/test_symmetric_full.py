@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.simulate import simulate
+from simtrain.studies.simulate import simulate
 
 TINY = dict(name="tiny", n_layers=8, hidden=512, n_heads=8, n_kv_heads=4, ffn_hidden=1024,
             activation="swiglu", norm="rmsnorm", position="rope", vocab=4096, tied_embeddings=False,
@@ -62,7 +62,7 @@ def test_symmetric_matches_full(name: str) -> None:
 
 def test_irregular_placement_runs_by_role() -> None:
     """dp=12 on 8-GPU nodes: one node holds 8 ranks of the group, the next 4, so ranks are not
-    interchangeable; symmetric mode simulates them by role (``simtrain.roles``: here every DP group,
+    interchangeable; symmetric mode simulates them by role (``simtrain.plan.roles``: here every DP group,
     one per stage, is placed alike, so one role) with the DP group's whole ring, and agrees with full mode."""
     cfg = _cfg(dict(n_nodes=3, nics=4, layout=dict(pp=2, dp=12, zero_stage=1), seqs=24))
     sym = simulate(cfg, mode="symmetric")

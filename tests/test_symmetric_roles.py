@@ -2,7 +2,7 @@
 
 16-GPU TP x CP blocks on 72-GPU NVL72 domains (72 / 16 = 4.5) leave some CP groups spanning two
 domains; symmetric mode used to fall back to simulating every rank (over 300 s at 2,304 GPUs). It
-now simulates one representative per stage and role (``simtrain.roles``) and must agree with full
+now simulates one representative per stage and role (``simtrain.plan.roles``) and must agree with full
 mode, which simulates every rank.
 """
 
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from test_symmetric_full import TINY
 
-from simtrain.errors import InfeasibleLayout
-from simtrain.layout import RankGrid
-from simtrain.load import load_config
-from simtrain.model import preset
-from simtrain.roles import placement, roles, tiles
-from simtrain.simulate import _group_axes, cluster_of, simulate
-from simtrain.topology import Topology
+from simtrain.hardware.topology import Topology
+from simtrain.plan.layout import RankGrid
+from simtrain.plan.roles import placement, roles, tiles
+from simtrain.spec.errors import InfeasibleLayout
+from simtrain.spec.load import load_config
+from simtrain.spec.model import preset
+from simtrain.studies.simulate import _group_axes, cluster_of, simulate
 
-simulate_module = importlib.import_module("simtrain.simulate")  # the module (simtrain.simulate is also the function)
+simulate_module = importlib.import_module("simtrain.studies.simulate")  # the module (simtrain.simulate is also the function)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3_8b_h100_fsdp.yaml"
 
 
@@ -116,11 +116,11 @@ def test_roles_match_full_mode_small(name: str) -> None:
 
 
 def test_too_many_roles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """More roles than simtrain.roles.MAX_ROLES: a small world falls back to full mode (with a note);
+    """More roles than simtrain.plan.roles.MAX_ROLES: a small world falls back to full mode (with a note);
     a large one is refused naming layout.order and sim.mode, never run for minutes."""
     cfg = _small(*SMALL["6g-tp2-cp2"])
     monkeypatch.setattr(simulate_module, "MAX_ROLES", 1)
-    monkeypatch.setattr("simtrain.roles.MAX_ROLES", 1)
+    monkeypatch.setattr("simtrain.plan.roles.MAX_ROLES", 1)
     res = simulate(cfg)
     assert res.mode == "full" and "more than 1 roles" in res.notes[0]
     monkeypatch.setattr(simulate_module, "FULL_MODE_WORLD", 8)

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.config import LayoutConfig, TrainConfig
-from simtrain.memory import (
+from simtrain.lower.memory import (
     activation_shape,
     fp8_weight_cache_bytes,
     op_sac_activation_bytes,
     static_memory,
 )
-from simtrain.model import ModelSpec
-from simtrain.simulate import simulate
+from simtrain.spec.config import LayoutConfig, TrainConfig
+from simtrain.spec.model import ModelSpec
+from simtrain.studies.simulate import simulate
 
 PSI, LAYER, ROOT, SHARD = 8.0e9, 2.0e8, 1.0e9, 8
 LLAMA = dict(name="ltiny", n_layers=4, hidden=512, n_heads=8, n_kv_heads=2, ffn_hidden=1408, activation="swiglu",

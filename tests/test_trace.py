@@ -1,4 +1,4 @@
-"""The Chrome trace (simtrain.trace) against the Trace Event Format: required keys per phase, microsecond
+"""The Chrome trace (simtrain.engine.trace) against the Trace Event Format: required keys per phase, microsecond
 timestamps, memory counters per stage, flow arrows from each pipeline send to its receive, collective
 metadata, gzip."""
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from simtrain.cli import main
-from simtrain.results import StepResult
-from simtrain.simulate import simulate
-from simtrain.trace import GiB, to_chrome_trace, write_chrome_trace
+from simtrain.cli.main import main
+from simtrain.engine.results import StepResult
+from simtrain.engine.trace import GiB, to_chrome_trace, write_chrome_trace
+from simtrain.studies.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "llama3_70b_h100.yaml")

@@ -1,4 +1,4 @@
-"""The likely measured step time (simtrain.uncertainty): percentiles, the choice of runs, files, CLI."""
+"""The likely measured step time (simtrain.studies.uncertainty): percentiles, the choice of runs, files, CLI."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from simtrain.cli import main
-from simtrain.errors import ConfigError
-from simtrain.load import load_config
-from simtrain.run import render_run, simulate_run
-from simtrain.simulate import cluster_of, simulate
-from simtrain.stacks import STACKS
-from simtrain.uncertainty import (
+from simtrain.cli.main import main
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.load import load_config
+from simtrain.spec.stacks import STACKS
+from simtrain.studies.run import render_run, simulate_run
+from simtrain.studies.simulate import cluster_of, simulate
+from simtrain.studies.uncertainty import (
     ARCHIVE_TABLE,
     COLUMNS,
     MIN_RUNS,

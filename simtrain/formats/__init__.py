@@ -3,7 +3,7 @@
 ``read_megatron``/``read_torchtitan`` (and their ``*_file`` forms) map a framework's config onto a
 ``RunConfig`` and return an ``Imported`` (the config, plus the flags or keys not used); ``write_megatron``/
 ``write_torchtitan`` write any RunConfig's model, layout and batch back in the framework's format. Hugging
-Face ``config.json`` models are ``simtrain.hf_config``.
+Face ``config.json`` models are ``simtrain.spec.hf_config``.
 """
 
 from simtrain.formats.common import Imported

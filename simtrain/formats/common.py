@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError, Problem, problem
-from simtrain.load import load_config
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError, Problem, problem
+from simtrain.spec.load import load_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ def hardware_data(base: dict[str, Any], node: str | None, n_nodes: int | None,
 
 def world_size(hw: dict[str, Any]) -> int:
     """GPUs of the cluster a ``hardware`` section describes."""
-    from simtrain.hardware_load import load_node
+    from simtrain.hardware.load import load_node
 
     per_node = hw.get("gpus_per_node") or load_node(hw.get("node", "dgx-h100"), hw.get("gpu")).gpus_per_node
     return int(per_node) * int(hw.get("n_nodes", 1))
@@ -115,8 +115,8 @@ def finish(data: dict[str, Any], unknown: list[str], ignored: list[str], notes: 
 def model_layers(model: Any) -> int | None:
     """Transformer blocks of a model as a config may give it: a preset name, ``{preset: ...}``,
     ``{hf_config: path}``, field dict or ModelSpec (None when it cannot tell)."""
-    from simtrain.hf_config import from_hf_config
-    from simtrain.model import preset
+    from simtrain.spec.hf_config import from_hf_config
+    from simtrain.spec.model import preset
 
     if isinstance(model, str):
         return preset(model).n_layers

@@ -24,8 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError, Problem, problem
 from simtrain.formats.common import (
     Imported,
     base_data,
@@ -37,6 +35,8 @@ from simtrain.formats.common import (
     read_text,
     world_size,
 )
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError, Problem, problem
 
 __all__ = ["parse_args", "read_megatron", "read_megatron_file"]
 
@@ -339,7 +339,7 @@ def _train(args: _Args, dp: int) -> dict[str, Any]:
         "global_batch_seqs": args.num("--global-batch-size") or (args.num("--micro-batch-size") or 1) * dp,
         "precision": "fp16" if args.has("--fp16") and not args.has("--bf16") else "bf16",
         "grad_dtype": "bf16" if args.has("--grad-reduce-in-bf16") else "fp32",
-        # megatron-te differs from megatron-core by the fused cross-entropy only (simtrain.stacks).
+        # megatron-te differs from megatron-core by the fused cross-entropy only (simtrain.spec.stacks).
         "stack": "megatron-te" if args.has("--cross-entropy-loss-fusion") else "megatron-core",
     }  # fmt: skip
     fp8 = args.text("--fp8-format")
@@ -441,7 +441,7 @@ _MODEL_FLAGS = frozenset({
 
 def node_gpus(data: dict[str, Any], node: str | None) -> int:
     """GPUs per node of ``node`` (else of the config dict's hardware section)."""
-    from simtrain.hardware_load import load_node
+    from simtrain.hardware.load import load_node
 
     hw = data.get("hardware") or {}
     return load_node(node or hw.get("node", "dgx-h100"), hw.get("gpu") if node is None else None).gpus_per_node

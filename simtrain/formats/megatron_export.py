@@ -11,9 +11,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from simtrain.config import RunConfig
 from simtrain.formats.megatron import RECOMPUTE_MODULES, node_gpus
-from simtrain.schedules import ScheduleKind
+from simtrain.plan.schedules import ScheduleKind
+from simtrain.spec.config import RunConfig
 
 __all__ = ["write_megatron"]
 

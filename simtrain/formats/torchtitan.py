@@ -26,8 +26,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from simtrain.config import RunConfig
-from simtrain.errors import ConfigError, Problem, problem
 from simtrain.formats.common import (
     Imported,
     base_data,
@@ -39,7 +37,9 @@ from simtrain.formats.common import (
     read_text,
     world_size,
 )
-from simtrain.schedules import ScheduleKind
+from simtrain.plan.schedules import ScheduleKind
+from simtrain.spec.config import RunConfig
+from simtrain.spec.errors import ConfigError, Problem, problem
 
 __all__ = ["FLAVORS", "read_torchtitan", "read_torchtitan_file", "write_torchtitan"]
 
@@ -112,7 +112,7 @@ def _model(t: _Toml, base_model: Any, source_dir: Path | None, notes: list[str])
         if (folder / "config.json").is_file():
             return {"hf_config": str(folder), "name": f"{name}-{flavor}" if name and flavor else None}
     if name is not None and flavor is not None and (name, flavor) in FLAVORS:
-        from simtrain.model import preset
+        from simtrain.spec.model import preset
 
         preset_name, update = FLAVORS[(name, flavor)]
         if update:
@@ -207,7 +207,7 @@ def _train(t: _Toml, dp: int, pp: int, notes: list[str]) -> dict[str, Any]:
     compiled = t.get("compile", "enable", bool, False)
     components = t.get("compile", "components", list, ["model", "loss"])
     train["stack"] = "torchtitan-eager"
-    if compiled:  # torchtitan 2024 compiled the blocks only; simtrain.stacks "torchtitan-compile-2024"
+    if compiled:  # torchtitan 2024 compiled the blocks only; simtrain.spec.stacks "torchtitan-compile-2024"
         train["stack"] = "torchtitan-compile" if "loss" in components else "torchtitan-compile-2024"
     converters = t.get("model", "converters", list, [])
     if "float8" in converters or t.get("float8", "enable_float8_linear", bool, False):
@@ -292,7 +292,7 @@ def _toml_value(value: Any) -> str:
 
 def _flavor(run: RunConfig) -> tuple[str, str] | None:
     """The torchtitan (name, flavor) whose dims are the run's model, if one is mapped."""
-    from simtrain.model import preset
+    from simtrain.spec.model import preset
 
     mine = run.model.model_dump(exclude={"name"})
     for key, (preset_name, update) in FLAVORS.items():

@@ -35,7 +35,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from calibration.compare import compare, measure_steady  # noqa: E402
-from simtrain.profile import load_profile  # noqa: E402
+from simtrain.hardware.profile import load_profile  # noqa: E402
 
 pytestmark = pytest.mark.timing
 
@@ -53,7 +53,7 @@ def _attempt(work: Path, root: Path, name: str) -> dict[str, Any]:
     env = {**os.environ, "SIMTRAIN_PROFILES_DIR": str(root)}
     before = {n: measure_steady(CONFIG, n, STEPS, WARMUP, 1, work) for n in (1, 2)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "simtrain.cli", "calibrate", "--device", "cpu", "--config", CONFIG,
+    proc = subprocess.run([sys.executable, "-m", "simtrain.cli.main", "calibrate", "--device", "cpu", "--config", CONFIG,
                            "--out", name], env=env, capture_output=True, text=True, timeout=600)
     calibrate_s = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

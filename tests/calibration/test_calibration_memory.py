@@ -3,7 +3,7 @@
 Hugging Face transformers' LlamaForCausalLM (SDPA attention, bf16, randomly initialised from a
 small config) runs one forward on the CPU while ``calibration.saved.SavedTensorCounter`` counts
 the unique storages autograd saves (parameters excluded), attributed to the decoder layer that first
-saved them. A middle layer is compared with ``simtrain.memory.layer_activation_bytes`` for the
+saved them. A middle layer is compared with ``simtrain.lower.memory.layer_activation_bytes`` for the
 software stack eager HF is (``eager_hf``: fp32 norm upcasts, silu(gate) kept) and, with activation
 checkpointing, with ``layer_checkpoint_bytes``: within 5 % over sequence lengths, batch sizes, GQA
 ratios. The default ``fused`` stack (Megatron/TE kernels) is shown *not* to describe eager HF.
@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from calibration.saved import SavedTensorCounter  # noqa: E402
-from simtrain.memory import ActivationShape, layer_activation_bytes, layer_checkpoint_bytes  # noqa: E402
-from simtrain.model import ModelSpec  # noqa: E402
+from simtrain.lower.memory import ActivationShape, layer_activation_bytes, layer_checkpoint_bytes  # noqa: E402
+from simtrain.spec.model import ModelSpec  # noqa: E402
 
 TOLERANCE = 0.05
 HIDDEN, HEADS, FFN, LAYERS, VOCAB = 256, 8, 688, 3, 256

@@ -16,14 +16,21 @@ import yaml
 from calibration.journal import measurement_key
 from calibration.writer import build_profile, write_profile
 from simtrain import simulate
-from simtrain.calibrated import CollectiveTable, Curve, GemmModel, busbw_factor, gemm_role, memory_op_kind
-from simtrain.cli import main
-from simtrain.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
-from simtrain.costs import ComputeCostModel
-from simtrain.errors import ConfigError
-from simtrain.profile import compute_calibration, load_profile, run_cluster
-from simtrain.simulate import cluster_of
-from simtrain.topology import Topology
+from simtrain.cli.main import main
+from simtrain.cost.calibrated import (
+    CollectiveTable,
+    Curve,
+    GemmModel,
+    busbw_factor,
+    gemm_role,
+    memory_op_kind,
+)
+from simtrain.cost.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.profile import compute_calibration, load_profile, run_cluster
+from simtrain.hardware.topology import Topology
+from simtrain.spec.errors import ConfigError
+from simtrain.studies.simulate import cluster_of
 
 CPU_CONFIG = str(Path(__file__).parent / "data" / "cpu_llama.yaml")
 FSDP_EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3_8b_h100_fsdp.yaml")
@@ -227,7 +234,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
     default = simulate(FSDP_EXAMPLE)
     calibrated = simulate(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
     assert calibrated.step_time_s != pytest.approx(default.step_time_s, rel=0.01)
-    from simtrain.load import load_config
+    from simtrain.spec.load import load_config
 
     run = load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
     gpu = cluster_of(run).gpu
@@ -240,7 +247,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
 
 def test_measured_collective_curve_replaces_the_link_model(profiles_dir: Path) -> None:
     make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
-    from simtrain.load import load_config
+    from simtrain.spec.load import load_config
 
     cluster = cluster_of(load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"]))
     topo = Topology(cluster)
@@ -256,7 +263,7 @@ def test_measured_collective_curve_replaces_the_link_model(profiles_dir: Path) -
 
 def test_calibrated_node_is_the_calibrated_machine(profiles_dir: Path) -> None:
     make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
-    from simtrain.config import HardwareConfig
+    from simtrain.spec.config import HardwareConfig
 
     cluster = run_cluster(HardwareConfig(node="calibrated", profile="my-h100"), 1)
     assert cluster.n_gpus == 1 and cluster.gpu.name == "h100-sxm"
@@ -267,7 +274,7 @@ def test_calibrated_node_is_the_calibrated_machine(profiles_dir: Path) -> None:
 def test_measured_host_copy_rate_sets_the_offload_link_unless_the_config_names_one(profiles_dir: Path) -> None:
     """CPU activation offloading copies at the profile's measured device <-> host rate, the slower of
     its two directions; ``hardware.host_copy_GBps`` in the config still wins (a what-if)."""
-    from simtrain.config import HardwareConfig
+    from simtrain.spec.config import HardwareConfig
 
     make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
     assert load_profile("my-h100").summary["host_copy_Bps"] == pytest.approx(HOST_H2D_BPS)
@@ -296,7 +303,7 @@ def test_in_situ_factor_scales_kernels_but_not_the_optimizer(profiles_dir: Path)
 
 
 def test_committed_profiles_load() -> None:
-    from simtrain.profile import list_profiles
+    from simtrain.hardware.profile import list_profiles
 
     names = list_profiles()
     assert "example-cpu" in names

@@ -22,13 +22,13 @@ from calibration.compute import Context, Measurement, PlanSettings, bench_gemm, 
 from calibration.journal import Journal  # noqa: E402
 from calibration.shapes import Target, kernel_calls, read_run  # noqa: E402
 from calibration.timing import DeviceTimer, OutOfMemory, TimerSettings  # noqa: E402
-from simtrain.profile import load_profile  # noqa: E402
+from simtrain.hardware.profile import load_profile  # noqa: E402
 
 TINY = str(Path(__file__).parent / "data" / "tiny_llama.yaml")
 
 
 def calibrate(out: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "simtrain.cli", "calibrate", "--device", "cpu", "--quick", "--config", TINY,
+    cmd = [sys.executable, "-m", "simtrain.cli.main", "calibrate", "--device", "cpu", "--quick", "--config", TINY,
            "--out", str(out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
@@ -96,7 +96,7 @@ def test_resuming_on_another_setup_is_refused(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "simtrain.cli", "calibrate", "--device", "cpu", "--out",
+    proc = subprocess.run([sys.executable, "-m", "simtrain.cli.main", "calibrate", "--device", "cpu", "--out",
                            str(tmp_path / "x"), "--layout", "tp=two"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--layout" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -190,7 +190,7 @@ def test_json_summary_is_quiet_and_names_go_to_the_user_dir(tmp_path: Path) -> N
     assert summary["compute"]["ok"] > 0 and summary["compute"]["error"] == 0
     assert not Path("json-smoke").exists()
     env = {**os.environ, "SIMTRAIN_PROFILES_DIR": str(tmp_path)}
-    sim = subprocess.run([sys.executable, "-m", "simtrain.cli", "simulate", TINY, "--set", "hardware.profile=json-smoke",
+    sim = subprocess.run([sys.executable, "-m", "simtrain.cli.main", "simulate", TINY, "--set", "hardware.profile=json-smoke",
                           "--json"], capture_output=True, text=True, timeout=120, env=env)
     assert sim.returncode == 0 and json.loads(sim.stdout)["step_time_s"] > 0, sim.stderr[-2000:]
 

@@ -4,7 +4,7 @@
 SequenceParallel, the input gathered once to Replicate, column-parallel w1/w3, row-parallel w2) on two
 gloo ranks and lists what autograd saved inside the feed-forward. The MLP input is kept whole (the
 full sequence, one storage shared by w1 and w3), not the sequence shard Megatron-core keeps: the fact
-behind ``ActivationShape.gathered_inputs`` (simtrain/memory.py), which counts the QKV and MLP inputs
+behind ``ActivationShape.gathered_inputs`` (simtrain/lower/memory.py), which counts the QKV and MLP inputs
 whole for DTensor stacks.
 """
 
@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from simtrain.memory import ActivationShape, weight_grad_input_bytes  # noqa: E402
-from simtrain.model import ModelSpec  # noqa: E402
+from simtrain.lower.memory import ActivationShape, weight_grad_input_bytes  # noqa: E402
+from simtrain.spec.model import ModelSpec  # noqa: E402
 
 PROBE = Path(__file__).parent / "data" / "dtensor_sp_probe.py"
 B, S, H, F, T = 2, 16, 24, 40, 2

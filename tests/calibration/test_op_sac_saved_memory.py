@@ -7,7 +7,7 @@ SwiGLU; separate wq/wk/wv/wo and w1/w2/w3 linears, torchtitan ``models/llama/mod
 checkpoint call). The CPU allocator's net bytes over one forward (torch.profiler ``profile_memory``),
 less the block's output, are what the block keeps for backward: eager SAC holds every MUST_SAVE output
 in its cache; the compiled block saves only what its backward graph reads, so w2's output (read by the
-residual add alone) is not kept. Both are compared with ``simtrain.memory.op_sac_activation_bytes``
+residual add alone) is not kept. Both are compared with ``simtrain.lower.memory.op_sac_activation_bytes``
 less the block input (allocated before the forward): within 2 %.
 """
 
@@ -20,9 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from simtrain.config import LayoutConfig, TrainConfig  # noqa: E402
-from simtrain.memory import activation_shape, op_sac_activation_bytes  # noqa: E402
-from simtrain.model import ModelSpec  # noqa: E402
+from simtrain.lower.memory import activation_shape, op_sac_activation_bytes  # noqa: E402
+from simtrain.spec.config import LayoutConfig, TrainConfig  # noqa: E402
+from simtrain.spec.model import ModelSpec  # noqa: E402
 
 H, HEADS, KV_HEADS, FFN, S, B = 256, 8, 2, 704, 128, 2
 D = H // HEADS

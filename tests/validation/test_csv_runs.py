@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from simtrain.cli import main
-from simtrain.csv_cells import (
+from simtrain.cli.main import main
+from simtrain.spec.errors import ConfigError
+from simtrain.spec.model import preset
+from simtrain.spec.stacks import STACKS, get_stack, stack_from_text
+from simtrain.validation.csv_cells import (
     COLUMN_LIMITS,
     number,
     parse_gpu,
@@ -18,10 +21,7 @@ from simtrain.csv_cells import (
     parse_sharding,
     read_rows,
 )
-from simtrain.csv_runs import _gpus_per_node, parse_row
-from simtrain.errors import ConfigError
-from simtrain.model import preset
-from simtrain.stacks import STACKS, get_stack, stack_from_text
+from simtrain.validation.csv_runs import _gpus_per_node, parse_row
 
 from .conftest import SMALL_ROWS, write_csv
 
@@ -102,7 +102,7 @@ def test_fp8_on_a_gpu_without_fp8_falls_back_to_bf16_with_an_assumption() -> Non
     ("selective", ()),
 ])
 def test_recompute_modules_named_in_the_cell(cell: str, modules: tuple[str, ...]) -> None:
-    from simtrain.csv_cells import recompute_modules_of
+    from simtrain.validation.csv_cells import recompute_modules_of
     assert recompute_modules_of(cell)[0] == modules
 
 
@@ -241,7 +241,7 @@ def test_moe_row_whose_ep_folds_only_with_expert_tp_1_gets_etp_1_named() -> None
 def test_megatron_core_scripts_run_the_unfused_cross_entropy() -> None:
     """Megatron-LM's --cross-entropy-loss-fusion is off unless asked: 52 bytes per logit element vs 16 for
     the fused kernel of NeMo / Megatron-Bridge recipes (stacks module docstring)."""
-    from simtrain.stacks import get_stack
+    from simtrain.spec.stacks import get_stack
 
     core, te = get_stack("megatron-core"), get_stack("megatron-te")
     assert core.fusion_of("cross_entropy").bytes_factor == pytest.approx(52 / 16)

@@ -10,16 +10,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simtrain.cli import main
-from simtrain.fidelity import (
+from simtrain.cli.main import main
+from simtrain.spec.model import ModelSpec, preset
+from simtrain.studies.uncertainty import read_error_table
+from simtrain.validation.fidelity import (
     ROW_KEYS,
     convention_flops_per_token,
     convention_of,
     error_stats,
     validate_runs,
 )
-from simtrain.model import ModelSpec, preset
-from simtrain.uncertainty import read_error_table
 
 from .conftest import SMALL_ROWS
 
@@ -128,7 +128,7 @@ def test_worker_processes_give_the_same_rows_in_file_order(small_csv: Path) -> N
 def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row(tmp_path: Path) -> None:
     """The measured run fit its GPUs: a predicted peak above capacity means the row leaves out what saved
     the memory, and the row says so (predicted_fits False, a named note) instead of passing silently."""
-    from simtrain.fidelity import evaluate_row, render_table
+    from simtrain.validation.fidelity import evaluate_row, render_table
 
     from .conftest import write_csv
 
@@ -160,7 +160,7 @@ def test_fidelity_page_is_a_curated_sortable_table(small_csv: Path) -> None:
     cell's sort key its exact value, with the plot and an inline sort script; nothing from the network."""
     import re
 
-    from simtrain.fidelity import PAGE_COLUMNS, render_html
+    from simtrain.validation.fidelity import PAGE_COLUMNS, render_html
 
     frame, summary = validate_runs(small_csv)
     page = render_html(frame, summary)
@@ -194,7 +194,7 @@ def test_fidelity_page_sorts_in_a_browser(small_csv: Path, tmp_path: Path) -> No
     import re
     import subprocess
 
-    from simtrain.fidelity import render_html
+    from simtrain.validation.fidelity import render_html
 
     frame, summary = validate_runs(small_csv)
     probe = ("<script>addEventListener('load', () => { const th = [...document.querySelectorAll('th')].find("

@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from simtrain.csv_cells import read_rows
-from simtrain.csv_runs import parse_row
+from simtrain.validation.csv_cells import read_rows
+from simtrain.validation.csv_runs import parse_row
 
 from .conftest import PUBLISHED, ROOT
 
@@ -81,7 +81,7 @@ def test_at_least_40_rows_simulatable_with_a_measurement() -> None:
                     reason="simulates every hold-out row (minutes); set SIMTRAIN_VALIDATION=1")
 def test_at_least_40_rows_simulate_and_compare() -> None:
     """Counts only: the per-row errors of the hold-out stay unread until issue 29 ends."""
-    from simtrain.fidelity import validate_runs
+    from simtrain.validation.fidelity import validate_runs
 
     _, summary = validate_runs(HOLDOUT, workers=None)
     assert summary["compared"] >= 40

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from simtrain.config import LayoutConfig, TrainConfig
-from simtrain.memory import activation_shape, layer_activation_bytes, static_memory
-from simtrain.model import ModelSpec
+from simtrain.lower.memory import activation_shape, layer_activation_bytes, static_memory
+from simtrain.spec.config import LayoutConfig, TrainConfig
+from simtrain.spec.model import ModelSpec
 
 GiB = 1024.0**3
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from simtrain.csv_cells import read_rows
-from simtrain.model import list_presets
+from simtrain.spec.model import list_presets
+from simtrain.validation.csv_cells import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-CONSTANT_FILES = [*(ROOT / "simtrain" / f for f in ("stacks.py", "stack_spec.py", "stack_rules.py")), ROOT / "simtrain" / "costs.py",
+CONSTANT_FILES = [*(ROOT / "simtrain" / f for f in ("spec/stacks.py", "spec/stack_spec.py", "lower/stack_rules.py")),
+                  ROOT / "simtrain" / "cost" / "costs.py",
                   *sorted((ROOT / "simtrain" / "data" / "hardware_profiles").glob("**/*.yaml"))]
 
 

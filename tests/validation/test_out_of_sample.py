@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from simtrain.csv_cells import read_rows
-from simtrain.csv_runs import parse_row
-from simtrain.fidelity import convention_flops_per_token, convention_of
+from simtrain.validation.csv_cells import read_rows
+from simtrain.validation.csv_runs import parse_row
+from simtrain.validation.fidelity import convention_flops_per_token, convention_of
 
 ARCHIVE = Path(__file__).resolve().parents[1] / "data" / "megatron_bridge_archive_runs.csv"
 SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
@@ -82,8 +82,8 @@ def test_archive_simulates_every_row_and_its_error_table_is_todays() -> None:
     simtrain/data/megatron_bridge_errors.csv``."""
     import pandas as pd
 
-    from simtrain.fidelity import validate_runs
-    from simtrain.uncertainty import ARCHIVE_TABLE, error_table
+    from simtrain.studies.uncertainty import ARCHIVE_TABLE, error_table
+    from simtrain.validation.fidelity import validate_runs
 
     frame, summary = validate_runs(ARCHIVE, workers=None)
     assert (frame["status"] == "ok").all(), frame.loc[frame["status"] != "ok", ["run_id", "status"]]

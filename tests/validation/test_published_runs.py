@@ -17,10 +17,15 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from simtrain.csv_cells import read_rows
-from simtrain.csv_runs import parse_row
-from simtrain.fidelity import _measured_step_time, _source_mfu, convention_flops_per_token, convention_of
-from simtrain.hardware_load import load_gpu
+from simtrain.hardware.load import load_gpu
+from simtrain.validation.csv_cells import read_rows
+from simtrain.validation.csv_runs import parse_row
+from simtrain.validation.fidelity import (
+    _measured_step_time,
+    _source_mfu,
+    convention_flops_per_token,
+    convention_of,
+)
 
 SLOW = pytest.mark.skipif(not os.environ.get("SIMTRAIN_VALIDATION"),
                           reason="simulates all published runs (minutes); set SIMTRAIN_VALIDATION=1")
@@ -67,7 +72,7 @@ def test_source_mfu_recomputed_in_its_convention(published_csv: Path) -> None:
 
 @pytest.fixture(scope="module")
 def table(published_csv: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    from simtrain.fidelity import validate_runs
+    from simtrain.validation.fidelity import validate_runs
 
     return validate_runs(published_csv, workers=None)  # one process per CPU (CI runs this file without xdist)
 
@@ -91,7 +96,7 @@ def test_packaged_error_table_is_todays(table: tuple[pd.DataFrame, dict[str, Any
     """simtrain/data/published_errors.csv (behind every prediction's likely range) holds today's errors:
     after a model change, rebuild it with ``simtrain validate <published_runs.csv> --error-table
     simtrain/data/published_errors.csv``."""
-    from simtrain.uncertainty import PACKAGED_TABLE, error_table
+    from simtrain.studies.uncertainty import PACKAGED_TABLE, error_table
 
     fresh = error_table(table[0])
     packaged = pd.read_csv(PACKAGED_TABLE)

@@ -1,0 +1,1 @@
+"""The command line (``simtrain``; ``python -m simtrain.cli``)."""

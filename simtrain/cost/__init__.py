@@ -1,0 +1,1 @@
+"""The cost pass: roofline and calibrated kernel costs, collective algorithms."""

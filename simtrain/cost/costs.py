@@ -1,0 +1,267 @@
+"""Compute cost model: the time of one kernel from its hardware FLOPs and HBM bytes.
+
+time = max(flops / (peak * efficiency), bytes / (HBM bandwidth * efficiency)) + launch overhead
+(the roofline of DESIGN.md "Costs"; Calculon's ``roofline`` mode). GEMM efficiency is the GPU
+profile's sustained fraction of peak on a large, well-aligned shape (``gemm_efficiency``: a typical
+randn GEMM such as 8192^3 in a back-to-back loop where one is published, else the best-shape MAMF of
+the ml-engineering table scaled by the typical/MAMF ratio measured on A100; reference Table D) times
+tile and wave quantisation for the exact shape (NVIDIA *Matrix Multiplication Background User's
+Guide*) and a reduction-depth factor (``depth_factor``: short-K GEMMs pay each tile's fixed cost).
+FlashAttention uses the measured fraction of peak of its forward and backward kernels (FA2/FA3
+papers, Table D); its FLOPs follow the FlashAttention convention (Table E): forward
+4*b*s^2*a*d (halved when causal), backward 2.5x forward (it recomputes Q K^T).
+
+A software stack (``simtrain.spec.stacks``) scales memory-bound ops by its fusion (HBM traffic and
+kernels launched), floors each kernel at its CPU launch time, and picks FlashAttention-2 or -3.
+FP8 (``dtype="fp8"``) runs the linear-layer GEMMs at the FP8 peak times the FP8 MAMF fraction,
+plus the quantisation casts of their activation operands (``FP8_CAST_BYTES``); attention, the LM
+head and the router stay BF16 (Transformer Engine and torchtitan float8 convert only the
+transformer blocks' linear layers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from simtrain.cost.calibrated import CalibratedCompute
+from simtrain.hardware.hardware import GpuSpec
+from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
+from simtrain.lower.offload import copy_s
+from simtrain.lower.ops import Kernel
+from simtrain.spec.stacks import FA2_ON_HOPPER, SoftwareStack
+
+#: FlashAttention throughput by head dim relative to head dim 128 (GPU profiles hold the head-dim-128
+#: rate), H100 SXM5 BF16 forward at 4k-16k tokens (Shah et al. 2024, FA3 paper arXiv 2407.08608, Fig. 5):
+#: FA3 head dim 64 476-497 TFLOP/s vs 128 638-648 (0.76), 256 up to ~740-756 (reference Table D "up to
+#: 740 TF (75 %) at head dim 256": 1.15); FA2 head dim 64 321-324 vs 128 368-370 (0.87), no FA2 figure at
+#: 256 there (1.0 kept). Narrow heads do fewer FLOPs per byte of K/V and per softmax element. The
+#: backward's figure (Fig. 6) orders head dims the same way; the forward ratios serve both. Linear in
+#: log2(head dim) between the points, clamped outside them.
+HEAD_DIM_FACTOR: dict[str, tuple[tuple[int, float], ...]] = {
+    "fa3": ((64, 0.76), (128, 1.0), (256, 1.15)),
+    "fa2": ((64, 0.87), (128, 1.0), (256, 1.0)),
+}
+
+
+def head_dim_factor(kernel: str, d: int) -> float:
+    """FlashAttention's rate at head dim ``d`` relative to head dim 128 (``HEAD_DIM_FACTOR``)."""
+    points = HEAD_DIM_FACTOR[kernel]
+    x = math.log2(min(max(d, points[0][0]), points[-1][0]))
+    for (d0, f0), (d1, f1) in zip(points, points[1:], strict=False):
+        if x <= math.log2(d1):
+            return f0 + (f1 - f0) * (x - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+    return points[-1][1]
+
+
+#: Keys per block of a FlashAttention kernel's inner loop: FA2's kBlockN is 64-128 by head dim, FA3's
+#: Hopper forward tiles are 128 x 80-176 (flash-attn hopper/tile_size.h); 128 is their middle.
+FLASH_BLOCK = 128
+
+TILE_M = 128
+TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
+#: Reduction depth (BF16 elements) whose main-loop time equals an output tile's fixed cost (filling the
+#: operand pipeline, then storing the tile): a GEMM of depth K runs at K / (K + K_FIXED) of the
+#: long-K rate. 128 fits XLA's measured sm_90 BF16 table (openxla/xla
+#: xla/service/gpu/model/matmul_interpolator_data.h, b 1-4, m/n/k 256-4096): over its 118 kernels
+#: longer than 20 us, |log error| of this cost model falls from median 4.1 % / p90 18.2 % (tile x
+#: wave only; K = 256-512 predicted 16-22 % too fast) to 2.7 % / 5.9 %. FP8 streams twice the elements
+#: per main-loop step, so its depth doubles (same fixed time) [derived].
+K_FIXED = 128
+#: Depth of the shape the profiles' ``gemm_efficiency`` was measured on (8192^3 randn on A100; the
+#: MAMF-derived Hopper/Blackwell values are scaled to it): the depth factor is 1 there.
+K_REFERENCE = 8192
+
+#: HBM bytes per element to quantise a GEMM operand to FP8 with its transposed copy (read bf16 2 +
+#: write fp8 1 + transposed fp8 1, Transformer Engine ``cast_transpose``); per-tensor current scaling
+#: first reads the tensor once more for its amax (+2) [derived from the kernels' reads and writes].
+FP8_CAST_BYTES = {"delayed": 4.0, "blockwise": 4.0, "current": 6.0}
+#: Per-tensor FP8 recipes whose backward GEMMs (dgrad, wgrad) promote partial sums to FP32 ("split
+#: accumulation"): Transformer Engine's ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` (``_2X_ACC_FPROP = False``;
+#: transformer_engine/pytorch/module/base.py) and torchao float8's default ``gemm_config_grad_input`` /
+#: ``gemm_config_grad_weight`` without ``use_fast_accum`` (the forward output uses it; pytorch/ao#2377).
+#: On Hopper this costs ``GpuSpec.fp8_split_accumulation_slowdown``. Blockwise scaling (DeepSeek's
+#: DeepGEMM) promotes inside the kernel every 128 K-elements, overlapped with the next MMA (DeepSeek
+#: technical report, arXiv 2412.19437 sec. 3.3.2), at the profile's FP8 rate.
+SPLIT_ACCUMULATION_RECIPES = ("delayed", "current")
+#: GEMMs that stay BF16 under FP8 training (name prefixes as ``simtrain.lower.blocks`` emits them).
+BF16_GEMM_PREFIXES = ("lm_head", "attn.", "router", "mtp.proj")
+
+
+def depth_factor(k: int, k_fixed: int = K_FIXED) -> float:
+    """Rate of a depth-``k`` GEMM relative to the reference depth: (k / (k + k_fixed)) normalised to 1
+    at ``K_REFERENCE`` (each output tile pays a fixed prologue/epilogue time besides its k-long main loop)."""
+    return (k / (k + k_fixed)) * (K_REFERENCE + k_fixed) / K_REFERENCE
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeCostModel:
+    """Per-kernel time on one GPU for one compute dtype.
+
+    ``calibration`` (from a calibrated profile, ``simtrain/hardware/profile.py``) replaces the roofline for
+    every kernel it covers with the measured/fitted time (``simtrain/cost/calibrated.py``).
+    """
+
+    gpu: GpuSpec
+    dtype: str = "bf16"
+    calibration: CalibratedCompute | None = None
+    stack: SoftwareStack | None = None
+    """Software stack (fusion, CPU launch cost, attention kernel); None = fused kernels, best attention."""
+    fp8_recipe: str = "delayed"
+    """FP8 scaling recipe (``FP8_CAST_BYTES`` key) when ``dtype == "fp8"``."""
+    host_Bps: float = 0.0
+    """GPU <-> host copy rate per direction, bytes/s (``NodeSpec.host_link_Bps``; CPU activation
+    offloading's copies); 0: unknown, a host copy cannot be costed."""
+
+    # -- the CostSource interface (simtrain.cost.cost_pass) ---------------------------------------------
+    def kernel(self, desc: KernelDesc) -> Kernel:
+        """The costed kernel of descriptor ``desc``: its time (calibrated where the profile measured it,
+        else the roofline), and the FLOPs and HBM bytes this GPU and stack run it with."""
+        if isinstance(desc, Gemm):
+            whole = self.gemm(desc.name, desc.m, desc.n, desc.k, desc.batch, desc.grouped, desc.a_cast_share)
+            return self.row_chunked(whole, desc.row_chunks)
+        if isinstance(desc, MemoryBound):
+            return self.memory_op(desc.name, desc.bytes, desc.flops)
+        if isinstance(desc, Attention):
+            return self.flash_attention(desc.name, desc.b, desc.s_q, desc.s_kv, desc.heads, desc.kv_heads, desc.d,
+                                        desc.causal, desc.backward)
+        if isinstance(desc, Sliced):
+            k, n = self.kernel(desc.of), desc.parts
+            return Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n)
+        raise TypeError(f"not a kernel descriptor: {desc!r}")
+
+    def kernel_time(self, desc: KernelDesc) -> float:
+        """Seconds of one kernel (``kernel(desc).time_s``)."""
+        return self.kernel(desc).time_s
+
+    def host_copy_s(self, nbytes: float) -> float:
+        """Seconds of one copy of ``nbytes`` between GPU and host memory (``offload.copy_s``)."""
+        if self.host_Bps <= 0:
+            raise ValueError("a GPU <-> host copy needs the copy rate host_Bps > 0")
+        return copy_s(nbytes, self.host_Bps)
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        """Dense peak of the compute dtype, FLOP/s."""
+        return self.gpu.peak_flops_per_s(self.dtype)
+
+    def _roofline(self, name: str, flops: float, nbytes: float, flops_eff: float, mem_eff: float,
+                  peak_flops_per_s: float | None = None, kernels: int = 1, extra_s: float = 0.0) -> Kernel:
+        """max(compute, memory) + extra + a GPU launch tail per kernel, floored at the stack's CPU launch time."""
+        peak = self.peak_flops_per_s if peak_flops_per_s is None else peak_flops_per_s
+        t_compute = flops / (peak * flops_eff) if flops else 0.0
+        t_memory = nbytes / (self.gpu.hbm_Bps * mem_eff) if nbytes else 0.0
+        time_s = max(t_compute, t_memory) + extra_s + kernels * self.gpu.kernel_launch_s
+        if self.stack is not None:
+            time_s = max(time_s, kernels * self.stack.cpu_launch_s)
+        return Kernel(name, flops, nbytes, time_s)
+
+    def is_fp8_gemm(self, name: str) -> bool:
+        """True when GEMM ``name`` runs in FP8 (fp8 runs, linear layers of the transformer blocks)."""
+        return self.dtype == "fp8" and not name.startswith(BF16_GEMM_PREFIXES)
+
+    def gemm_efficiency(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> float:
+        """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: profile rate x tile x wave x depth.
+        ``groups``: GEMMs launched as one grouped GEMM (MoE experts), whose tiles fill waves together."""
+        tiles_m, tiles_n = math.ceil(m / TILE_M), math.ceil(n / TILE_N)
+        tile_q = (m * n) / (tiles_m * TILE_M * tiles_n * TILE_N)
+        tiles = tiles_m * tiles_n * groups
+        slots = self.gpu.sm_count
+        wave_q = tiles / (math.ceil(tiles / slots) * slots)
+        best = self.gpu.gemm_efficiency
+        if fp8 and self.gpu.fp8_gemm_efficiency > 0:  # FP8 MAMF differs from BF16's (Table D)
+            best = self.gpu.fp8_gemm_efficiency
+        return best * tile_q * wave_q * depth_factor(k, 2 * K_FIXED if fp8 else K_FIXED)
+
+    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False,
+             a_cast_share: float = 1.0) -> Kernel:
+        """A BF16 GEMM C[m,n] = A[m,k] @ B[k,n] (``batch`` independent copies), 2mnk FLOPs each;
+        ``grouped``: the copies run as one grouped GEMM (CUTLASS grouped GEMM / TE GroupedLinear);
+        ``a_cast_share``: the share of A this rank quantises when the GEMM runs in FP8 (1/t when A was
+        cast before a TP all-gather)."""
+        return replace(self._gemm(name, m, n, k, batch, grouped, a_cast_share), shape=(m, n, k, batch))
+
+    def _gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool, a_cast_share: float,
+              weight_cast: bool = True) -> Kernel:
+        flops = 2.0 * m * n * k * batch
+        nbytes = 2.0 * (m * k + k * n + m * n) * batch
+        # calibrated GEMMs were measured in the profile's dtype (BF16 on GPUs): FP8 GEMMs keep the model
+        measured = (self.calibration.gemm_s(name, m, n, k, batch)
+                    if self.calibration and not self.is_fp8_gemm(name) else None)
+        if measured is not None:
+            return Kernel(name, flops, nbytes, measured)
+        if self.is_fp8_gemm(name):
+            return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share, weight_cast)
+        return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1),
+                              self.gpu.hbm_efficiency, peak_flops_per_s=self.gpu.bf16_flops_per_s)
+
+    def row_chunked(self, kernel: Kernel, parts: int) -> Kernel:
+        """GEMM ``kernel`` run as ``parts`` GEMMs of m / parts rows each, as TP comm overlap runs it (one
+        per chunk of the collective it is fused with): its time scaled by parts x t(m / parts) / t(m),
+        which adds each chunk's tile and wave quantisation and launch. Other kernels come back unchanged."""
+        if kernel.shape is None or parts <= 1:
+            return kernel
+        m, n, k, batch = kernel.shape
+        # the weight is quantised once for all chunks (a per-call cost, not a per-row one)
+        whole = self._gemm(kernel.name, m, n, k, batch, grouped=False, a_cast_share=1.0, weight_cast=False).time_s
+        chunk = self._gemm(kernel.name, -(-m // parts), n, k, batch, grouped=False, a_cast_share=1.0,
+                           weight_cast=False).time_s
+        return replace(kernel, time_s=kernel.time_s - whole + parts * chunk)
+
+    def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
+                  a_cast_share: float = 1.0, weight_cast: bool = True) -> Kernel:
+        """An FP8 GEMM: FP8 peak x FP8 MAMF x quantisation, plus the cast of its A operand (m x k:
+        the activation in forward, the output gradient in dgrad; wgrad reuses both transposed copies)
+        and, with current scaling, of the weight in forward (re-quantised every forward unless the stack
+        caches FP8 weights across a step's micro-batches, ``SoftwareStack.fp8_weight_cache``);
+        ``weight_cast`` False leaves that weight cast out (the per-row part of the time)."""
+        flops = 2.0 * m * n * k * batch
+        nbytes = (m * k + k * n + 2.0 * m * n) * batch
+        cast_elems = 0.0 if name.endswith(".wgrad") else float(m * k) * a_cast_share
+        cached = self.stack is not None and self.stack.fp8_weight_cache
+        if (weight_cast and not cached and self.fp8_recipe == "current"
+                and not name.endswith((".wgrad", ".dgrad"))):
+            cast_elems += k * n
+        cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (
+            self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
+        eff = self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True)
+        if name.endswith((".dgrad", ".wgrad")) and self.fp8_recipe in SPLIT_ACCUMULATION_RECIPES:
+            eff /= self.gpu.fp8_split_accumulation_slowdown
+        return self._roofline(name, flops, nbytes, eff, self.gpu.hbm_efficiency, extra_s=cast_s)
+
+    def flash_attention(self, name: str, b: int, s_q: int, s_kv: int, heads: int, kv_heads: int, d: int,
+                        causal: bool, backward: bool) -> Kernel:
+        """FlashAttention forward or backward on ``heads`` query heads of this rank.
+
+        FLOPs (Dao et al. FA2 benchmark convention): forward 4*b*s_q*s_kv*heads*d, halved when
+        causal; backward 2.5x the forward. Bytes: Q, K, V, O (and dO, dQ, dK, dV in backward).
+        """
+        fwd = 4.0 * b * s_q * s_kv * heads * d * (0.5 if causal else 1.0)
+        qo = 2.0 * b * s_q * heads * d
+        kv = 2.0 * 2.0 * b * s_kv * kv_heads * d
+        if self.calibration is not None:
+            flops, nbytes = (2.5 * fwd, 2.0 * (2 * qo + kv)) if backward else (fwd, 2 * qo + kv)
+            measured = self.calibration.attention_s((b, s_q, s_kv, heads, kv_heads, d, causal, backward), flops)
+            if measured is not None:
+                return Kernel(name, flops, nbytes, measured)
+        # FA2 on an FA3-class GPU (FP8 tensor cores: Hopper and later) runs at FA2_ON_HOPPER of FA3's rate;
+        # before Hopper the best kernel is FA2 whatever the stack asks for
+        fa2 = (self.stack is not None and self.stack.attention == "fa2") or not self.gpu.has_fp8
+        scale = (FA2_ON_HOPPER if fa2 and self.gpu.has_fp8 else 1.0) * head_dim_factor("fa2" if fa2 else "fa3", d)
+        bf16 = self.gpu.bf16_flops_per_s  # attention stays BF16 in FP8 training
+        if backward:
+            return self._roofline(name, 2.5 * fwd, 2.0 * (2 * qo + kv), self.gpu.attention_bwd_efficiency * scale,
+                                  self.gpu.hbm_efficiency, peak_flops_per_s=bf16)
+        return self._roofline(name, fwd, 2 * qo + kv, self.gpu.attention_fwd_efficiency * scale,
+                              self.gpu.hbm_efficiency, peak_flops_per_s=bf16)
+
+    def memory_op(self, name: str, nbytes: float, flops: float = 0.0) -> Kernel:
+        """A memory-bound elementwise/reduction kernel moving ``nbytes`` through HBM."""
+        measured = self.calibration.memory_op_s(name, nbytes) if self.calibration else None
+        if measured is not None:
+            return Kernel(name, flops, nbytes, measured)
+        if self.stack is None:
+            return self._roofline(name, flops, nbytes, 1.0, self.gpu.memory_op_efficiency)
+        fusion = self.stack.fusion_of(name)
+        return self._roofline(name, flops, nbytes * fusion.bytes_factor, 1.0, self.gpu.memory_op_efficiency,
+                              kernels=fusion.kernels)

@@ -1,0 +1,580 @@
+"""The discrete-event engine (simpy): streams per GPU, flows over links, a memory ledger per rank.
+
+Each simulated rank runs one simpy process per stream; a stream executes its ops in issue order and
+an op starts once its cross-stream and cross-stage dependencies are done (CUDA stream semantics).
+Compute ops take their modelled time, stretched for the part of it during which a communication op
+of the same GPU is in flight (NCCL kernels take SMs and HBM bandwidth: Calculon's processor_usage,
+reference note 4): a running op is re-timed whenever a collective starts or ends on its GPU.
+Communication becomes flows over the graph (``network.FlowNetwork``).
+
+Two exact fast paths cut the simpy events: a collective no other stream can contend with and that the
+next compute op waits for runs in line on the compute stream (``simtrain.engine.inline``), and a compute
+stream whose rank is quiet runs ahead of the simpy clock until it must wait or fire an event
+(``Engine._compute_stream``). ``fast_paths=False`` turns both off; tests compare the two.
+
+Symmetric mode simulates one representative rank per pipeline stage and gives its flows the weight
+of the symmetric copies the other ranks of the stage put on the same links. Full mode simulates
+every rank: collectives rendezvous across their group and every flow is on the network.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Any, cast
+
+import simpy
+
+from simtrain.engine.comm_planner import P2P_CLASS, CommPlanner
+from simtrain.engine.inline import Guard, Inline, inline_plan, time_bounds
+from simtrain.engine.network import FlowNetwork, fluid_duration
+from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
+from simtrain.hardware.hardware import GpuSpec
+from simtrain.hardware.topology import Topology
+from simtrain.lower.ops import (
+    CollectiveOp,
+    CommOp,
+    ComputeOp,
+    CopyOp,
+    CostedComputeOp,
+    CostedCopyOp,
+    Op,
+    OpKind,
+    Program,
+    SendOp,
+    Stream,
+)
+from simtrain.plan.layout import RankGrid
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+_UNCOSTED = (ComputeOp, CopyOp)  # as lowering emits them; the cost pass makes the Costed* subclasses
+_FINISHED = object()  # a comm stream with no ops left
+CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
+
+
+#: Ops of each comm stream whose times ``Engine._attribute`` keeps to split a wait among their axes.
+RECENT_OPS = 256
+
+
+
+#: Breakdown axis of the group axes that are not their own (``StepResult.breakdown_s`` lists AXES):
+#: the expert-data-parallel gradient reduction is data parallelism, expert TP is tensor parallelism.
+_BREAKDOWN_AXIS = {"edp": "dp", "etp": "tp"}
+
+
+def _axis(op: Op) -> str:
+    """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``, ``dp_cp`` -> ``dp``, ``edp``
+    -> ``dp``, ``etp`` -> ``tp``; no axis -> ``other``)."""
+    axis: str = getattr(op, "axis", "")  # compute ops have none (hot path: no isinstance chain)
+    if not axis:
+        return "other"
+    axis = axis.split("_")[0]
+    return _BREAKDOWN_AXIS.get(axis, axis)
+
+
+def _interference(gpu: GpuSpec, cls: str) -> float:
+    """Fractional slowdown of compute while a communication of class ``cls`` is in flight on the GPU.
+    A collective's NCCL kernel holds one SM per channel for its whole duration and never shares it
+    with compute (sjeaugey, NVIDIA/nccl#689): the profile's ``comm_interference_*`` per link class.
+    A pipeline send/recv runs one small CTA per peer (NVIDIA/nccl#1433: grid <<<1,1,1>>>): by
+    default one SM's share [derived]."""
+    if cls == P2P_CLASS:
+        return 1.0 / gpu.sm_count if gpu.comm_interference_p2p is None else gpu.comm_interference_p2p
+    return gpu.comm_interference_net if cls == "net" else gpu.comm_interference_nvlink
+
+
+class Engine:
+    """Runs stage programs on simulated ranks.
+
+    Args:
+        programs: one program per pipeline stage.
+        grid: the rank grid.
+        topo: the cluster topology; gpu: the GPU spec (interference factors, link efficiencies).
+        symmetric: simulate one representative rank per stage (True) or every rank (False).
+        trace: keep a TraceEvent per executed op.
+        fast_paths: run private blocking collectives in line and let a quiet rank's compute stream
+            run ahead of the simpy clock (exact: the same times; off only to check that).
+        planner: a CommPlanner of the same topology, GPU, grid and mode to reuse (its plans are pure
+            memos: the short runs of ``simtrain.engine.steady`` share one); None: a new one.
+    """
+
+    def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
+                 symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
+                 fast_paths: bool = True, planner: CommPlanner | None = None,
+                 representatives: list[int] | None = None):
+        self.programs, self.grid, self.gpu = programs, grid, gpu
+        for prog in programs:  # compute ops and host copies need their times (simtrain.cost.cost_pass)
+            if any(type(o) in _UNCOSTED for o in prog.ops):
+                raise ValueError(f"stage {prog.stage}'s program is not costed (simtrain.cost.cost_pass.cost_program)")
+        self.fast_paths = fast_paths
+        self.load_factor = load_factor or {}
+        """Routed-expert time factor per rank (simtrain.plan.routing); missing ranks run at 1."""
+        self.symmetric, self.keep_trace = symmetric, trace
+        self.env = simpy.Environment()
+        self.planner = planner or CommPlanner(topo, gpu, grid, symmetric)
+        self.net = FlowNetwork(self.env, self.planner.capacity)
+        if symmetric:
+            self.ranks = representatives or [grid.representative(s) for s in range(len(programs))]
+        else:
+            self.ranks = list(range(grid.world_size))
+        self.stage = {r: grid.stage_of(r) for r in self.ranks}
+        self.done: dict[int, dict[int, simpy.Event]] = {}
+        self.started: dict[tuple[int, int], float] = {}
+        self.stats = {r: RankStats() for r in self.ranks}
+        self.ledgers = {r: Ledger() for r in self.ranks}
+        self.trace: list[TraceEvent] = []
+        self.active_comm: dict[int, list[str]] = {r: [] for r in self.ranks}
+        self._change: dict[int, simpy.Event | None] = {r: None for r in self.ranks}
+        """Per rank: the event its running compute op waits on for a change of ``active_comm``."""
+        self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
+        self.executed = 0
+        self._comm: dict[int, list[CommEntry | None]] = {}
+        """Per rank, per op index: (latency s, phases of flows, link class, private duration s or None)."""
+        self._inline: dict[int, Inline] = {}
+        self._alone: dict[int, dict[int, float]] = {}
+        """Per rank: in-line comm ops that may skip the network, op index -> time alone, seconds."""
+        self._guard: dict[int, dict[int, Guard]] = {}
+        """Per rank: of those, the ones that may only where their Guard is clear."""
+        self._finished: dict[int, dict[Stream, int]] = {r: defaultdict(int) for r in self.ranks}
+        """Per rank: ops each comm stream has finished."""
+        self._waiting: dict[int, dict[Stream, Any]] = {r: {} for r in self.ranks}
+        """What each comm stream of a rank waits for: an event, None while running, _FINISHED."""
+        self._recent: dict[int, dict[Stream, deque[tuple[float, float, str]]]] = {
+            r: defaultdict(lambda: deque(maxlen=RECENT_OPS)) for r in self.ranks}
+        """Per rank and comm stream: (start, end, axis) of its last ``RECENT_OPS`` ops (``_attribute``)."""
+
+    def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
+        stage = self.stage[rank]
+        if isinstance(op, SendOp):
+            return self.planner.send(op, rank, stage, self._remote_rank(rank, op.peer_stage))
+        return self.planner.collective(cast(CollectiveOp, op), rank, stage)
+
+    def _owner(self, rank: int, op: Op) -> tuple[Any, ...]:
+        if self.symmetric or op.kind == OpKind.SEND:
+            return (op.stream, rank)
+        return (op.stream, self.grid.group(cast(CollectiveOp, op).axis, rank))
+
+    def _prepare_comm(self) -> _Sharing:
+        """Plan every communication op once; mark those whose edges no other stream ever uses as
+        private, so their time is computed offline by the same fluid model (no contention possible:
+        one stream runs one op at a time). Returns who uses which edges (for ``_in_line_costs``)."""
+        owners: dict[Any, set[Any]] = defaultdict(set)
+        uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
+        sigs: dict[int, dict[tuple[Any, ...], list[int]]] = {}  # per stage: its ranks run one program
+        for r in self.ranks:
+            ops = self.programs[self.stage[r]].ops
+            self._comm[r] = [None] * len(ops)
+            # ops of one signature share an entry and an owner: plan each signature once per rank
+            by_sig = sigs.get(self.stage[r])
+            if by_sig is None:
+                by_sig = sigs[self.stage[r]] = {}
+                for op in ops:
+                    if isinstance(op, CommOp):
+                        peer = op.peer_stage if isinstance(op, SendOp) else -1
+                        by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, peer),
+                                          []).append(op.idx)
+            for idxs in by_sig.values():
+                op = ops[idxs[0]]
+                entry, owner = self._comm_entry(r, op), self._owner(r, op)
+                uses.append((r, idxs, entry, owner))
+        edges_of: dict[tuple[int, Any], set[Any]] = {}
+        for _, _, entry, owner in uses:
+            key = (id(entry), owner)
+            if key not in edges_of:
+                edges_of[key] = {e for ph in entry[1] for f in ph for e in f[0]}
+                for e in edges_of[key]:
+                    owners[e].add(owner)
+        values: dict[tuple[int, Any], CommEntry] = {}
+        for r, idxs, entry, owner in uses:
+            key = (id(entry), owner)
+            if key not in values:
+                private = all(owners[e] == {owner} for e in edges_of[key])
+                values[key] = (*entry, self._alone_s(entry) if private else None)
+            value, table = values[key], self._comm[r]
+            for i in idxs:
+                table[i] = value
+        return _Sharing(uses, edges_of, owners)
+
+    def _alone_s(self, entry: tuple[float, list[list[tuple[Any, ...]]], str]) -> float:
+        """Time of a communication op on a network carrying nothing else, seconds."""
+        return entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
+
+    def _in_line_costs(self, rank: int, sharing: _Sharing) -> None:
+        """Which of ``rank``'s in-line comm ops may skip the network: the private ones always; those
+        whose edges only other streams of this rank share, where their Guard is clear."""
+        prog, table = self.programs[self.stage[rank]], self._comm[rank]
+        moved = {op.idx for pre, _ in self._inline[rank].values() for op in pre}
+        alone: dict[int, float] = {}
+        guards: dict[int, Guard] = {}
+        count: dict[int, int] = {}  # op -> ops its stream has run once it is done
+        runs: dict[Stream, int] = defaultdict(int)
+        for op in prog.ops:
+            if op.stream != Stream.COMPUTE and op.idx not in moved:
+                runs[op.stream] += 1
+                count[op.idx] = runs[op.stream]
+        lo: list[int] | None = None
+        mine_uses = [u for u in sharing.uses if u[0] == rank]
+        for _, idxs, entry, owner in mine_uses:
+            here = [i for i in idxs if i in moved]
+            if not here:
+                continue
+            private = table[here[0]][3]  # type: ignore[index]
+            if private is not None:
+                alone.update((i, private) for i in here)
+                continue
+            edges = sharing.edges_of[(id(entry), owner)]
+            others = {o for e in edges for o in sharing.owners[e]} - {owner}
+            if any(o[1] != rank for o in others):
+                continue  # another rank's stream: only the network knows when its flows run
+            if lo is None:
+                lo = time_bounds(prog.ops)
+            per_stream: dict[Stream, list[int]] = defaultdict(list)
+            for _, idxs2, entry2, owner2 in mine_uses:
+                if owner2 in others and not edges.isdisjoint(sharing.edges_of[(id(entry2), owner2)]):
+                    for i in idxs2:
+                        if i not in moved:
+                            per_stream[prog.ops[i].stream].append(i)
+            guard = Guard(tuple((s, tuple(lo[i] for i in v), tuple(count[i] for i in v))
+                                for s, v in ((s, sorted(v)) for s, v in per_stream.items())))
+            duration = self._alone_s(entry)
+            for i in here:
+                alone[i], guards[i] = duration, guard
+        self._alone[rank], self._guard[rank] = alone, guards
+
+    @staticmethod
+    def _needed_ops(prog: Program, inline: Inline) -> set[int]:
+        """Ops something waits for (their done events): deps, sends (a receiver waits), less what the
+        compute stream's in-line runs settle by order."""
+        moved = {op.idx for pre, _ in inline.values() for op in pre}
+        need = {d for op in prog.ops if op.idx not in moved and op.idx not in inline for d in op.deps}
+        need.update(d for _, rest in inline.values() for d in rest)
+        need.update(op.idx for op in prog.ops if op.kind == OpKind.SEND)
+        return need
+
+    def run(self) -> EngineResult:
+        """Simulate the step; returns per-rank stats, ledgers and the trace."""
+        sharing = self._prepare_comm()
+        for r in self.ranks:
+            prog = self.programs[self.stage[r]]
+            if self.symmetric and self.fast_paths:  # full mode: collectives rendezvous, none runs in line
+                self._inline[r] = inline_plan(prog.ops)
+                self._in_line_costs(r, sharing)
+            self.done[r] = {i: self.env.event() for i in self._needed_ops(prog, self._inline.get(r, {}))}
+            self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
+        for r in self.ranks:
+            prog = self.programs[self.stage[r]]
+            moved = {op.idx for pre, _ in self._inline.get(r, {}).values() for op in pre}
+            for stream in Stream:
+                ops = [op for op in prog.stream_ops(stream) if op.idx not in moved]
+                if not ops:
+                    continue
+                if stream == Stream.COMPUTE:  # compute ops only (costed: checked in __init__)
+                    self.env.process(self._compute_stream(r, cast(list[CostedComputeOp], ops)))
+                else:
+                    self._waiting[r][stream] = None
+                    self.env.process(self._comm_stream(r, stream, ops))
+        self.env.run()
+        step = max(s.end_s for s in self.stats.values())
+        return EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
+                            self.planner.plans)
+
+    def _remote_rank(self, rank: int, stage: int) -> int:
+        if self.symmetric:
+            return self.ranks[stage]  # the stage's representative
+        return rank + (stage - self.stage[rank]) * self.grid.stride("pp")
+
+    def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
+        """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
+        env, done, ledger = self.env, self.done[rank], self.ledgers[rank]
+        waiting, finished = self._waiting[rank], self._finished[rank]
+        for op in ops:
+            for d in op.deps:
+                ev = done[d]
+                if not ev.processed:
+                    waiting[stream] = ev
+                    yield ev
+            waiting[stream] = None  # running (or about to): not quiet
+            start = env.now
+            if op.mem_start:
+                ledger.apply(start, op.mem_start)
+            if op.kind == OpKind.COPY:  # a host copy: its own link (PCIe / C2C), no network flows
+                yield env.timeout(cast(CostedCopyOp, op).duration_s)  # costed: checked in __init__
+            else:
+                # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
+                stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
+                yield from self._communicate(rank, op, stretch)
+            end = env.now
+            finished[stream] += 1
+            self._ended(rank, op, start, end)
+            if op.idx in done:
+                self.started[(rank, op.idx)] = start
+                done[op.idx].succeed()
+        waiting[stream] = _FINISHED
+
+    def _quiet(self, rank: int) -> bool:
+        """Whether none of ``rank``'s comm streams can act before its compute stream fires an event:
+        each has finished or waits for an event not yet triggered (comm ops wait only on their own
+        rank's ops, so only this rank's compute stream can wake them)."""
+        for ev in self._waiting[rank].values():
+            if ev is not _FINISHED and (ev is None or ev.triggered):
+                return False
+        return True
+
+    def _compute_stream(self, rank: int, ops: list[CostedComputeOp]):  # type: ignore[no-untyped-def]
+        """The compute stream of ``rank``, running the blocking collectives before their consumers
+        itself (simtrain.engine.inline).
+
+        The stream keeps its own clock ``t`` and runs ahead of the simpy clock while that cannot
+        change anything: the op is awaited by nothing (no done event), its deps are already done, and
+        the rank is quiet (``_quiet``), so no other process can touch this rank's state before ``t``.
+        It yields (catches up) only to wait, to fire an event, to put flows on the network, or at the
+        end: the same times as one timeout per op, with far fewer simpy events.
+        """
+        env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
+        extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
+        inline = self._inline.get(rank, {})
+        alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
+        t = env.now
+        for k, op in enumerate(ops):
+            deps = op.deps
+            pre = inline.get(op.idx)
+            if pre is not None:
+                deps = pre[1]
+                for c in pre[0]:
+                    needed = c.idx in done
+                    if t > env.now and (needed or not self._quiet(rank)):
+                        yield env.timeout(t - env.now)  # catch up
+                        t = env.now
+                    quick = alone.get(c.idx)
+                    guard = guards.get(c.idx)
+                    if quick is not None and (guard is None or guard.clear(k, finished)):
+                        end = self._inline_op(rank, c, t, t + quick)
+                        if needed:
+                            yield env.timeout(end - t)
+                            end = env.now
+                    else:  # its flows may meet others': on the network, from this stream
+                        if t > env.now:
+                            yield env.timeout(t - env.now)  # catch up
+                        t = env.now
+                        if c.mem_start:
+                            ledger.apply(t, c.mem_start)
+                        yield from self._communicate(rank, c)
+                        end = self._inline_op(rank, c, t, env.now, mem_start=False)
+                    if needed:
+                        self.started[(rank, c.idx)] = t
+                        done[c.idx].succeed()
+                    t = end
+            ready = t
+            blocker: tuple[str, Any] | None = None
+            wait = [d for d in deps if not done[d].processed]
+            remote = None
+            if op.remote is not None:
+                src = self._remote_rank(rank, op.remote[0])
+                if not self.done[src][op.remote[1]].processed:
+                    remote = src
+            if t > env.now and (wait or remote is not None or op.idx in done or not self._quiet(rank)):
+                yield env.timeout(t - env.now)  # catch up
+                t = ready = env.now
+            for d in wait:
+                ev = done[d]
+                if not ev.processed:
+                    yield ev
+                    blocker = ("dep", d)
+            if remote is not None:
+                ev = self.done[remote][op.remote[1]]  # type: ignore[index]
+                if not ev.processed:
+                    yield ev
+                    blocker = ("remote", (remote, op.remote[1]))  # type: ignore[index]
+            if blocker is not None:
+                t = env.now
+            start = t
+            if start > ready and blocker is not None:
+                self._attribute(rank, blocker, ready, start)
+            if op.mem_start:
+                ledger.apply(start, op.mem_start)
+            work = op.duration_s + extra_load * op.expert_s
+            if not self.active_comm[rank] and self._quiet(rank):
+                # no collective in flight and none can start before this stream fires an event
+                dur = work
+                t = end = start + dur
+                if op.idx in done:
+                    yield env.timeout(dur)
+                    end = t = env.now
+            else:  # not quiet: caught up above, so start == env.now
+                yield from self._run_slowed(rank, work)
+                end = t = env.now
+                dur = end - start
+            stats.busy[op.category] += dur
+            stats.flops += op.flops
+            stats.last_compute_end_s = end
+            self._ended(rank, op, start, end)
+            if op.idx in done:
+                self.started[(rank, op.idx)] = start
+                done[op.idx].succeed()
+        if t > env.now:
+            yield env.timeout(t - env.now)
+
+    def _inline_op(self, rank: int, op: Op, t: float, end: float, mem_start: bool = True) -> float:
+        """Bookkeeping of a blocking collective the compute stream ran from ``t`` to ``end``
+        (simtrain.engine.inline): memory, trace, and the compute stream's idle time charged to its axis.
+        Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
+        if mem_start and op.mem_start:
+            self.ledgers[rank].apply(t, op.mem_start)
+        self.stats[rank].exposed[_axis(op)] += end - t
+        self._ended(rank, op, t, end)
+        return end
+
+    def _ended(self, rank: int, op: Op, start: float, end: float) -> None:
+        """What every executed op records when it ends: its memory frees, its trace event, the count,
+        and the rank's end time with the axis of its last op."""
+        if op.mem_end:
+            self.ledgers[rank].apply(end, op.mem_end)
+        if op.stream != Stream.COMPUTE:
+            self._recent[rank][op.stream].append((start, end, _axis(op)))
+        if self.keep_trace:
+            self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
+                                         *self._trace_links(rank, op)))
+        self.executed += 1
+        stats = self.stats[rank]
+        if end >= stats.end_s:
+            stats.end_s = end
+            stats.last_axis = _axis(op)
+
+    def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
+        """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""
+        if isinstance(op, SendOp):
+            return self._remote_rank(rank, op.peer_stage), (), ""
+        if op.remote is not None:
+            return self._remote_rank(rank, op.remote[0]), (), ""
+        if not isinstance(op, CollectiveOp):
+            return -1, (), ""
+        group = self.grid.group(op.axis, rank)
+        plans = self.planner.plans
+        # a symmetric stage translated from stage 0 (CommPlanner._translation) runs stage 0's plan
+        base = rank - self.stage[rank] * self.grid.stride("pp")  # rank's counterpart on stage 0
+        plan = (plans.get((op.coll, group, op.comm_bytes))
+                or plans.get((op.coll, self.grid.group(op.axis, base), op.comm_bytes)))
+        return -1, group, f"{plan.algorithm}/{plan.protocol}" if plan is not None else ""
+
+    def _slowdown(self, rank: int) -> float:
+        active = self.active_comm[rank]
+        if not active:
+            return 1.0
+        return 1.0 + max(_interference(self.gpu, c) for c in active)
+
+    def _run_slowed(self, rank: int, work_s: float):  # type: ignore[no-untyped-def]
+        """Run ``work_s`` seconds of compute (its time alone) on ``rank``, at the rate the collectives
+        in flight leave it: 1 / (1 + interference) while one runs, re-timed whenever that rate changes
+        (a collective starting or ending: ``_comm_changed``), so a kernel pays only for the part of it
+        that a collective overlaps."""
+        env = self.env
+        slow = self._slowdown(rank)
+        t0 = env.now
+        done = env.timeout(work_s * slow)
+        while True:
+            if slow == 1.0 and self._quiet(rank):  # nothing can start before this op ends
+                yield done
+                return
+            changed = self._change[rank] = env.event()
+            yield done | changed
+            if self._change[rank] is changed:
+                self._change[rank] = None
+            if done.processed or env.now >= t0 + work_s * slow:
+                return
+            now_slow = self._slowdown(rank)
+            if now_slow != slow:  # an unchanged rate keeps its end time (no rounding from re-timing)
+                work_s -= (env.now - t0) / slow
+                slow, t0 = now_slow, env.now
+                done = env.timeout(work_s * slow)
+
+    def _comm_changed(self, rank: int) -> None:
+        """The set of ``rank``'s collectives in flight changed: re-time its running compute op."""
+        ev = self._change[rank]
+        if ev is not None:
+            self._change[rank] = None
+            ev.succeed()
+
+    def _attribute(self, rank: int, blocker: tuple[str, Any], ready: float, start: float) -> None:
+        """Charge an idle gap of the compute stream to what it waited for."""
+        stats = self.stats[rank]
+        kind, ref = blocker
+        prog = self.programs[self.stage[rank]]
+        if kind == "dep":
+            op = prog.ops[ref]
+            axis = _axis(op)
+            if op.stream == Stream.COMPUTE:
+                stats.exposed[axis] += start - ready
+            else:
+                self._charge_stream(rank, op.stream, ready, start, axis)
+            return
+        src, idx = ref
+        send_start = self.started.get((src, idx), start)
+        bubble = max(0.0, min(send_start, start) - ready)
+        stats.bubble_s += bubble
+        stats.exposed["pp"] += (start - ready) - bubble
+
+    def _charge_stream(self, rank: int, stream: Stream, ready: float, start: float, axis: str) -> None:
+        """Charge the compute stream's wait from ``ready`` to ``start`` for an op of comm ``stream``
+        to the axes of the ops that stream ran meanwhile: an optimizer waiting for the embedding
+        all-reduce queued behind the data-parallel gradient reduction waited for both, each for its
+        own time. The stream's idle time before an op (it waited for the op's inputs) goes to that op;
+        anything left to ``axis``, the awaited op's."""
+        window = []
+        for entry in reversed(self._recent[rank][stream]):
+            if entry[1] <= ready:
+                break
+            window.append(entry)
+        exposed = self.stats[rank].exposed
+        at = ready  # charged forward in time, each instant once
+        for _, e, ax in reversed(window):
+            end = min(e, start)
+            if end > at:  # the op's run, and the stream's wait for it before it started
+                exposed[ax] += end - at
+                at = end
+        if start > at:
+            exposed[axis] += start - at
+
+    def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
+        """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);
+        ``stretch``: its transfer takes (1 + stretch) x as long (in situ beside compute)."""
+        latency, phases, cls, private = self._comm[rank][op.idx]  # type: ignore[misc]
+        if op.kind == OpKind.SEND or self.symmetric:
+            yield from self._transfer(rank, latency, phases, cls, private, stretch)
+            return
+        op = cast(CollectiveOp, op)
+        group = self.grid.group(op.axis, rank)
+        # the embedding all-reduce pairs two stages' programs, whose op indices differ; it runs once a step
+        key = (group, op.name if op.axis == "pp_emb" else op.idx)
+        count, ev = self.rendezvous.get(key, (0, None))  # type: ignore[assignment]
+        if ev is None:
+            ev = self.env.event()
+        count += 1
+        self.rendezvous[key] = (count, ev)
+        if count < len(group):
+            self.active_comm[rank].append(cls)
+            self._comm_changed(rank)
+            yield ev
+            self.active_comm[rank].remove(cls)
+            self._comm_changed(rank)
+            return
+        del self.rendezvous[key]
+        yield from self._transfer(rank, latency, phases, cls, private, stretch)
+        ev.succeed()
+
+    def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str,
+                  private: float | None = None, stretch: float = 0.0):  # type: ignore[no-untyped-def]
+        active = self.active_comm[rank]
+        active.append(cls)
+        self._comm_changed(rank)
+        start = self.env.now
+        if private is not None:
+            yield self.env.timeout(private)
+        else:
+            if latency > 0:
+                yield self.env.timeout(latency)
+            for ph in phases:
+                if ph:
+                    yield self.net.transfer(ph)
+        if stretch > 0:  # the links are free again; the endpoints are still busy
+            yield self.env.timeout(stretch * (self.env.now - start))
+        active.remove(cls)
+        self._comm_changed(rank)

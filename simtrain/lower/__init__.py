@@ -1,0 +1,1 @@
+"""The hardware-neutral program: ops, layer kernels, saved bytes, FLOPs, CPU offload."""

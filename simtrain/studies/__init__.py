@@ -1,0 +1,1 @@
+"""What users ask: one step, whole runs, goodput, sweeps, layout search, comparisons, reports."""

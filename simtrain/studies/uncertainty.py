@@ -1,0 +1,211 @@
+"""How far off a prediction is likely to be: simtrain's own step-time error on measured runs like it.
+
+No peer simulator reports calibrated uncertainty (reference peer-simulators.md, "Gaps"); simtrain
+reports an empirical one. ``simtrain validate`` on measured runs gives each simulated run's signed
+step-time error e = (predicted - measured) / measured (issue 5). For a new prediction T the n runs
+most like it are chosen, their errors sorted e(1) <= ... <= e(n), and the measured step time is
+likely in
+
+    [T / (1 + e(k)), T / (1 + e(j))],   j = max(1, floor(0.1 (n + 1))),  k = min(n, ceil(0.9 (n + 1)))
+
+a distribution-free prediction interval from order statistics (split conformal prediction, Vovk,
+Gammerman & Shafer 2005; Lei et al. 2018, "Distribution-free predictive inference for regression",
+JASA 113: if the new run's error is exchangeable with theirs, it falls between e(j) and e(k) with
+probability (k - j) / (n + 1), the band's ``coverage``: 80 % or more once n >= 9, where the band is
+the runs' whole error range). Percentiles of the sample instead would cover only ~0.8 (n - 1)/(n + 1)
+of new runs: 46 of 61 (75 %) in a leave-one-out check on the published runs, against 53 of 61 (87 %)
+for this interval, whose promised coverage averages 83 % there (``tests/test_uncertainty.py``).
+
+"Like it" means the same software-stack family (the stack name before its first dash: megatron,
+torchtitan, composer, deepspeed, pytorch), dense or MoE, and the same GPU profile; the GPU, then the
+family are dropped in turn until at least ``MIN_RUNS`` runs remain. Dense and MoE runs are never
+mixed (MoE errors are larger): with fewer MoE runs than that, the band is their whole range, with the
+lower ``coverage`` that n gives. The band says how well the model has done on such runs, nothing
+more: it moves no prediction, and runs unlike every published one (a new GPU, a new stack) get the
+band of the nearest group, which ``basis`` names.
+
+The packaged tables hold the visible rows of the project's published-runs validation set
+(``simtrain/data/published_errors.csv``: ``simtrain validate validation/published_runs.csv
+--error-table``) and of the out-of-sample runs shipped with the tests
+(``simtrain/data/megatron_bridge_errors.csv``: the same on ``tests/data/megatron_bridge_archive_runs.csv``,
+Megatron-Bridge's archived H100 and Blackwell runs); tests rebuild both from fresh validations (the
+second only with ``SIMTRAIN_VALIDATION=1``, minutes) and fail when the model's errors moved. A user's
+own measured runs give their own table the same way (``--error-table`` on validate, then on simulate).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simtrain.spec.errors import ConfigError, problem
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: The table shipped with simtrain: simtrain's errors on the visible published runs.
+PACKAGED_TABLE = Path(__file__).resolve().parents[1] / "data" / "published_errors.csv"
+#: Shipped beside it: the errors on the out-of-sample runs of tests/data/megatron_bridge_archive_runs.csv.
+ARCHIVE_TABLE = PACKAGED_TABLE.with_name("megatron_bridge_errors.csv")
+#: Columns of an error table, in file order.
+COLUMNS = ("run_id", "source", "gpu_type", "stack", "moe", "step_time_error_pct")
+#: Target coverage of the band: the share of new runs like these whose measured step time falls inside.
+COVERAGE = 0.8
+#: Fewest runs a group needs before a narrower group is preferred to a wider one: the smallest n whose
+#: whole error range covers COVERAGE of new runs ((n - 1) / (n + 1) >= 0.8) [derived].
+MIN_RUNS = 9
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRow:
+    """One measured run's signed step-time error, with what selects it."""
+
+    run_id: str
+    source: str
+    gpu_type: str
+    family: str
+    moe: bool
+    error_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBand:
+    """The likely measured step time of a prediction, from the errors of ``runs`` measured runs.
+
+    ``low_s`` / ``high_s``: seconds; ``error_low_pct`` / ``error_high_pct``: the order statistics of
+    those runs' signed errors (predicted vs measured, percent) that bound the band, ``error_median_pct``
+    their median; ``coverage``: the share of new runs like these expected inside; ``basis``: which runs.
+    """
+
+    low_s: float
+    high_s: float
+    error_low_pct: float
+    error_median_pct: float
+    error_high_pct: float
+    coverage: float
+    runs: int
+    basis: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with the field names."""
+        return asdict(self)
+
+
+def stack_family(stack: str) -> str:
+    """The stack's family: its name before the first dash (``megatron-te`` -> ``megatron``)."""
+    return str(stack).strip().lower().split("-", 1)[0]
+
+
+def error_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The error table of a ``validate_runs`` frame: its visible, simulated rows with a measured step
+    time, in ``COLUMNS`` (errors rounded to 0.01 %, so the file does not churn on float noise)."""
+    ok = frame[(frame["status"] == "ok") & frame["visible"].astype(bool) & frame["step_time_error_pct"].notna()]
+    out = ok.loc[:, list(COLUMNS)].copy()
+    out["moe"] = out["moe"].astype(bool)
+    out["step_time_error_pct"] = out["step_time_error_pct"].astype(float).round(2)
+    return out.reset_index(drop=True)
+
+
+def read_error_table(path: str | Path | None = None) -> list[ErrorRow]:
+    """The rows of an error table (default: the packaged ones, published then archived runs; none while
+    they have not been built).
+
+    Raises:
+        ConfigError: the file is missing or lacks a column of ``COLUMNS`` or has a non-numeric error.
+    """
+    if path is None:
+        return [row for table in (PACKAGED_TABLE, ARCHIVE_TABLE) if table.exists() for row in _read_table(table)]
+    return _read_table(Path(path))
+
+
+def _read_table(p: Path) -> list[ErrorRow]:
+    """The rows of the error table at ``p`` (``read_error_table``'s errors)."""
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise ConfigError(problem("error_table", str(p), f"a readable CSV file ({exc.strerror})")) from exc
+    missing = [c for c in COLUMNS if rows and c not in rows[0]]
+    if not rows or missing:
+        raise ConfigError(problem("error_table", str(p), f"a CSV with columns {', '.join(COLUMNS)}"))
+    return [_error_row(r, f"error_table line {i}", str(p)) for i, r in enumerate(rows, start=2)]
+
+
+def error_rows(frame: pd.DataFrame) -> list[ErrorRow]:
+    """The ``ErrorRow`` of every run ``error_table`` keeps from a ``validate_runs`` frame."""
+    return [_error_row({str(k): str(v) for k, v in r.items()}, f"validate row {r['run_id']}", "validate_runs")
+            for r in error_table(frame).to_dict(orient="records")]
+
+
+def _error_row(r: dict[str, str], where: str, origin: str) -> ErrorRow:
+    """An error-table row of strings (a CSV's cells) as an ErrorRow; ConfigError at ``where`` (in
+    ``origin``) for an error that is not a percentage above -100."""
+    try:
+        err = float(r["step_time_error_pct"])
+    except ValueError:
+        err = math.nan
+    if not math.isfinite(err) or err <= -100.0:
+        raise ConfigError(problem(f"{where}.step_time_error_pct", r["step_time_error_pct"],
+                                  f"a signed percentage above -100 ({origin})"))
+    return ErrorRow(r["run_id"], r["source"], r["gpu_type"].strip().lower(), stack_family(r["stack"]),
+                    r["moe"].strip().lower() in ("true", "1", "yes"), err)
+
+
+def _like(rows: list[ErrorRow], family: str, moe: bool, gpu: str) -> tuple[list[ErrorRow], str]:
+    """The runs most like (family, moe, gpu): the narrowest group with at least MIN_RUNS runs, else
+    every run of the same kind (dense or MoE), and how they were chosen."""
+    kind = "MoE" if moe else "dense"
+    tiers = (
+        (lambda r: r.family == family and r.moe == moe and r.gpu_type == gpu, f"{family} stacks, {kind}, {gpu}"),
+        (lambda r: r.family == family and r.moe == moe, f"{family} stacks, {kind}, any GPU"),
+    )
+    for keep, basis in tiers:
+        chosen = [r for r in rows if keep(r)]
+        if len(chosen) >= MIN_RUNS:
+            return chosen, basis
+    return [r for r in rows if r.moe == moe], f"{kind} models, any stack and GPU"
+
+
+def order_statistic_bounds(n: int, coverage: float = COVERAGE) -> tuple[int, int]:
+    """1-based ranks (j, k) of the sorted errors bounding a two-sided prediction interval of ``coverage``
+    from n samples, equal tails, clipped to the sample: coverage achieved = (k - j) / (n + 1)."""
+    tail = (1.0 - coverage) / 2.0
+    # rounded first: (1 - 0.8) / 2 * 20 is 1.9999999999999996 in floating point, not 2
+    lo, hi = round(tail * (n + 1), 9), round((1.0 - tail) * (n + 1), 9)
+    return max(1, math.floor(lo)), min(n, math.ceil(hi))
+
+
+def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[ErrorRow]) -> ErrorBand | None:
+    """The band of a prediction of ``step_time_s`` seconds for a run on ``stack`` / ``gpu`` profile;
+    None when fewer than two runs of its kind (dense or MoE) are known."""
+    chosen, basis = _like(rows, stack_family(stack), moe, str(gpu).strip().lower())
+    if len(chosen) < 2 or not step_time_s > 0:
+        return None
+    errs = sorted(r.error_pct / 100.0 for r in chosen)
+    j, k = order_statistic_bounds(len(errs))
+    lo, hi = errs[j - 1], errs[k - 1]
+    return ErrorBand(low_s=step_time_s / (1.0 + hi), high_s=step_time_s / (1.0 + lo),
+                     error_low_pct=100.0 * lo, error_median_pct=100.0 * float(np.median(errs)),
+                     error_high_pct=100.0 * hi, coverage=(k - j) / (len(errs) + 1), runs=len(errs),
+                     basis=f"{len(errs)} measured runs ({basis})")
+
+
+def leave_one_out(rows: list[ErrorRow]) -> dict[str, Any]:
+    """How the likely range does on measured runs it was not built from: each run's band from the
+    others, and whether its measured step time fell inside. ``runs``: runs that got a band; ``held``:
+    those inside; ``held_pct`` vs ``promised_pct``, the bands' mean coverage (None without runs)."""
+    held, promised, n = 0, 0.0, 0
+    for i, r in enumerate(rows):
+        b = band_for(1.0, r.family, r.moe, r.gpu_type, rows[:i] + rows[i + 1:])
+        if b is None:
+            continue
+        n += 1
+        held += b.low_s <= 1.0 / (1.0 + r.error_pct / 100.0) <= b.high_s
+        promised += b.coverage
+    return {"runs": n, "held": held, "held_pct": 100.0 * held / n if n else None,
+            "promised_pct": 100.0 * promised / n if n else None}

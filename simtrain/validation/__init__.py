@@ -1,0 +1,1 @@
+"""Published runs, error tables and likely ranges."""
