@@ -20,6 +20,7 @@ from simtrain.plan.schedules import REGISTRY, Schedule, ScheduleKind, schedule_o
 # fraction (simtrain.spec.batch.whole_number)
 from simtrain.spec.batch import Count, RunSpec, parse_count
 from simtrain.spec.errors import ConfigError, Problem
+from simtrain.spec.fabric_spec import FabricSpec, RailOptimisedFabric
 from simtrain.spec.hf_config import from_hf_config
 from simtrain.spec.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN
 from simtrain.spec.model import ModelSpec, preset
@@ -76,6 +77,9 @@ class HardwareConfig(BaseModel):
     """Nodes under one leaf switch of the fat tree (None: the node profile's)."""
     net_hop_latency_us: float | None = Field(None, ge=0)
     """Latency of one network switch hop, microseconds (None: the node profile's)."""
+    fabric: FabricSpec = RailOptimisedFabric()
+    """The network joining the nodes (``simtrain.spec.fabric_spec``): a kind with its parameters, or a graph
+    file; default the rail-optimised two-level fat tree."""
     host_copy_GBps: float | None = Field(None, gt=0)
     """Copy rate between one GPU and host memory per direction, GB/s, replacing the node profile's (CPU
     activation offloading; e.g. 128 for a PCIe Gen6 x16 what-if)."""
