@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from simtrain.cost.collectives import effective_bandwidth, plan_collective
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.load import build_cluster, load_gpu
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
-from simtrain.lower.lowering import lower
 from simtrain.lower.memory import activation_shape, moe_mlp_activation_bytes
 from simtrain.lower.ops import CommOp, ComputeOp
+from simtrain.plan.load import load_config
 from simtrain.plan.routing import expert_loads, worst_rank_load
-from simtrain.spec.load import load_config
+from simtrain.spec.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
 from simtrain.studies.simulate import simulate
 
 # a shrunk Mixtral: 4 layers, 8 experts top-2, h=1024

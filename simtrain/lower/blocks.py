@@ -21,8 +21,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from simtrain.cost.costs import FLASH_BLOCK
-from simtrain.lower.collective_kinds import (
+from simtrain.lower.kernels import (
+    FLASH_BLOCK,
+    Attention,
+    Gemm,
+    KernelDesc,
+    MemoryBound,
+    NamedWork,
+    row_chunked,
+)
+from simtrain.lower.memory import op_sac_recomputed
+from simtrain.spec.collective_kinds import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -32,8 +41,6 @@ from simtrain.lower.collective_kinds import (
     CollectiveKind,
     NodeLimited,
 )
-from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, NamedWork, row_chunked
-from simtrain.lower.memory import op_sac_recomputed
 from simtrain.spec.model import ModelSpec
 
 TP_OVERLAP_CHUNKS = 4  # Megatron TP-comm overlap splits each GEMM/collective pair into chunks

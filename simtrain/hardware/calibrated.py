@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.spec.collective_kinds import CollectiveKind
 
 GEMM_ROLES = ("fwd", "dgrad", "wgrad")
 IDW_NEIGHBOURS = 4  # measured shapes that shape the local correction of the GEMM fit
