@@ -152,3 +152,14 @@ def test_a_new_block_type_runs_through_simulate() -> None:
         model_flops_per_token(hybrid.model, 2048) * tokens, rel=1e-9)
     assert r1.step_time_s > r0.step_time_s
     assert r1.memory[0].peak_bytes > r0.memory[0].peak_bytes
+
+
+def test_the_component_mixins_do_not_shadow_each_other() -> None:
+    """``BlockBuilder`` is ``BlockShape`` plus one mixin per component kind: a name defined in two of them
+    would silently take one's method for the other's."""
+    defined: dict[str, list[str]] = {}
+    for cls in BlockBuilder.__mro__[:-1]:  # not object
+        for name in vars(cls):
+            if not name.startswith("__"):
+                defined.setdefault(name, []).append(cls.__name__)
+    assert {name: owners for name, owners in defined.items() if len(owners) > 1} == {}

@@ -15,7 +15,7 @@ from simtrain.lower.blocks.shape import BlockShape, column_parallel
 from simtrain.lower.kernels import FLASH_BLOCK, Attention, Gemm, KernelDesc, MemoryBound
 from simtrain.spec.collective_kinds import ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER, RING_SHIFT
 from simtrain.spec.layer_desc import Attention as AttentionComponent
-from simtrain.spec.layer_desc import LatentAttention, TPStyle
+from simtrain.spec.layer_desc import AttentionCore, LatentAttention, TPStyle
 
 
 class AttentionKernels(BlockShape):
@@ -28,6 +28,11 @@ class AttentionKernels(BlockShape):
         """The block's attention as the layer description has it (its projections and core; the window
         is per layer: ``model.layer(i)``)."""
         return self.model.layer().attention
+
+    @property
+    def _attn_core(self) -> AttentionCore:
+        """The attention core: query heads, query/key and value widths (the window is per layer)."""
+        return self._attn.core
 
     def _projection_dims(self) -> list[tuple[str, int, int]]:
         """(name, in, out) per rank of each attention projection (``Linear.per_rank`` of the layer description).
@@ -77,15 +82,15 @@ class AttentionKernels(BlockShape):
     def _attention_core(self, backward: bool) -> tuple[KernelDesc, ...]:
         """The attention kernels of this rank's queries against ``s_kv`` keys (no CP exchange)."""
         m = self.model
-        heads = m.n_heads // self.t
+        heads = self._attn_core.heads // self.t
         kv_heads = max(m.kv_heads // self.t, 1)
         if self.flash:
             return (self._flash(backward, self.s, self.s, heads, kv_heads),)
         # Unfused (Megatron "core attention"): QK^T, masked softmax (+dropout), attention x V.
         batch = self.b * heads
         scores = 2.0 * batch * self.s * self.s
-        qk = Gemm("attn.qk", self.s, self.s, m.d_head, batch)
-        av = Gemm("attn.av", self.s, m.d_head, self.s, batch)
+        qk = Gemm("attn.qk", self.s, self.s, self._attn_core.d_qk, batch)
+        av = Gemm("attn.av", self.s, self._attn_core.d_qk, self.s, batch)
         soft = MemoryBound("attn.softmax", (3 if backward else 2) * scores + (scores / 2 if self.dropout else 0))
         if backward:
             return (av, av, soft, qk, qk)
@@ -93,10 +98,9 @@ class AttentionKernels(BlockShape):
 
     def _flash(self, backward: bool, s_q: int, s_kv: int, heads: int, kv_heads: int) -> KernelDesc:
         name = "flash_attn.bwd" if backward else "flash_attn.fwd"
-        m = self.model
         # scores use the query/key width, attention x V the value width (MLA: 192 and 128): the kernel's
         # 4*s*s*d FLOPs count both GEMMs, so d is their mean (exact for FLOPs; FA2 convention)
-        d = (m.d_head + m.v_head_dim) // 2
+        d = (self._attn_core.d_qk + self._attn_core.d_v) // 2
         return Attention(name, self.b, s_q, s_kv, heads, kv_heads, d,
                                          causal=True, backward=backward)
 
@@ -104,9 +108,9 @@ class AttentionKernels(BlockShape):
         """Sliding-window attention (GPT-OSS, Mistral): each query sees its last ``window`` keys, so the
         kernel does s x w of the s x s scores (FlashAttention's local window; model FLOPs count
         w - w^2/(2s) keys per query, the same to within w/2s)."""
-        heads, kv_heads = self.model.n_heads // self.t, max(self.model.kv_heads // self.t, 1)
+        heads, kv_heads = self._attn_core.heads // self.t, max(self.model.kv_heads // self.t, 1)
         name = "flash_attn.bwd" if backward else "flash_attn.fwd"
-        d = (self.model.d_head + self.model.v_head_dim) // 2
+        d = (self._attn_core.d_qk + self._attn_core.d_v) // 2
         # the kernel visits every key block that meets a query block's window: w / B + 1 blocks of B keys
         # (flash-attn's local mainloop, n_block_min = (m_block * B - window) / B), masked or not, so a
         # 128-key window on 128-key blocks does twice the work it keeps
@@ -132,8 +136,8 @@ class AttentionKernels(BlockShape):
         if self.cp == 1:
             return [self._attention_core(backward)]
         m = self.model
-        heads, kv_heads = m.n_heads // self.t, max(m.kv_heads // self.t, 1)
-        kv_bytes = 2.0 * 2.0 * self.T * kv_heads * m.d_head  # K and V of the local tokens, bf16
+        heads, kv_heads = self._attn_core.heads // self.t, max(m.kv_heads // self.t, 1)
+        kv_bytes = 2.0 * 2.0 * self.T * kv_heads * self._attn_core.d_qk  # K and V of the local tokens, bf16
         if self.cp_comm == "p2p" and self.torch_cp:
             return self._torch_ring(backward, heads)
         if self.cp_comm == "p2p":
@@ -144,8 +148,8 @@ class AttentionKernels(BlockShape):
                                    (self._flash(backward, self.s, self.s * self.cp, heads, kv_heads),)]
             return [*core, Comm(REDUCE_SCATTER, kv_bytes * self.cp, "cp")] if backward else core
         s_full = self.s * self.cp
-        qkv = 2.0 * self.T * (heads + 2 * kv_heads) * m.d_head
-        out = 2.0 * self.T * heads * m.d_head
+        qkv = 2.0 * self.T * (heads + 2 * kv_heads) * self._attn_core.d_qk
+        out = 2.0 * self.T * heads * self._attn_core.d_qk
         attn = (self._flash(backward, s_full, s_full, heads // self.cp, max(kv_heads // self.cp, 1)),)
         first, last = (out, qkv) if backward else (qkv, out)
         return [Comm(ALL_TO_ALL, first, "cp"), attn, Comm(ALL_TO_ALL, last, "cp")]
@@ -153,7 +157,7 @@ class AttentionKernels(BlockShape):
     def _torch_ring(self, backward: bool, heads: int) -> list[Segment]:
         """torch's ring attention (``torch_cp``): the expanded K and V all-gathered beside the first block,
         then ``cp`` blocks with their merges and concatenations; in backward the fp32 dK, dV ring."""
-        d = self.model.d_head
+        d = self._attn_core.d_qk
         kv = 2.0 * self.T * heads * d  # K and V elements of the local tokens, expanded to the query heads
         flash = self._flash(backward, self.s, self.s, heads, heads)
         merge_k = self._ring_merge(backward, heads, heads)
@@ -171,9 +175,8 @@ class AttentionKernels(BlockShape):
         balancing a step off the diagonal touches half of the queries (step <= rank: all queries, half the
         keys; else half the queries, all keys; TE ``AttnFuncWithCPAndKVP2P``), so the mean step merges
         (1 + 0.75 (cp - 1)) / cp of the full tensors."""
-        m = self.model
         share = (1.0 + 0.75 * (self.cp - 1)) / self.cp
-        elems = self.T * heads * m.v_head_dim
+        elems = self.T * heads * self._attn_core.d_v
         if backward:
-            elems = self.T * (heads + 2 * kv_heads) * m.d_head
+            elems = self.T * (heads + 2 * kv_heads) * self._attn_core.d_qk
         return MemoryBound("cp_merge.bwd" if backward else "cp_merge", 10.0 * share * elems)

@@ -30,7 +30,7 @@ class GenericKernels(BlockShape):
         lins = c.linears()
         return tuple(lin for lin in lins if column_parallel(lin)), tuple(lin for lin in lins if not column_parallel(lin))
 
-    def _core(self, c: Component, backward: bool) -> KernelDesc:
+    def _mixer_core(self, c: Component, backward: bool) -> KernelDesc:
         ins, outs = self._split(c)
         elems = sum(lin.per_rank(self.t)[1] for lin in ins) + sum(lin.per_rank(self.t)[0] for lin in outs)
         name = type(c).__name__.lower() + (".core.bwd" if backward else ".core")
@@ -40,13 +40,13 @@ class GenericKernels(BlockShape):
         """The input linears, the core, the output linears: one compute segment."""
         ins, outs = self._split(c)
         h = self.model.hidden
-        return [(*(self._linear_fwd(lin, gathered=lin.d_in == h) for lin in ins), self._core(c, False),
+        return [(*(self._linear_fwd(lin, gathered=lin.d_in == h) for lin in ins), self._mixer_core(c, False),
                  *(self._linear_fwd(lin) for lin in outs))]
 
     def component_backward(self, c: Component) -> list[Segment]:
         """The forward's mirror: output linears' dgrad and wgrad, the core's backward, the input linears'."""
         ins, outs = self._split(c)
-        return [(*(k for lin in reversed(outs) for k in self._linear_bwd(lin)), self._core(c, True),
+        return [(*(k for lin in reversed(outs) for k in self._linear_bwd(lin)), self._mixer_core(c, True),
                  *(k for lin in reversed(ins) for k in self._linear_bwd(lin)))]
 
     def component_column_start(self, c: Component) -> int:
