@@ -23,7 +23,7 @@ class MLPKernels(BlockShape):
         return [(self._gemm_fwd("mlp_up", n_up * f, h, gathered=True), act, self._gemm_fwd("mlp_down", h, f))]
 
     def mlp_backward(self, c: MLP) -> list[Segment]:
-        """Down projection's backward, the activation's, the up projection's (from kernel ``MLP_COLUMN_START``)."""
+        """Down projection's backward, the activation's, the up projection's (from index ``MLP_COLUMN_START``)."""
         h, f, n_up = c.hidden, c.ffn // self.t, c.n_up
         act = MemoryBound("act.bwd", (2 * n_up + 1) * 2.0 * self.T * f)
         return [(*self._gemm_bwd("mlp_down", h, f), act, *self._gemm_bwd("mlp_up", n_up * f, h))]
