@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from simtrain.engine.critical_path import _Setup, evaluate_run
+from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError, InfeasibleLayout
-from simtrain.spec.load import load_config
 from simtrain.studies.estimate import Estimator
 from simtrain.studies.search_space import SearchSpace, enumerate_layouts
 from simtrain.studies.simulate import cluster_of, simulate

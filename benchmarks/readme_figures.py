@@ -166,7 +166,7 @@ def _gb200_search() -> dict[str, float]:
 
 
 def _deepseek_estimate() -> dict[str, float]:
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
     from simtrain.studies.estimate import Estimator
     from simtrain.studies.simulate import cluster_of
 

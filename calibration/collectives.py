@@ -46,7 +46,7 @@ from calibration.journal import Journal, measurement_key
 from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
 from calibration.writer import build_profile, write_profile
 from simtrain.hardware.profile import JOURNAL_FILE, profile_folder
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.spec.collective_kinds import CollectiveKind
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 #: What this script measures (a profile stores each by its string value: ``simtrain.hardware.profile`` parses it back).

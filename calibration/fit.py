@@ -10,7 +10,7 @@ its relative error, whatever its size (the measurements span six decades of time
   one asymptotic peak per GEMM role and shared half-utilisation dimensions.
 
 Residuals are reported as fractions: ``residual_rms`` = exp(rms of log ratios) - 1, ``residual_max``
-= exp(max |log ratio|) - 1. ``simtrain/cost/calibrated.py`` documents how the fits are evaluated
+= exp(max |log ratio|) - 1. ``simtrain/hardware/calibrated.py`` documents how the fits are evaluated
 (measured points take precedence; the fits extrapolate).
 """
 
@@ -44,7 +44,7 @@ def merge_points(x: Sequence[float], t_s: Sequence[float]) -> tuple[list[float],
 
 
 def fit_curve(x: Sequence[float], t_s: Sequence[float]) -> dict[str, Any]:
-    """A curve (``simtrain.cost.calibrated.Curve`` fields) with its affine fit and residuals.
+    """A curve (``simtrain.hardware.calibrated.Curve`` fields) with its affine fit and residuals.
 
     Args:
         x: abscissae (> 0): bytes, FLOPs or message sizes.
@@ -75,7 +75,7 @@ def _gemm_model(theta: np.ndarray, roles: list[str], m: np.ndarray, n: np.ndarra
 
 
 def fit_gemm(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The GEMM model (``simtrain.cost.calibrated.GemmModel`` fields) from rows with role, m, n, k, median_s."""
+    """The GEMM model (``simtrain.hardware.calibrated.GemmModel`` fields) from rows with role, m, n, k, median_s."""
     if not rows:
         return None
     roles = [r for r in GEMM_ROLES if any(row["role"] == r for row in rows)]

@@ -14,9 +14,9 @@ import statistics
 from typing import Any
 
 from calibration.shapes import Target, placeholder_gpu
-from simtrain.cost.calibrated import CalibratedCompute
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
-from simtrain.lower.lowering import lower
+from simtrain.hardware.calibrated import CalibratedCompute
 from simtrain.lower.ops import CostedComputeOp
 
 #: kernels of the embedding, the LM head and the optimizer (simtrain.lower.blocks / lowering names): not the layer's

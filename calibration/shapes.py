@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simtrain.cost.calibrated import gemm_role, memory_op_kind
+from simtrain.hardware.calibrated import gemm_role, memory_op_kind
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
 from simtrain.lower.lowering import lower_program

@@ -19,10 +19,10 @@ import yaml
 from calibration.fit import fit_curve, fit_gemm
 from calibration.insitu import in_situ_factor
 from calibration.shapes import Target
-from simtrain.cost.calibrated import busbw_factor
 from simtrain.engine.trace import write_atomic
+from simtrain.hardware.calibrated import busbw_factor
 from simtrain.hardware.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION, parse_profile
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.spec.collective_kinds import CollectiveKind
 
 
 def _ok(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,10 +5,10 @@ training step for a model, a cluster and a parallel layout.
 """
 
 from simtrain.engine.results import StepResult
+from simtrain.plan.load import load_config
 from simtrain.spec.config import HardwareConfig, LayoutConfig, RunConfig, SimConfig, TrainConfig
 from simtrain.spec.errors import ConfigError, InfeasibleLayout, SimtrainError
 from simtrain.spec.hf_config import from_hf_config
-from simtrain.spec.load import load_config
 from simtrain.spec.model import ModelSpec, list_presets, preset
 from simtrain.studies.simulate import simulate
 

@@ -1,5 +1,6 @@
-"""Facts about the code's structure (issue 27): no import cycle among simtrain's modules, counting the
-imports inside functions and under ``TYPE_CHECKING`` too (a lazy import must not hide a cycle)."""
+"""Facts about the code's structure (issue 27): no import cycle among simtrain's modules, and no package
+importing from a later stage of the dataflow, counting the imports inside functions and under
+``TYPE_CHECKING`` too (a lazy import must not hide a cycle or a backward dependency)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ import networkx as nx
 import simtrain
 
 ROOT = Path(simtrain.__file__).resolve().parent
+
+#: The packages in the order of the dataflow (README "Project layout"): a module may import from its own
+#: package and the packages before it, never from a later one. ``formats`` (users' Megatron-LM / torchtitan
+#: files in and out) reads configs, clusters and schedules and serves only the command line.
+STAGES = ("spec", "hardware", "plan", "lower", "cost", "engine", "studies", "validation", "formats", "cli")
+
+#: Backward imports still allowed, each with who removes it. engine/critical_path imports private helpers of
+#: studies/simulate; the engineer moving search onto the critical-path evaluator (branch h-search) moves
+#: them into engine/ or plan/ and deletes this entry.
+ALLOWED_BACKWARD = frozenset({("simtrain.engine.critical_path", "simtrain.studies.simulate")})
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -39,6 +50,49 @@ def import_graph(root: Path = ROOT) -> nx.DiGraph:
                 if target not in (name, "simtrain") and target in modules:
                     graph.add_edge(name, target)
     return graph
+
+
+def _stage(module: str) -> str | None:
+    """The package of a ``simtrain.<package>...`` module (None: the top-level ``simtrain`` facade)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGES) else None
+
+
+def backward_imports(graph: nx.DiGraph) -> list[str]:
+    """Every import from a package into a later stage (``STAGES``) that ``ALLOWED_BACKWARD`` does not list,
+    as ``importer -> imported`` lines."""
+    out = []
+    for a, b in sorted(graph.edges()):
+        sa, sb = _stage(a), _stage(b)
+        if sa in STAGES and sb in STAGES and STAGES.index(sb) > STAGES.index(sa) and (a, b) not in ALLOWED_BACKWARD:
+            out.append(f"{a} ({sa}) -> {b} ({sb})")
+    return out
+
+
+def test_packages_import_only_earlier_stages() -> None:
+    """spec -> hardware -> plan -> lower -> cost -> engine -> studies -> validation -> formats -> cli."""
+    offenders = backward_imports(import_graph())
+    assert offenders == [], "imports from a later stage of the dataflow:\n" + "\n".join(offenders)
+
+
+def test_every_package_has_a_stage() -> None:
+    """A new package must be given its place in the dataflow (else its imports go unchecked)."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages == set(STAGES)
+
+
+def test_a_backward_import_is_found(tmp_path: Path) -> None:
+    """A spec module importing from plan inside a function is reported; plan importing spec is not."""
+    pkg = tmp_path / "simtrain"
+    for sub in ("spec", "plan"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "spec" / "config.py").write_text("def names():\n    from simtrain.plan.schedules import REGISTRY\n"
+                                            "    return REGISTRY\n")
+    (pkg / "plan" / "schedules.py").write_text("from simtrain.spec.config import names\nREGISTRY = ()\n")
+    graph = import_graph(pkg)
+    assert backward_imports(graph) == ["simtrain.spec.config (spec) -> simtrain.plan.schedules (plan)"]
 
 
 def test_no_import_cycles() -> None:

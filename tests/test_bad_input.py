@@ -15,10 +15,10 @@ import pytest
 
 from simtrain import simulate
 from simtrain.cli.main import main
+from simtrain.plan.load import load_config
 from simtrain.spec.config import apply_overrides
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.limits import MAX_CONFIG_BYTES, MAX_GPUS, MAX_LAYERS, MAX_YAML_DEPTH
-from simtrain.spec.load import load_config
 from simtrain.spec.safe_yaml import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from simtrain.cli.main import main
-from simtrain.cost.calibrated import busbw_factor
 from simtrain.cost.collective_algorithms import (
     ALGORITHMS,
     AlgorithmRegistry,
@@ -26,13 +25,17 @@ from simtrain.cost.collectives import (
     plan_collective,
     unit_idle_times,
 )
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.trace import to_chrome_trace
+from simtrain.hardware.calibrated import busbw_factor
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.load import build_cluster, load_gpu
 from simtrain.hardware.profile import load_profile
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import (
+from simtrain.lower.ops import CommOp
+from simtrain.plan.load import load_config
+from simtrain.spec.collective_kinds import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -40,10 +43,7 @@ from simtrain.lower.collective_kinds import (
     CollectiveKind,
     NodeLimited,
 )
-from simtrain.lower.lowering import lower
-from simtrain.lower.ops import CommOp
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.studies.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,9 +254,9 @@ def test_a_measured_curve_stands_for_plain_collectives_only() -> None:
     plan, but not the deduplicated (node-limited) all-to-all's."""
     from types import SimpleNamespace
 
-    from simtrain.cost.calibrated import CollectiveTable, Curve
     from simtrain.cost.collective_algorithms import MeasuredTable
     from simtrain.cost.collective_flows import MeasuredCandidate
+    from simtrain.hardware.calibrated import CollectiveTable, Curve
 
     c = build_cluster("dgx-h100", 2)
     topo, gpus = Topology(c), tuple(range(16))

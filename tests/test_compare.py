@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from simtrain.cli.main import main
+from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.studies.compare import (
     ABSENT,
     compare,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.load import load_gpu
 from simtrain.lower.blocks import Ring
-from simtrain.lower.lowering import lower
 from simtrain.lower.ops import ComputeOp
-from simtrain.spec.load import load_config
+from simtrain.plan.load import load_config
 from simtrain.studies.simulate import simulate
 
 BASE = dict(model="llama3-8b", hardware=dict(node="dgx-h100", n_nodes=2),

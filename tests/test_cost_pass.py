@@ -9,13 +9,12 @@ from dataclasses import fields, replace
 
 import pytest
 
-from simtrain.cost.calibrated import CalibratedCompute, Curve, GemmModel
-from simtrain.cost.cost_pass import cost_program
+from simtrain.cost.cost_pass import cost_program, lower
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.calibrated import CalibratedCompute, Curve, GemmModel
 from simtrain.hardware.load import load_gpu
-from simtrain.lower.collective_kinds import ALL_REDUCE, SEND
 from simtrain.lower.kernels import Attention, Gemm, MemoryBound, Sliced
-from simtrain.lower.lowering import Lowered, lower, lower_program
+from simtrain.lower.lowering import Lowered, lower_program
 from simtrain.lower.ops import (
     CollectiveOp,
     CommOp,
@@ -30,8 +29,9 @@ from simtrain.lower.ops import (
     SendOp,
     Stream,
 )
+from simtrain.plan.load import load_config
+from simtrain.spec.collective_kinds import ALL_REDUCE, SEND
 from simtrain.spec.config import RunConfig
-from simtrain.spec.load import load_config
 
 DESCRIPTORS = (Gemm, Attention, MemoryBound, Sliced)
 TINY = {"preset": "llama3-8b", "n_layers": 4}

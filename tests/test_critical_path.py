@@ -13,12 +13,12 @@ from simtrain.engine.critical_path import _Setup, evaluate, evaluate_run
 from simtrain.engine.engine import Engine
 from simtrain.hardware.load import build_cluster
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import ALL_REDUCE
 from simtrain.lower.ops import OpKind, Program, Stream
 from simtrain.plan.layout import RankGrid
+from simtrain.plan.load import load_config
 from simtrain.plan.schedules import build_schedule
+from simtrain.spec.collective_kinds import ALL_REDUCE
 from simtrain.spec.config import LayoutConfig
-from simtrain.spec.load import load_config
 from simtrain.studies.simulate import simulate
 
 TF, TB = 1.0, 2.0

@@ -6,17 +6,17 @@ from collections import defaultdict
 
 import pytest
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.engine import Engine
 from simtrain.hardware.load import build_cluster
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import ALL_REDUCE, SEND
-from simtrain.lower.lowering import lower
 from simtrain.lower.ops import OpKind, Program, Stream
 from simtrain.plan.layout import RankGrid
+from simtrain.plan.load import load_config
 from simtrain.plan.schedules import Action, build_schedule
+from simtrain.spec.collective_kinds import ALL_REDUCE, SEND
 from simtrain.spec.config import LayoutConfig
-from simtrain.spec.load import load_config
 from simtrain.studies.simulate import cluster_of, simulate
 
 TF, TB = 1.0, 2.0
@@ -234,9 +234,9 @@ def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
     """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores): every collective of a
     comm stream (here ZeRO-1's gradient reduce-scatters and parameter all-gathers) lasts (1 + f) x its
     transfer; blocking in-line ones and compute do not change."""
+    from simtrain.cost.cost_pass import lower
     from simtrain.cost.costs import ComputeCostModel
-    from simtrain.lower.lowering import lower
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
 
     cfg = {"model": {"preset": "llama3-8b", "n_layers": 2}, "hardware": {"node": "dgx-h100", "n_nodes": 1},
            "layout": {"dp": 8, "zero_stage": 1}, "train": {"seq_len": 1024, "global_batch_seqs": 8}}

@@ -181,7 +181,7 @@ def test_rank_grid_groups_are_memoised_partitions() -> None:
     hands every member the same tuple (the NVL72 case's 2,304 ranks recomputed a 288-rank dp x cp
     plane per lookup)."""
     from simtrain.plan.layout import RankGrid
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
     run = load_config(_small("mixtral-8x7b", 4, 4, 64), ["layout.tp=2", "layout.cp=2", "layout.dp=8",
                                                           "layout.ep=4", "layout.sequence_parallel=true"])
     grid = RankGrid(run.layout)

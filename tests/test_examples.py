@@ -9,7 +9,7 @@ import pytest
 
 from simtrain.cli.main import main
 from simtrain.hardware.load import build_cluster
-from simtrain.spec.load import load_config
+from simtrain.plan.load import load_config
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
 

@@ -20,9 +20,9 @@ from simtrain.formats import (
     write_torchtitan,
 )
 from simtrain.formats.megatron import parse_args
+from simtrain.plan.load import load_config
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.spec.model import preset
 
 DATA = Path(__file__).parent / "data"

@@ -11,7 +11,7 @@ import yaml
 
 from simtrain.cli.main import main
 from simtrain.formats import read_megatron_file, read_torchtitan_file
-from simtrain.spec.load import load_config
+from simtrain.plan.load import load_config
 from simtrain.spec.model import preset
 
 ROOT = Path(__file__).resolve().parents[1]

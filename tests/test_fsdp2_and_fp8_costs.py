@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.load import load_gpu
 from simtrain.hardware.profile import compute_calibration, run_cluster
-from simtrain.lower.lowering import Lowered, lower
+from simtrain.lower.lowering import Lowered
 from simtrain.lower.ops import ComputeOp, OpKind
-from simtrain.spec.load import load_config
+from simtrain.plan.load import load_config
 from simtrain.spec.stacks import get_stack
 from simtrain.studies.simulate import simulate
 

@@ -54,7 +54,7 @@ def test_offload_with_one_chunk_at_pp1_is_still_accepted() -> None:
 
 
 def test_config_error_is_raised_by_load(tmp_path: Path) -> None:
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_case_331()))

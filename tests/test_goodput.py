@@ -13,10 +13,10 @@ import pytest
 
 from simtrain.cli.main import main
 from simtrain.engine.results import StageMemory, StepResult
+from simtrain.plan.load import load_config
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.goodput_spec import LLAMA3_FAILURES_PER_GPU_HOUR, CheckpointSpec, FailureSpec
-from simtrain.spec.load import load_config
 from simtrain.studies.goodput import (
     CheckpointCost,
     GoodputInputs,

@@ -389,8 +389,8 @@ def test_routed_expert_split_for_ep() -> None:
 def test_sliding_window_kernel_visits_every_key_block_its_window_meets() -> None:
     """Hardware work of a 128-key window on 128-key blocks: two key blocks per query block, so twice the
     window's scores (flash-attn local mainloop); model FLOPs keep the window (test above)."""
-    from simtrain.cost.costs import FLASH_BLOCK
     from simtrain.lower.blocks import BlockBuilder
+    from simtrain.lower.kernels import FLASH_BLOCK
 
     m, s = preset("gpt-oss-120b"), 4096
     b = BlockBuilder(m, 1, s, 1, False, True, False)

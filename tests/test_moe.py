@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from simtrain.cost.collectives import effective_bandwidth, plan_collective
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.load import build_cluster, load_gpu
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
-from simtrain.lower.lowering import lower
 from simtrain.lower.memory import activation_shape, moe_mlp_activation_bytes
 from simtrain.lower.ops import CommOp, ComputeOp
+from simtrain.plan.load import load_config
 from simtrain.plan.routing import expert_loads, worst_rank_load
-from simtrain.spec.load import load_config
+from simtrain.spec.collective_kinds import ALL_TO_ALL, Collective, CollectiveKind, NodeLimited
 from simtrain.studies.simulate import simulate
 
 # a shrunk Mixtral: 4 layers, 8 experts top-2, h=1024
@@ -249,7 +249,7 @@ def test_deepep_dispatch_crosses_the_network_once_per_remote_node() -> None:
 def test_ep_dispatcher_picks_the_dispatch_collective(model: str, dispatcher: str, coll: Collective) -> None:
     from simtrain.lower.layer_plan import build_block
     run = load_config(BASE, [f"model={model}", "layout.ep=8", f"layout.ep_dispatcher={dispatcher}"])
-    dispatch, combine, _ = build_block(run.model, run.layout, run.train)._moe_comms()
+    dispatch, combine, _ = build_block(run.model, run.layout, run.train)._moe_comms(run.model.moe_component())
     assert dispatch.coll == combine.coll == coll
 
 
@@ -262,7 +262,8 @@ def test_alltoall_dispatcher_sorts_received_tokens_by_local_expert() -> None:
     def sorts(*overrides: str) -> dict[str, float]:
         run = load_config(BASE, ["model=qwen3-30b-a3b", *overrides])
         b = build_block(run.model, run.layout, run.train)
-        ks = [k for seg in (*b._moe_forward(), *b._moe_backward()) if isinstance(seg, tuple) for k in seg]
+        moe = run.model.moe_component()
+        ks = [k for seg in (*b.moe_forward(moe), *b.moe_backward(moe)) if isinstance(seg, tuple) for k in seg]
         return {k.name: k.bytes for k in ks if "sort_chunks" in k.name}
 
     run = load_config(BASE, ["model=qwen3-30b-a3b", "layout.ep=8"])

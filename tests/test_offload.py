@@ -6,16 +6,16 @@ import copy
 
 import pytest
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.engine import Engine
 from simtrain.hardware.load import build_cluster, load_node
 from simtrain.hardware.topology import Topology
-from simtrain.lower.lowering import lower
 from simtrain.lower.offload import copy_s, stall_s, sync_layers, windows
 from simtrain.lower.ops import OpKind, Stream
 from simtrain.plan.layout import RankGrid
+from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.studies.estimate import Estimator
 from simtrain.studies.simulate import cluster_of, simulate
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.profile import compute_calibration, run_cluster
-from simtrain.lower.lowering import Lowered, lower
+from simtrain.lower.lowering import Lowered
 from simtrain.lower.ops import ComputeOp
-from simtrain.spec.load import load_config
+from simtrain.plan.load import load_config
 from simtrain.spec.stacks import get_stack
 from simtrain.studies.estimate import Estimator
 from simtrain.studies.simulate import cluster_of, simulate

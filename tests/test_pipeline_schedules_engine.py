@@ -6,13 +6,13 @@ from collections import defaultdict
 
 import pytest
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.load import load_gpu
 from simtrain.lower.layer_plan import split_layers
-from simtrain.lower.lowering import lower
 from simtrain.lower.ops import CommOp, ComputeOp, CostedComputeOp
+from simtrain.plan.load import load_config
 from simtrain.plan.schedules import ActionCosts, build_schedule, makespan
-from simtrain.spec.load import load_config
 from simtrain.studies.simulate import simulate
 
 TINY = dict(name="tiny", n_layers=16, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=4096,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError, InfeasibleLayout
-from simtrain.spec.load import load_config
 from simtrain.studies.simulate import simulate
 
 STATIC_KEYS = ("weights", "grads", "optimizer", "comm_buffers", "workspace", "context")

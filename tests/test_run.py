@@ -11,11 +11,11 @@ import pytest
 
 from simtrain.cli.main import main
 from simtrain.engine.results import StepResult
+from simtrain.plan.load import load_config
 from simtrain.plan.phases import resolve_phases
 from simtrain.spec.batch import parse_count
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.studies.run import phase_config, simulate_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 import pytest
 
 from simtrain.cli.main import main
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.steady import plan
 from simtrain.hardware.profile import compute_calibration
-from simtrain.lower.lowering import lower
+from simtrain.plan.load import load_config
 from simtrain.plan.schedules import (
     REGISTRY,
     SCHEDULES,
@@ -35,7 +36,6 @@ from simtrain.plan.schedules import (
 )
 from simtrain.spec.config import LayoutConfig
 from simtrain.spec.errors import ConfigError, Problem
-from simtrain.spec.load import load_config
 from simtrain.spec.stacks import get_stack
 from simtrain.studies.estimate import Estimator
 from simtrain.studies.simulate import cluster_of, simulate
@@ -137,7 +137,7 @@ def test_unknown_schedule_is_an_error_everywhere(capsys: pytest.CaptureFixture[s
     built past validation all raise; the CLI exits 2 naming the field and the valid names."""
     for call in (lambda: schedule_of("zigzag"), lambda: build_schedule("zigzag", 2, 4),
                  lambda: schedule_route("zigzag", 2, 4), lambda: plan("zigzag", 4, 512),
-                 lambda: LayoutConfig.model_construct(schedule="zigzag", vpp=1).pipeline_schedule):
+                 lambda: schedule_of(LayoutConfig.model_construct(schedule="zigzag", vpp=1).resolved_schedule)):
         with pytest.raises(UnknownSchedule, match="unknown schedule 'zigzag'; known: gpipe, 1f1b"):
             call()
     with pytest.raises(ConfigError) as err:
@@ -196,7 +196,7 @@ def test_a_new_schedule_touches_one_file() -> None:
     assert [max_in_flight(s) for s in one_f_one_b(4, 8)] == [4, 3, 2, 1]
     with REGISTRY.registered(toy):
         run = load_config(PIPE, ["layout.schedule=eager_1f1b"])
-        assert run.layout.pipeline_schedule is toy
+        assert schedule_of(run.layout.resolved_schedule) is toy
         with pytest.raises(ConfigError) as err:
             load_config(PIPE, ["layout.schedule=eager_1f1b", "train.global_batch_seqs=4"])
         assert str(err.value.problems[0]) == ("train.global_batch_seqs: eager 1F1B needs at least layout.pp=4 "

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from simtrain.plan.load import load_config
 from simtrain.plan.schedules import (
     SCHEDULES,
     Action,
@@ -29,7 +30,6 @@ from simtrain.plan.schedules import (
     zb_h1,
 )
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 
 CASES = [(1, 1), (1, 4), (2, 2), (2, 5), (4, 1), (4, 3), (4, 8), (8, 16), (3, 7)]
 INTERLEAVED = [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 3), (8, 16, 2), (3, 6, 4)]

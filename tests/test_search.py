@@ -10,10 +10,10 @@ import pytest
 
 from simtrain.cli.main import main
 from simtrain.lower.memory import ChunkMemory, closed_form_peak
+from simtrain.plan.load import load_config
 from simtrain.plan.schedules import build_schedule
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.studies.estimate import Estimator
 from simtrain.studies.estimate_parts import single_chunk_peak
 from simtrain.studies.search import (

@@ -13,8 +13,8 @@ import yaml
 
 from simtrain.cli.main import main
 from simtrain.lower.stack_rules import optimizer_bytes_per_param
+from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.spec.schema import run_config_schema
 from simtrain.spec.stack_spec import FLAT_FIELDS, GROUPS, ROW_DEFAULT_FIELDS, OpFusion, SoftwareStack
 from simtrain.spec.stacks import STACKS, StackOverride, get_stack, resolve_stack, stack_choice

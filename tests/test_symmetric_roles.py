@@ -16,9 +16,9 @@ from test_symmetric_full import TINY
 
 from simtrain.hardware.topology import Topology
 from simtrain.plan.layout import RankGrid
+from simtrain.plan.load import load_config
 from simtrain.plan.roles import placement, roles, tiles
 from simtrain.spec.errors import InfeasibleLayout
-from simtrain.spec.load import load_config
 from simtrain.spec.model import preset
 from simtrain.studies.simulate import _group_axes, cluster_of, simulate
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from simtrain.cli.main import main
+from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError
-from simtrain.spec.load import load_config
 from simtrain.spec.stacks import STACKS
 from simtrain.studies.run import render_run, simulate_run
 from simtrain.studies.simulate import cluster_of, simulate

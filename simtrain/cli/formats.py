@@ -170,7 +170,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
 
     return export_config(load_config(args.config, args.overrides), args.to, args.out)
 
@@ -197,8 +197,8 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def best_config(config: Any, overrides: list[str], result: Any) -> RunConfig:
     """The config of a search's best layout: the searched config on the result's GPUs, with its layout."""
+    from simtrain.plan.load import load_config
     from simtrain.spec.config import LayoutConfig
-    from simtrain.spec.load import load_config
 
     best = result.best
     if best is None:

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from simtrain.cost.calibrated import CollectiveTable
 from simtrain.cost.collective_flows import (
     BASE_LAT_US,
     INTER_LAT_US,
@@ -48,9 +47,10 @@ from simtrain.cost.collective_flows import (
     route_flow,
     tree_latency,
 )
+from simtrain.hardware.calibrated import CollectiveTable
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import Collective, CollectiveKind
+from simtrain.spec.collective_kinds import Collective, CollectiveKind
 
 K = CollectiveKind
 UNIT = 1.0  # candidates are planned for a 1-byte collective (Candidate.phases scales them)

@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simtrain.cost.calibrated import CollectiveTable
+from simtrain.hardware.calibrated import CollectiveTable
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.spec.collective_kinds import CollectiveKind
 
 US = 1e-6
 # NCCL tuning.cc (Hopper), microseconds: base latency and per-hop latency by (algo, proto).

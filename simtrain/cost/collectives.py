@@ -4,7 +4,7 @@ A plan is a latency plus phases of flows (src GPU, path of directed edges, bytes
 flows, plans and NCCL's latency constants are in ``simtrain.cost.collective_flows``, the algorithms (ring,
 tree, hier2d, nvls, pairwise and node-limited all-to-all, p2p ring shift, measured curve) in
 ``simtrain.cost.collective_algorithms``, and what a collective is (kind + typed options) in
-``simtrain.lower.collective_kinds``. NCCL picks the (algorithm, protocol) with the lowest predicted time;
+``simtrain.spec.collective_kinds``. NCCL picks the (algorithm, protocol) with the lowest predicted time;
 so do we, with the prediction computed from our own flows on an idle network.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from simtrain.cost.calibrated import CollectiveTable
 from simtrain.cost.collective_algorithms import ALGORITHMS, AlgorithmRegistry, node_hit_probability
 from simtrain.cost.collective_flows import (
     BASE_LAT_US,
@@ -29,9 +28,10 @@ from simtrain.cost.collective_flows import (
     idle_time,
     ring_flows,
 )
+from simtrain.hardware.calibrated import CollectiveTable
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import Collective, CollectiveKind
+from simtrain.spec.collective_kinds import Collective, CollectiveKind
 
 __all__ = ["Candidate", "Edge", "Flow", "MeasuredCandidate", "Plan", "choose_plan", "collective_candidates",
            "effective_bandwidth", "idle_time", "node_hit_probability", "plan_collective", "plan_send", "ring_flows",

@@ -16,11 +16,15 @@ kernel they cover, so a measured kernel table and a roofline estimate are interc
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
+from simtrain.cost.costs import ComputeCostModel
 from simtrain.lower.blocks import Comm, Ring
 from simtrain.lower.kernels import KernelDesc
+from simtrain.lower.lowering import Lowered, lower_program
 from simtrain.lower.ops import ComputeOp, CopyOp, CostedComputeOp, CostedCopyOp, Kernel, Op, Program
+from simtrain.spec.config import RunConfig
 
 CostedSegment = tuple[Kernel, ...] | Comm | Ring[Kernel]
 """A segment (``simtrain.lower.blocks.Segment``) whose kernels carry times."""
@@ -111,3 +115,15 @@ def cost_segments(segs: Sequence[object], source: CostSource) -> list[CostedSegm
         else:
             raise TypeError(f"not a segment: {s!r}")
     return out
+
+
+def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowered:
+    """``lowering.lower_program``, then every program costed by ``cost`` (``cost_program``).
+
+    ``host_Bps``: GPU <-> host copy rate per direction (bytes/s), needed when the layout offloads
+    activations (``NodeSpec.host_link_Bps``); it replaces ``cost.host_Bps`` when given."""
+    if run.layout.offload_activation_layers and max(host_Bps, cost.host_Bps) <= 0:
+        raise ValueError("offloading activations needs the GPU <-> host copy rate host_Bps > 0")
+    source = replace(cost, host_Bps=host_Bps) if host_Bps > 0 else cost
+    lowered = lower_program(run)
+    return replace(lowered, programs=[cost_program(p, source) for p in lowered.programs])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from simtrain.cost.calibrated import CalibratedCompute
+from simtrain.hardware.calibrated import CalibratedCompute
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
 from simtrain.lower.offload import copy_s
@@ -53,10 +53,6 @@ def head_dim_factor(kernel: str, d: int) -> float:
             return f0 + (f1 - f0) * (x - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
     return points[-1][1]
 
-
-#: Keys per block of a FlashAttention kernel's inner loop: FA2's kBlockN is 64-128 by head dim, FA3's
-#: Hopper forward tiles are 128 x 80-176 (flash-attn hopper/tile_size.h); 128 is their middle.
-FLASH_BLOCK = 128
 
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
@@ -99,7 +95,7 @@ class ComputeCostModel:
     """Per-kernel time on one GPU for one compute dtype.
 
     ``calibration`` (from a calibrated profile, ``simtrain/hardware/profile.py``) replaces the roofline for
-    every kernel it covers with the measured/fitted time (``simtrain/cost/calibrated.py``).
+    every kernel it covers with the measured/fitted time (``simtrain/hardware/calibrated.py``).
     """
 
     gpu: GpuSpec

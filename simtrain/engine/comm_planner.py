@@ -20,12 +20,12 @@ from simtrain.cost.collectives import (
 )
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.topology import Topology
-from simtrain.lower.collective_kinds import SEND, Collective
 from simtrain.lower.ops import (
     CommOp,
 )
 from simtrain.plan.layout import RankGrid, place
 from simtrain.plan.roles import tiles
+from simtrain.spec.collective_kinds import SEND, Collective
 
 #: Link class of a pipeline send/recv: its interference with compute differs from a collective's.
 P2P_CLASS = "p2p"

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import AXES, RECENT_OPS, _axis
@@ -46,7 +47,7 @@ from simtrain.hardware.hardware import ClusterSpec, GpuSpec
 from simtrain.hardware.profile import compute_calibration, run_cluster
 from simtrain.hardware.topology import Topology
 from simtrain.lower.layer_plan import microbatches
-from simtrain.lower.lowering import Lowered, lower
+from simtrain.lower.lowering import Lowered
 from simtrain.lower.ops import (
     CommOp,
     ComputeOp,
@@ -59,11 +60,11 @@ from simtrain.lower.ops import (
     Stream,
 )
 from simtrain.plan.layout import RankGrid
+from simtrain.plan.load import load_config
 from simtrain.plan.roles import roles
 from simtrain.plan.routing import symmetric_load_factors
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import InfeasibleLayout
-from simtrain.spec.load import load_config
 from simtrain.spec.stacks import get_stack
 from simtrain.studies.simulate import _attach_static_memory, _group_axes
 

@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from simtrain.studies.uncertainty import ErrorBand
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBand:
+    """The likely measured step time of a prediction, from the errors of ``runs`` measured runs.
+
+    ``low_s`` / ``high_s``: seconds; ``error_low_pct`` / ``error_high_pct``: the order statistics of
+    those runs' signed errors (predicted vs measured, percent) that bound the band, ``error_median_pct``
+    their median; ``coverage``: the share of new runs like these expected inside; ``basis``: which runs.
+    ``simtrain.studies.uncertainty.band_for`` computes it; the type lives here, beside the result it is part
+    of, so that the engine's result does not import a later stage (studies).
+    """
+
+    low_s: float
+    high_s: float
+    error_low_pct: float
+    error_median_pct: float
+    error_high_pct: float
+    coverage: float
+    runs: int
+    basis: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with the field names."""
+        return asdict(self)
 
 
 @dataclass(slots=True)

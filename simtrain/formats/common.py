@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simtrain.plan.load import load_config
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError, Problem, problem
-from simtrain.spec.load import load_config
 
 
 @dataclass(frozen=True, slots=True)

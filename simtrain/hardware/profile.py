@@ -17,7 +17,7 @@ File format (``schema: simtrain-calibrated-profile``, ``schema_version: 1``; YAM
   ``in_situ`` (a layer step measured whole over the sum of its kernels measured alone),
   ``comm_interference`` (GEMM slowdown while a collective runs: ``intra``/``inter`` node), and on a
   CPU ``contention`` (slowdown per op class when ``N`` processes share the machine).
-- ``fits``: the fitted cost functions (``simtrain/cost/calibrated.py`` documents how each is evaluated):
+- ``fits``: the fitted cost functions (``simtrain/hardware/calibrated.py`` documents how each is evaluated):
   ``gemm`` (parametric model), ``attention.fwd|bwd`` and ``memory_ops.<kind>`` curves
   (``x``, ``t_s``, ``a_s``, ``rate``, residuals), ``collectives`` (one curve per collective, ranks, nodes).
 - ``measurements``: every measurement as tables (``columns`` + ``rows``); the GEMM and attention
@@ -50,7 +50,7 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from simtrain.cost.calibrated import (
+from simtrain.hardware.calibrated import (
     GEMM_ROLES,
     AttentionModel,
     CalibratedCompute,
@@ -65,7 +65,7 @@ from simtrain.hardware.profile_paths import (
     PROFILE_FILE as PROFILE_FILE,  # re-exported: the writer names the file
 )
 from simtrain.hardware.profile_paths import ProfileKind, names, output_folder, resolve, user_root
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.spec.collective_kinds import CollectiveKind
 from simtrain.spec.config import HardwareConfig
 from simtrain.spec.errors import ConfigError, Problem, problem
 from simtrain.spec.safe_yaml import load_yaml

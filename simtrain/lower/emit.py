@@ -15,12 +15,12 @@ from simtrain.lower.blocks import (
     Segment,
     leading_gemms,
 )
-from simtrain.lower.collective_kinds import CollectiveKind
 from simtrain.lower.kernels import KernelDesc, sliced
 from simtrain.lower.ops import Op, OpKind, Program, Stream
 from simtrain.lower.stack_rules import (
     tp_overlap_on,
 )
+from simtrain.spec.collective_kinds import CollectiveKind
 from simtrain.spec.config import LayoutConfig
 
 #: The stream each collective axis's ops run on.

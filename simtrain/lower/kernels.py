@@ -20,7 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from simtrain.cost.calibrated import gemm_role, memory_op_kind
+from simtrain.hardware.calibrated import gemm_role, memory_op_kind
+
+#: Keys per block of a FlashAttention kernel's inner loop: FA2's kBlockN is 64-128 by head dim, FA3's
+#: Hopper forward tiles are 128 x 80-176 (flash-attn hopper/tile_size.h); 128 is their middle.
+FLASH_BLOCK = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +118,7 @@ class MemoryBound:
 
     @property
     def kind(self) -> str:
-        """The operation a calibration measures for it (``simtrain.cost.calibrated.memory_op_kind``)."""
+        """The operation a calibration measures for it (``simtrain.hardware.calibrated.memory_op_kind``)."""
         return memory_op_kind(self.name)
 
 

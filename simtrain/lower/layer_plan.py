@@ -30,7 +30,7 @@ from simtrain.lower.stack_rules import (
     fp8_amax_casts,
     tp_overlap_on,
 )
-from simtrain.plan.schedules import Route, RouteShape
+from simtrain.plan.schedules import Route, RouteShape, schedule_of
 from simtrain.spec.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.spec.model import ModelSpec
 from simtrain.spec.stacks import SoftwareStack
@@ -273,7 +273,7 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig) -> Bloc
                         shape.dropout, lay.cp, lay.cp_comm, lay.ep, lay.expert_tp,
                         # DualPipe and DualPipeV overlap one chunk's dispatch/combine with the other's
                         # compute (deepseek-ai/DualPipe: dualpipe.py, dualpipev.py)
-                        lay.ep_comm_overlap or lay.pipeline_schedule.overlaps_forward_backward,
+                        lay.ep_comm_overlap or schedule_of(lay.resolved_schedule).overlaps_forward_backward,
                         1.0 if train.precision == "fp8" and train.fp8_recipe == "blockwise" else 2.0,
                         amax_casts=fp8_amax_casts(stack, tensorwise_sp),
                         fp8_tp_gather=stack.fp8_tp_gather and tensorwise_sp,

@@ -1,6 +1,6 @@
 """Lowering: (model, layout, train, grid) -> one op program per pipeline stage.
 
-``lower`` is a dispatcher over small helpers: the schedule gives each stage its ordered actions;
+``lower_program`` is a dispatcher over small helpers: the schedule gives each stage its ordered actions;
 each forward/backward action emits the embedding/layers/head segments of ``blocks``; pipeline sends
 follow each action; data-parallel gradient reduction is bucketed and overlapped with backward
 (Megatron-LM DDP / PyTorch DDP buckets), ZeRO-1/2 reduce-scatter gradients and all-gather
@@ -10,17 +10,14 @@ stage differ only by their dp/tp coordinates, so one program serves them all (sy
 mode runs it on every rank.
 
 The program is hardware-neutral (``lower_program``): compute ops hold kernel descriptors
-(``simtrain.lower.kernels``), host copies their bytes, and no op a time; ``lower`` runs the cost pass
-(``simtrain.cost.cost_pass``) over it with one cost source.
+(``simtrain.lower.kernels``), host copies their bytes, and no op a time; ``simtrain.cost.cost_pass.lower``
+runs the cost pass over it with one cost source.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from simtrain.cost.cost_pass import cost_program
-from simtrain.cost.costs import ComputeCostModel
-from simtrain.lower.collective_kinds import ALL_GATHER, ALL_REDUCE
 from simtrain.lower.emit import edge_segments
 from simtrain.lower.kernels import MemoryBound
 from simtrain.lower.layer_plan import (
@@ -44,7 +41,8 @@ from simtrain.lower.stack_rules import (
     optimizer_bytes_per_param,
 )
 from simtrain.lower.stage import _StageLowering
-from simtrain.plan.schedules import Action, split_backward_keys
+from simtrain.plan.schedules import Action, schedule_of, split_backward_keys
+from simtrain.spec.collective_kinds import ALL_GATHER, ALL_REDUCE
 from simtrain.spec.config import RunConfig
 from simtrain.spec.units import MiB
 
@@ -129,25 +127,13 @@ def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:
                         edge_segments(sl.block, sl.run.layout))
 
 
-def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowered:
-    """``lower_program``, then every program costed by ``cost`` (``cost_pass.cost_program``).
-
-    ``host_Bps``: GPU <-> host copy rate per direction (bytes/s), needed when the layout offloads
-    activations (``NodeSpec.host_link_Bps``); it replaces ``cost.host_Bps`` when given."""
-    if run.layout.offload_activation_layers and max(host_Bps, cost.host_Bps) <= 0:
-        raise ValueError("offloading activations needs the GPU <-> host copy rate host_Bps > 0")
-    source = replace(cost, host_Bps=host_Bps) if host_Bps > 0 else cost
-    lowered = lower_program(run)
-    return replace(lowered, programs=[cost_program(p, source) for p in lowered.programs])
-
-
 def lower_program(run: RunConfig) -> Lowered:
     """Lower a validated run into one program per pipeline stage, with sends matched to receives: the
     hardware-neutral program (kernel descriptors, no times; ``cost_pass.cost_program`` costs it)."""
     lay = run.layout
     m = microbatches(run)
     block = build_block(run.model, lay, run.train)
-    sched = lay.pipeline_schedule
+    sched = schedule_of(lay.resolved_schedule)
     route = sched.route(lay.pp, m, lay.vpp)
     layers = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)
     plans = layer_plans(run, block, run.model.n_layers + run.model.mtp_depth)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
 
-from simtrain.lower.collective_kinds import Collective
 from simtrain.lower.kernels import KernelDesc
+from simtrain.spec.collective_kinds import Collective
 
 
 class Stream(IntEnum):
@@ -129,7 +129,7 @@ class CommOp(Op):
     (``simtrain.cost.collectives``, ``simtrain.engine.network``) times it while the engine runs."""
 
     coll: Collective | None = None
-    """What it runs: its kind and typed options (``simtrain.lower.collective_kinds.Collective``)."""
+    """What it runs: its kind and typed options (``simtrain.spec.collective_kinds.Collective``)."""
     axis: str = ""
     """Mesh axis of the group ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...)."""
     comm_bytes: float = 0.0

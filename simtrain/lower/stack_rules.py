@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from simtrain.lower.blocks import AMAX_CASTS_TE, AMAX_CASTS_TORCHAO
-from simtrain.lower.collective_kinds import ALL_REDUCE, REDUCE_SCATTER, Collective
 from simtrain.lower.kernels import MemoryBound
+from simtrain.spec.collective_kinds import ALL_REDUCE, REDUCE_SCATTER, Collective
 from simtrain.spec.config import LayoutConfig, TrainConfig
 from simtrain.spec.stack_spec import SoftwareStack
 

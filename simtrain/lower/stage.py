@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from simtrain.lower.blocks import (
     BlockBuilder,
 )
-from simtrain.lower.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Collective
 from simtrain.lower.emit import _Emitter
 from simtrain.lower.kernels import MemoryBound
 from simtrain.lower.layer_plan import (
@@ -35,6 +34,7 @@ from simtrain.lower.stack_rules import (
     tp_overlap_on,
 )
 from simtrain.plan.schedules import Action, Route
+from simtrain.spec.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Collective
 from simtrain.spec.config import RunConfig
 from simtrain.spec.stacks import SoftwareStack
 from simtrain.spec.units import MiB

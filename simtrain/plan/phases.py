@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simtrain.plan.schedules import schedule_of
 from simtrain.spec.batch import RunSpec
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError, Problem
@@ -187,7 +188,8 @@ def schedule_problems(run: RunConfig) -> list[Problem]:
         else:  # the micro-batch counts the pipeline schedule can run, as for train's batch (validate)
             out += [Problem(seg.source, f"a batch of {seg.batch_seqs} sequences gives {seg.batch_seqs // unit} "
                                         f"micro-batches; {pr.message}")
-                    for pr in lay.pipeline_schedule.microbatch_problems(lay.pp, seg.batch_seqs // unit, seg.source)]
+                    for pr in schedule_of(lay.resolved_schedule).microbatch_problems(lay.pp, seg.batch_seqs // unit,
+                                                                                     seg.source)]
         long = seg.seq_len != run.train.seq_len and seg.seq_len > run.model.max_position
         if run.model.position == "learned" and long:
             out.append(Problem(seg.source, f"seq_len {seg.seq_len} exceeds model.max_position="

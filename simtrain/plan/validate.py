@@ -7,6 +7,7 @@ from typing import Any
 from simtrain.hardware.load import load_node
 from simtrain.hardware.profile import run_cluster
 from simtrain.plan.phases import schedule_problems
+from simtrain.plan.schedules import schedule_of
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError, Problem
 from simtrain.spec.limits import (
@@ -48,7 +49,8 @@ def check_run(run: RunConfig) -> list[Problem]:
         out.append(Problem("layout.pp", f"{lay.pp} stages is more than model.n_layers={m.n_layers}"))
     if lay.vpp > 1 and lay.pp == 1:
         out.append(Problem("layout.vpp", f"{lay.vpp} needs layout.pp > 1"))
-    out += lay.pipeline_schedule.layout_problems(lay.pp, lay.vpp, m.n_layers)  # chunks, vpp, layers per chunk
+    # chunks, vpp, layers per chunk
+    out += schedule_of(lay.resolved_schedule).layout_problems(lay.pp, lay.vpp, m.n_layers)
     if lay.sequence_parallel and t == 1:
         out.append(Problem("layout.sequence_parallel", "true needs layout.tp > 1"))
     if sorted(lay.order) != sorted(("tp", "cp", "ep", "dp", "pp")):
@@ -173,7 +175,7 @@ def _offload_problems(run: RunConfig) -> list[Problem]:
         out.append(Problem("layout.offload_activation_layers", f"{n} needs layout.pp = 1 (Megatron-core has no "
                                                                f"CPU offloading with pipeline parallelism; "
                                                                f"pp={lay.pp}); set it to 0 or pp to 1"))
-    if lay.pp == 1 and (lay.pipeline_schedule.chunks or 1) > 1:
+    if lay.pp == 1 and (schedule_of(lay.resolved_schedule).chunks or 1) > 1:
         # DualPipeV at pp = 1 puts both chunks of its V on the one rank, each with half the layers, and runs
         # their forwards and backwards interleaved. Megatron-core offloads only at pp = 1, so with one chunk
         # per rank (transformer_config.py), and TE's handler syncs over one in-order pass of a stage's layers
@@ -214,7 +216,7 @@ def _schedule_batch_problems(run: RunConfig, m: int) -> list[Problem]:
     """Micro-batch counts each pipeline schedule can run (simtrain.plan.schedules checks the same)."""
     lay, tr = run.layout, run.train
     field = "train.global_batch_tokens" if tr.global_batch_tokens else "train.global_batch_seqs"
-    return lay.pipeline_schedule.microbatch_problems(lay.pp, m, field)
+    return schedule_of(lay.resolved_schedule).microbatch_problems(lay.pp, m, field)
 
 
 def _hardware_problems(run: RunConfig) -> list[Problem]:

@@ -14,8 +14,6 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from simtrain.plan.schedules import REGISTRY, Schedule, ScheduleKind, schedule_of
-
 # Count: a whole number, never a boolean (YAML's ``true`` would otherwise read as 1) nor a float with a
 # fraction (simtrain.spec.batch.whole_number)
 from simtrain.spec.batch import Count, RunSpec, parse_count
@@ -25,6 +23,7 @@ from simtrain.spec.hf_config import from_hf_config
 from simtrain.spec.limits import MAX_BATCH_TOKENS, MAX_GPUS, MAX_LAYERS, MAX_MICRO_BATCH, MAX_SEQ_LEN
 from simtrain.spec.model import ModelSpec, preset
 from simtrain.spec.safe_yaml import load_yaml, read_document
+from simtrain.spec.schedule_names import SCHEDULE_NAMES, ScheduleKind
 from simtrain.spec.stacks import DEFAULT_STACK, SoftwareStack, StackOverride, resolve_stack, stack_choice
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
@@ -39,18 +38,18 @@ Layers = Annotated[Count, Field(ge=0, le=MAX_LAYERS)]
 
 
 def _schedule_name(value: str) -> str:
-    """``auto`` or the name of a registered pipeline schedule (``simtrain.plan.schedules.REGISTRY``)."""
-    if value != "auto" and value not in REGISTRY:
-        raise ValueError(f"not a pipeline schedule; valid: {', '.join(('auto', *REGISTRY.kinds()))}")
+    """``auto`` or the name of a registered pipeline schedule (``simtrain.spec.schedule_names.SCHEDULE_NAMES``)."""
+    if value != "auto" and value not in SCHEDULE_NAMES:
+        raise ValueError(f"not a pipeline schedule; valid: {', '.join(('auto', *SCHEDULE_NAMES.names()))}")
     return str(value)  # a ScheduleKind given from Python is stored as its plain name
 
 
 def _schedule_enum(schema: dict[str, Any]) -> None:
-    schema["enum"] = ["auto", *REGISTRY.kinds()]
+    schema["enum"] = ["auto", *SCHEDULE_NAMES.names()]
 
 
 #: ``layout.schedule``: a plain string (so YAML, JSON and dumps read and write the names as before)
-#: checked against the schedule registry, which the JSON Schema lists as an enum.
+#: checked against the accepted schedule names (``SCHEDULE_NAMES``), which the JSON Schema lists as an enum.
 ScheduleName = Annotated[str, AfterValidator(_schedule_name), Field(json_schema_extra=_schedule_enum)]
 
 
@@ -200,11 +199,6 @@ class LayoutConfig(BaseModel):
         if self.schedule != "auto":
             return self.schedule
         return (ScheduleKind.INTERLEAVED_1F1B if self.vpp > 1 else ScheduleKind.ONE_F_ONE_B).value
-
-    @property
-    def pipeline_schedule(self) -> Schedule:
-        """The schedule object of ``resolved_schedule`` (``simtrain.plan.schedules``)."""
-        return schedule_of(self.resolved_schedule)
 
 
 class TrainConfig(BaseModel):

@@ -16,7 +16,10 @@ operation order of the code they replaced (Korthikanti et al. 2022, arXiv 2205.0
 A new block type: subclass ``Component`` (``linears``/``params``, ``seq_flops_per_token``,
 ``saved``) and return it from ``ModelSpec.layer`` (a ``ModelSpec`` subclass, or a new spec field
 read by ``ModelSpec.build_layer``); ``tests/test_layer_desc.py`` does this for a toy SSM-like mixer.
-Kernels (``simtrain.lower.blocks``) do not read this description yet.
+The kernels (``simtrain.lower.blocks``) walk the same description: each component's kernels are looked up
+by its type (``simtrain.lower.blocks.KERNELS``), and a type with no kernels of its own runs its
+``linears`` per TP rank around one memory-bound kernel (``simtrain.lower.blocks.generic``), so it is
+lowered, costed and simulated too (``tests/test_block_kernels.py``).
 
 This module imports nothing from simtrain: ``model_spec``, ``flops`` and ``memory`` import it.
 """

@@ -1,5 +1,7 @@
-"""Loading a run config: a RunConfig, a dict or a YAML/JSON file, plus ``--set`` overrides, checked field by
-field (``simtrain.spec.config``) and across fields (``simtrain.plan.validate``) before anything is built."""
+"""Reading a run config: a RunConfig, a dict or a YAML/JSON file, plus ``--set`` overrides, checked field by
+field (``simtrain.spec.config``). ``simtrain.plan.load.load_config`` (``simtrain.load_config``) adds the checks
+across fields (``simtrain.plan.validate``), which need the hardware and the schedules, later stages of the
+dataflow than spec."""
 
 from __future__ import annotations
 
@@ -8,13 +10,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simtrain.plan.validate import check_run
 from simtrain.spec.config import RunConfig, apply_overrides, bool_count_problems, read_config_file
 from simtrain.spec.errors import ConfigError, Problem, pydantic_problems
 
 
-def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Build and fully validate a RunConfig from a RunConfig, dict or file path, plus overrides.
+def parse_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Build a RunConfig from a RunConfig, dict or file path, plus overrides, each field validated (not
+    across fields: ``simtrain.plan.load.load_config`` does both).
 
     Raises:
         ConfigError: listing every problem, each with its dotted path.
@@ -41,7 +43,4 @@ def load_config(source: RunConfig | dict[str, Any] | str | Path, overrides: list
             raise ConfigError(found + [b for b in bools if b.path not in {p.path for p in found}]) from None
         if bools:
             raise ConfigError(bools)
-    problems = check_run(run)
-    if problems:
-        raise ConfigError(problems)
     return run

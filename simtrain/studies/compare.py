@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from simtrain.engine.engine import AXES
 from simtrain.engine.results import StepResult
+from simtrain.plan.load import load_config
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError, InfeasibleLayout, Problem, problem
-from simtrain.spec.load import load_config
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -58,7 +58,6 @@ from simtrain.hardware.hardware import ClusterSpec
 from simtrain.hardware.profile import compute_calibration
 from simtrain.hardware.topology import Topology
 from simtrain.lower.blocks import TP_OVERLAP_CHUNKS, Comm, Ring
-from simtrain.lower.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Collective, CollectiveKind
 from simtrain.lower.emit import EdgeSegments, edge_segments
 from simtrain.lower.flops import model_flops_per_step
 from simtrain.lower.layer_plan import (
@@ -97,6 +96,7 @@ from simtrain.plan.routing import worst_rank_load
 from simtrain.plan.schedules import (
     schedule_of,
 )
+from simtrain.spec.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Collective, CollectiveKind
 from simtrain.spec.config import LayoutConfig, TrainConfig
 from simtrain.spec.model import ModelSpec
 from simtrain.spec.stacks import StackOverride
@@ -642,7 +642,7 @@ class Estimator:
         times = self.layer_times(layout, train, grid)
         per_layer = self.layer_params(layout)
         st = self.structure(layout)
-        runs = lay.pipeline_schedule.chunk_runs(m)
+        runs = schedule_of(lay.resolved_schedule).chunk_runs(m)
         comm: dict[tuple[float, float], tuple[float, float]] = {}
 
         def gather_reduce(i: int) -> tuple[float, float]:

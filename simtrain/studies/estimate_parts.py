@@ -108,7 +108,7 @@ def _plan_key(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> tup
     the selective-recompute modules (full recompute is applied per layer by the stage, not the plan)."""
     rec = layout.recompute if layout.recompute in ("selective", "op_sac") else "none"
     modules = layout.recompute_modules if rec == "selective" else ()
-    dualpipe = layout.pipeline_schedule.overlaps_forward_backward  # F&B overlap
+    dualpipe = schedule_of(layout.resolved_schedule).overlaps_forward_backward  # F&B overlap
     return (activation_shape(train, layout, model), train.precision, train.fp8_recipe, train.stack, layout.cp,
             layout.cp_comm, layout.ep, layout.expert_tp, layout.ep_comm_overlap or dualpipe, rec, modules,
             layout.tp_comm_overlap)
@@ -332,4 +332,4 @@ def _peak_microbatches(layout: LayoutConfig, microbatches: int) -> int:
     """Micro-batches of the schedule the memory walk needs (``Schedule.peak_microbatches``): 1F1B holds
     at most p - s in flight, reached before the (p + 1)-th micro-batch; interleaved 1F1B within 4 x p;
     ZB-H1, DualPipe and DualPipeV by ``Schedule.steady_microbatches``; GPipe all of them."""
-    return layout.pipeline_schedule.peak_microbatches(layout.pp, microbatches)
+    return schedule_of(layout.resolved_schedule).peak_microbatches(layout.pp, microbatches)

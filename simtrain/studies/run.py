@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from simtrain.engine.results import StepResult
+from simtrain.plan.load import load_config
 from simtrain.plan.phases import Phase, resolve_phases
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError, Problem
-from simtrain.spec.load import load_config
 from simtrain.studies.goodput import GoodputInputs, GoodputResult, build_inputs, check_spec, render_goodput
 from simtrain.studies.goodput import goodput as goodput_of
 from simtrain.studies.uncertainty import ErrorBand

@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simtrain.plan.load import load_config
 from simtrain.spec.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.spec.errors import ConfigError, Problem
-from simtrain.spec.load import load_config
 from simtrain.studies.estimate import Estimate, Estimator
 from simtrain.studies.labels import layout_label
 from simtrain.studies.progress import progress_bar, ticking

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine import invariants
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
@@ -22,7 +23,7 @@ from simtrain.hardware.profile import compute_calibration, run_cluster
 from simtrain.hardware.topology import Topology
 from simtrain.lower.flops import model_flops_per_step
 from simtrain.lower.layer_plan import microbatches
-from simtrain.lower.lowering import Lowered, lower
+from simtrain.lower.lowering import Lowered
 from simtrain.lower.memory import (
     closed_form_peak,
     expert_static_memory,
@@ -31,11 +32,11 @@ from simtrain.lower.memory import (
 )
 from simtrain.lower.stack_rules import fsdp_keeps_unsharded
 from simtrain.plan.layout import RankGrid
+from simtrain.plan.load import load_config
 from simtrain.plan.roles import MAX_ROLES, roles
 from simtrain.plan.routing import rank_load_factors, symmetric_load_factors
 from simtrain.spec.config import RunConfig, TrainConfig
 from simtrain.spec.errors import InfeasibleLayout
-from simtrain.spec.load import load_config
 from simtrain.studies.uncertainty import band_for, read_error_table
 
 #: Largest world that symmetric mode hands to full mode when its ranks play too many roles.

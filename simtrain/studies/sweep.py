@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from simtrain.engine.results import AXES, StepResult
+from simtrain.plan.load import load_config
 from simtrain.spec.config import RunConfig, apply_overrides, read_config_file
 from simtrain.spec.errors import ConfigError, InfeasibleLayout, Problem, SimtrainError
-from simtrain.spec.load import load_config
 from simtrain.spec.safe_yaml import load_yaml
 from simtrain.spec.stacks import StackOverride, override_names
 

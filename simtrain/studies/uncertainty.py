@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from simtrain.engine.results import ErrorBand
 from simtrain.spec.errors import ConfigError, problem
 
 if TYPE_CHECKING:
@@ -71,29 +72,6 @@ class ErrorRow:
     family: str
     moe: bool
     error_pct: float
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorBand:
-    """The likely measured step time of a prediction, from the errors of ``runs`` measured runs.
-
-    ``low_s`` / ``high_s``: seconds; ``error_low_pct`` / ``error_high_pct``: the order statistics of
-    those runs' signed errors (predicted vs measured, percent) that bound the band, ``error_median_pct``
-    their median; ``coverage``: the share of new runs like these expected inside; ``basis``: which runs.
-    """
-
-    low_s: float
-    high_s: float
-    error_low_pct: float
-    error_median_pct: float
-    error_high_pct: float
-    coverage: float
-    runs: int
-    basis: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with the field names."""
-        return asdict(self)
 
 
 def stack_family(stack: str) -> str:

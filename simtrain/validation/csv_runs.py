@@ -120,7 +120,7 @@ def _measured(row: dict[str, str], out: ParsedRow, notes: list[str]) -> None:
 
 def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes: list[str]) -> RunConfig:
     from simtrain.hardware.load import load_gpu, load_node
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
 
     stack, stack_note = stack_from_text(row.get("framework"), row.get("source"))
     if stack_note:

@@ -17,7 +17,9 @@ from calibration.journal import measurement_key
 from calibration.writer import build_profile, write_profile
 from simtrain import simulate
 from simtrain.cli.main import main
-from simtrain.cost.calibrated import (
+from simtrain.cost.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.calibrated import (
     CollectiveTable,
     Curve,
     GemmModel,
@@ -25,8 +27,6 @@ from simtrain.cost.calibrated import (
     gemm_role,
     memory_op_kind,
 )
-from simtrain.cost.collectives import MeasuredCandidate, collective_candidates, idle_time, plan_collective
-from simtrain.cost.costs import ComputeCostModel
 from simtrain.hardware.profile import compute_calibration, load_profile, run_cluster
 from simtrain.hardware.topology import Topology
 from simtrain.spec.errors import ConfigError
@@ -234,7 +234,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
     default = simulate(FSDP_EXAMPLE)
     calibrated = simulate(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
     assert calibrated.step_time_s != pytest.approx(default.step_time_s, rel=0.01)
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
 
     run = load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"])
     gpu = cluster_of(run).gpu
@@ -247,7 +247,7 @@ def test_cuda_profile_replaces_the_defaults(profiles_dir: Path) -> None:
 
 def test_measured_collective_curve_replaces_the_link_model(profiles_dir: Path) -> None:
     make_profile(profiles_dir, "my-h100", kind="cuda", ranks=8)
-    from simtrain.spec.load import load_config
+    from simtrain.plan.load import load_config
 
     cluster = cluster_of(load_config(FSDP_EXAMPLE, ["hardware.profile=my-h100"]))
     topo = Topology(cluster)

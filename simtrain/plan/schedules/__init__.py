@@ -23,7 +23,6 @@ from simtrain.plan.schedules.base import (
     RouteShape,
     Schedule,
     ScheduleError,
-    ScheduleKind,
     ScheduleRegistry,
     UnknownSchedule,
     max_in_flight,
@@ -42,6 +41,7 @@ from simtrain.plan.schedules.interleaved import (
 )
 from simtrain.plan.schedules.timing import UNIT_COSTS, ActionCosts, CostFn, ScheduleTiming, makespan
 from simtrain.plan.schedules.zero_bubble import ZBH1, zb_h1
+from simtrain.spec.schedule_names import SCHEDULE_NAMES, ScheduleKind
 
 __all__ = [
     "PEAK_MICROBATCHES_PER_STAGE", "REGISTRY", "SCHEDULES", "UNIT_COSTS", "ZBH1", "Action", "ActionCosts", "CostFn",
@@ -52,7 +52,7 @@ __all__ = [
     "splits_backward", "validate_schedule", "zb_h1",
 ]  # fmt: skip
 
-REGISTRY = ScheduleRegistry([GPipe(), OneFOneB(), Interleaved1F1B(), ZBH1(), DualPipe(), DualPipeV()])
+REGISTRY = ScheduleRegistry([GPipe(), OneFOneB(), Interleaved1F1B(), ZBH1(), DualPipe(), DualPipeV()], SCHEDULE_NAMES)
 """The schedules a config may name (``layout.schedule``), built-in ones in :class:`ScheduleKind` order."""
 
 SCHEDULES: tuple[str, ...] = tuple(ScheduleKind)

@@ -54,6 +54,7 @@ from enum import StrEnum
 from typing import ClassVar, NamedTuple
 
 from simtrain.spec.errors import Problem
+from simtrain.spec.schedule_names import ScheduleNames
 
 
 class Action(NamedTuple):
@@ -75,17 +76,6 @@ class UnknownSchedule(ScheduleError):
     def __init__(self, kind: object, known: Iterable[str]):
         self.kind, self.known = kind, tuple(known)
         super().__init__(f"unknown schedule {kind!r}; known: {', '.join(self.known)}")
-
-
-class ScheduleKind(StrEnum):
-    """Names of the built-in schedules, as configs and JSON write them (``layout.schedule``)."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED_1F1B = "interleaved_1f1b"
-    ZB_H1 = "zb_h1"
-    DUALPIPE = "dualpipe"
-    DUALPIPEV = "dualpipev"
 
 
 # -- routes: where each micro-batch goes ------------------------------------------------------
@@ -239,10 +229,15 @@ class Schedule(ABC):
 
 # -- the registry ------------------------------------------------------------------------------------
 class ScheduleRegistry:
-    """Schedules by name (:attr:`Schedule.kind`), in registration order."""
+    """Schedules by name (:attr:`Schedule.kind`), in registration order.
 
-    def __init__(self, schedules: Iterable[Schedule] = ()) -> None:
+    ``names``: the config's list of accepted names (``simtrain.spec.schedule_names.SCHEDULE_NAMES`` for the
+    package's ``REGISTRY``), kept in step with this registry: a registered name is accepted, an
+    unregistered one refused."""
+
+    def __init__(self, schedules: Iterable[Schedule] = (), names: ScheduleNames | None = None) -> None:
         self._by_kind: dict[str, Schedule] = {}
+        self._names = names
         for s in schedules:
             self.register(s)
 
@@ -252,6 +247,8 @@ class ScheduleRegistry:
         if kind in self._by_kind or kind == "auto":
             raise ValueError(f"a schedule named {kind!r} is already registered")
         self._by_kind[kind] = schedule
+        if self._names is not None:
+            self._names.add(kind)
         return schedule
 
     def unregister(self, kind: str) -> None:
@@ -259,6 +256,8 @@ class ScheduleRegistry:
         if kind not in self._by_kind:
             raise UnknownSchedule(kind, self.kinds())
         del self._by_kind[kind]
+        if self._names is not None:
+            self._names.discard(kind)
 
     @contextmanager
     def registered(self, schedule: Schedule) -> Iterator[Schedule]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
-from simtrain.plan.schedules.base import Action, Route, RouteShape, Schedule, ScheduleKind
+from simtrain.plan.schedules.base import Action, Route, RouteShape, Schedule
 from simtrain.spec.errors import Problem
+from simtrain.spec.schedule_names import ScheduleKind
 
 
 class _PhaseOp(NamedTuple):

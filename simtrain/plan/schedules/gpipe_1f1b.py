@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from simtrain.plan.schedules.base import Action, Schedule, ScheduleKind
+from simtrain.plan.schedules.base import Action, Schedule
+from simtrain.spec.schedule_names import ScheduleKind
 
 
 def gpipe(p: int, m: int) -> list[list[Action]]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from simtrain.plan.schedules.base import Action, Route, RouteShape, Schedule, ScheduleKind
+from simtrain.plan.schedules.base import Action, Route, RouteShape, Schedule
 from simtrain.spec.errors import Problem
+from simtrain.spec.schedule_names import ScheduleKind
 
 #: The interleaved memory peak is reached within this many x pp micro-batches: the warm-up is
 #: ``(p - s - 1) * 2 + (v - 1) * p`` virtual micro-batches, so 4 x p micro-batches cover it and one

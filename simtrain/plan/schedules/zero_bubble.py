@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from simtrain.plan.schedules.base import Action, Schedule, ScheduleKind
+from simtrain.plan.schedules.base import Action, Schedule
+from simtrain.spec.schedule_names import ScheduleKind
 
 
 def zb_h1(p: int, m: int) -> list[list[Action]]:

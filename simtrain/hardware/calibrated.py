@@ -33,14 +33,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.spec.collective_kinds import CollectiveKind
 
 GEMM_ROLES = ("fwd", "dgrad", "wgrad")
 IDW_NEIGHBOURS = 4  # measured shapes that shape the local correction of the GEMM fit
 IDW_POWER = 2.0  # inverse-distance weight exponent (Shepard's method)
 BOX_SLACK = 2.0  # the GEMM correction applies up to 2x beyond the measured range of each dimension
 
-# simtrain kernel name (blocks.py, lowering.py) -> the operation the calibration measures
+# simtrain kernel name (lower/blocks/, lowering.py) -> the operation the calibration measures
 _MEMORY_OP_KIND = {
     "ln1": "norm", "ln2": "norm", "final_norm": "norm",
     "residual1": "residual", "residual2": "residual",
