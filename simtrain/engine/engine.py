@@ -127,7 +127,8 @@ class Engine:
         self._sent = {p.stage: frozenset(o.remote[1] for q in programs for o in q.ops
                                          if o.remote is not None and o.remote[0] == p.stage) for p in programs}
         """Per stage: the ops (sends) whose start another stage's receiver reads (``_attribute``)."""
-        self._flops = {p.stage: [o.flops for o in p.stream_ops(Stream.COMPUTE)] for p in programs}
+        self._flops = {p.stage: [cast(CostedComputeOp, o).flops for o in p.stream_ops(Stream.COMPUTE)]
+                       for p in programs}
         """Per stage: each compute op's hardware FLOPs in stream order (a property that sums its kernels)."""
         self.started: dict[tuple[int, int], float] = {}
         """(rank, op index) -> start time, seconds, of the sends in ``_sent``."""
