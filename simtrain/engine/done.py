@@ -1,4 +1,4 @@
-"""Per-rank done events of the engine, made on first use and dropped once processed.
+"""Events of the engine: per-rank done events, made on first use and dropped once processed; ``either``.
 
 An op another op waits for signals its end with a simpy event. Full mode runs every rank, so making
 all of them up front holds one event per awaited op of every rank for the whole step (hundreds of
@@ -46,3 +46,18 @@ class DoneEvents(dict[int, Any]):
         ev = self[idx]
         ev.succeed()
         ev.callbacks.append(lambda _: self.__setitem__(idx, PROCESSED))
+
+
+def either(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """An event that fires when ``a`` or ``b`` is processed: ``a | b`` (simpy's Condition) without its
+    value bookkeeping, which costs more than the rest of a re-timed compute op. Triggered from the first
+    one's callback, it is scheduled at the same point in the event order as the Condition would be."""
+    wake = simpy.Event(env)
+
+    def fire(_: simpy.Event) -> None:
+        if not wake.triggered:
+            wake.succeed()
+
+    a.callbacks.append(fire)  # both pending: the caller yields them fresh or still queued
+    b.callbacks.append(fire)
+    return wake

@@ -26,10 +26,11 @@ from typing import Any, cast
 import simpy
 
 from simtrain.engine.comm_planner import P2P_CLASS, CommPlanner
-from simtrain.engine.done import DoneEvents
-from simtrain.engine.inline import Guard, Inline, inline_plan, time_bounds
+from simtrain.engine.done import DoneEvents, either
+from simtrain.engine.inline import Guard, Inline, time_bounds
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
+from simtrain.engine.stage_tables import StageTables
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.topology import Topology
 from simtrain.lower.ops import (
@@ -71,6 +72,19 @@ def _axis(op: Op) -> str:
         return "other"
     axis = axis.split("_")[0]
     return _BREAKDOWN_AXIS.get(axis, axis)
+
+
+_AXES: dict[str, str] = {}
+"""``_axis`` by an op's own axis name (pure: a process-wide memo)."""
+
+
+def _axis_of(op: Op) -> str:
+    """``_axis(op)``, memoised (the hot path: once or twice per executed op)."""
+    name: str = getattr(op, "axis", "")
+    axis = _AXES.get(name)
+    if axis is None:
+        axis = _AXES[name] = _axis(op)
+    return axis
 
 
 def _interference(gpu: GpuSpec, cls: str) -> float:
@@ -120,18 +134,10 @@ class Engine:
             self.ranks = list(range(grid.world_size))
         self.stage = {r: grid.stage_of(r) for r in self.ranks}
         self.done: dict[int, DoneEvents] = {}
-        self._need: dict[int, frozenset[int]] = {}
-        """Per stage: the ops something waits for (``_needed_ops``; a program's ranks share it)."""
-        self._need_of: dict[int, frozenset[int]] = {}
-        """Per rank: its stage's ``_need``; ``done[rank]`` makes those ops' events on first use."""
-        self._sent = {p.stage: frozenset(o.remote[1] for q in programs for o in q.ops
-                                         if o.remote is not None and o.remote[0] == p.stage) for p in programs}
-        """Per stage: the ops (sends) whose start another stage's receiver reads (``_attribute``)."""
-        self._flops = {p.stage: [cast(CostedComputeOp, o).flops for o in p.stream_ops(Stream.COMPUTE)]
-                       for p in programs}
-        """Per stage: each compute op's hardware FLOPs in stream order (a property that sums its kernels)."""
+        self._tables: dict[int, StageTables] = {}
+        """Per stage: what its ranks share (in-line plan, awaited ops, stream queues, FLOPs, sends)."""
         self.started: dict[tuple[int, int], float] = {}
-        """(rank, op index) -> start time, seconds, of the sends in ``_sent``."""
+        """(rank, op index) -> start time, seconds, of the sends a receiver reads (``StageTables.sent``)."""
         self.stats = {r: RankStats() for r in self.ranks}
         self.ledgers = {r: Ledger() for r in self.ranks}
         self.trace: list[TraceEvent] = []
@@ -259,42 +265,21 @@ class Engine:
                 alone[i], guards[i] = duration, guard
         self._alone[rank], self._guard[rank] = alone, guards
 
-    @staticmethod
-    def _needed_ops(prog: Program, inline: Inline) -> set[int]:
-        """Ops something waits for (their done events): deps, sends (a receiver waits), less what the
-        compute stream's in-line runs settle by order."""
-        moved = {op.idx for pre, _ in inline.values() for op in pre}
-        need = {d for op in prog.ops if op.idx not in moved and op.idx not in inline for d in op.deps}
-        need.update(d for _, rest in inline.values() for d in rest)
-        need.update(op.idx for op in prog.ops if op.kind == OpKind.SEND)
-        return need
-
     def run(self) -> EngineResult:
         """Simulate the step; returns per-rank stats, ledgers and the trace."""
         sharing = self._prepare_comm()
-        plans: dict[int, Inline] = {}
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
-            if self.fast_paths:  # the plan is the program's: made once per stage
-                if prog.stage not in plans:
-                    plans[prog.stage] = inline_plan(prog.ops)
-                self._inline[r] = plans[prog.stage]
+            if self.stage[r] not in self._tables:
+                self._tables[self.stage[r]] = StageTables.of(prog, self.programs, self.fast_paths)
+            if self.fast_paths:
+                self._inline[r] = self._tables[self.stage[r]].inline
                 if self.symmetric:  # full mode: an in-line collective still meets its group on the network
                     self._in_line_costs(r, sharing)
-            need = self._need.get(self.stage[r])
-            if need is None:  # the in-line plan is the program's (inline_plan), so the stage's ranks share it
-                need = self._need[self.stage[r]] = frozenset(self._needed_ops(prog, self._inline.get(r, {})))
-            self._need_of[r] = need
-            self.done[r] = DoneEvents(self.env)
+            self.done[r] = DoneEvents(self.env)  # events of the stage's ``need``, made on first use
             self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
-        queues: dict[int, list[tuple[Stream, list[Op]]]] = {}  # per stage: each stream's ops, less in-line ones
         for r in self.ranks:
-            if self.stage[r] not in queues:
-                prog = self.programs[self.stage[r]]
-                moved = {op.idx for pre, _ in self._inline.get(r, {}).values() for op in pre}
-                queues[self.stage[r]] = [(stream, [op for op in prog.stream_ops(stream) if op.idx not in moved])
-                                         for stream in Stream]
-            for stream, ops in queues[self.stage[r]]:
+            for stream, ops in self._tables[self.stage[r]].queues:
                 if not ops:
                     continue
                 if stream == Stream.COMPUTE:  # compute ops only (costed: checked in __init__)
@@ -323,7 +308,7 @@ class Engine:
 
     def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
         """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
-        env, done, ledger, need = self.env, self.done[rank], self.ledgers[rank], self._need_of[rank]
+        env, done, ledger, need = self.env, self.done[rank], self.ledgers[rank], self._tables[self.stage[rank]].need
         waiting, finished = self._waiting[rank], self._finished[rank]
         for op in ops:
             for d in op.deps:
@@ -368,7 +353,7 @@ class Engine:
         end: the same times as one timeout per op, with far fewer simpy events.
         """
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
-        need, flops = self._need_of[rank], self._flops[self.stage[rank]]
+        need, flops = self._tables[self.stage[rank]].need, self._tables[self.stage[rank]].flops
         # symmetric mode runs an in-line collective as NCCL on the compute stream (no compute beside it);
         # full mode keeps the comm stream's in-situ stretch, so its in-line runs change nothing
         in_line_stretch = 0.0 if self.symmetric else self.gpu.comm_in_situ_slowdown
@@ -455,7 +440,7 @@ class Engine:
 
     def _fire(self, rank: int, idx: int, start: float) -> None:
         """Op ``idx`` of ``rank``, started at ``start`` (seconds), is done: fire its event for its waiters."""
-        if idx in self._sent[self.stage[rank]]:
+        if idx in self._tables[self.stage[rank]].sent:
             self.started[(rank, idx)] = start
         self.done[rank].fire(idx)
 
@@ -465,7 +450,7 @@ class Engine:
         Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
         if mem_start and op.mem_start:
             self.ledgers[rank].apply(t, op.mem_start)
-        self.stats[rank].exposed[_axis(op)] += end - t
+        self.stats[rank].exposed[_axis_of(op)] += end - t
         self._ended(rank, op, t, end)
         return end
 
@@ -475,7 +460,7 @@ class Engine:
         if op.mem_end:
             self.ledgers[rank].apply(end, op.mem_end)
         if op.stream != Stream.COMPUTE:
-            self._recent[rank][op.stream].append((start, end, _axis(op)))
+            self._recent[rank][op.stream].append((start, end, _axis_of(op)))
         if self.keep_trace:
             self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
                                          *self._trace_links(rank, op)))
@@ -483,7 +468,7 @@ class Engine:
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
-            stats.last_axis = _axis(op)
+            stats.last_axis = _axis_of(op)
 
     def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
         """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""
@@ -521,7 +506,7 @@ class Engine:
                 yield done
                 return
             changed = self._change[rank] = env.event()
-            yield done | changed
+            yield either(env, done, changed)
             if self._change[rank] is changed:
                 self._change[rank] = None
             if done.processed or env.now >= t0 + work_s * slow:
