@@ -19,15 +19,18 @@ every rank: collectives rendezvous across their group and every flow is on the n
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict, deque
 from typing import Any, cast
 
 import simpy
 
 from simtrain.engine.comm_planner import P2P_CLASS, CommPlanner
-from simtrain.engine.inline import Guard, Inline, inline_plan, time_bounds
+from simtrain.engine.done import DoneEvents, either
+from simtrain.engine.inline import Guard, Inline, time_bounds
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
+from simtrain.engine.stage_tables import StageTables
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.hardware.topology import Topology
 from simtrain.lower.ops import (
@@ -69,6 +72,19 @@ def _axis(op: Op) -> str:
         return "other"
     axis = axis.split("_")[0]
     return _BREAKDOWN_AXIS.get(axis, axis)
+
+
+_AXES: dict[str, str] = {}
+"""``_axis`` by an op's own axis name (pure: a process-wide memo)."""
+
+
+def _axis_of(op: Op) -> str:
+    """``_axis(op)``, memoised (the hot path: once or twice per executed op)."""
+    name: str = getattr(op, "axis", "")
+    axis = _AXES.get(name)
+    if axis is None:
+        axis = _AXES[name] = _axis(op)
+    return axis
 
 
 def _interference(gpu: GpuSpec, cls: str) -> float:
@@ -117,8 +133,11 @@ class Engine:
         else:
             self.ranks = list(range(grid.world_size))
         self.stage = {r: grid.stage_of(r) for r in self.ranks}
-        self.done: dict[int, dict[int, simpy.Event]] = {}
+        self.done: dict[int, DoneEvents] = {}
+        self._tables: dict[int, StageTables] = {}
+        """Per stage: what its ranks share (in-line plan, awaited ops, stream queues, FLOPs, sends)."""
         self.started: dict[tuple[int, int], float] = {}
+        """(rank, op index) -> start time, seconds, of the sends a receiver reads (``StageTables.sent``)."""
         self.stats = {r: RankStats() for r in self.ranks}
         self.ledgers = {r: Ledger() for r in self.ranks}
         self.trace: list[TraceEvent] = []
@@ -128,7 +147,11 @@ class Engine:
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
         self._comm: dict[int, list[CommEntry | None]] = {}
-        """Per rank, per op index: (latency s, phases of flows, link class, private duration s or None)."""
+        """Per rank, per comm signature (``_sig_of``): (latency s, phases of flows, link class, private
+        duration s or None)."""
+        self._sig_of: dict[int, list[int]] = {}
+        """Per stage, per op index: its comm signature's position in ``_comm[rank]`` (-1: not a comm op);
+        one table per rank per op would hold ranks x ops entries."""
         self._inline: dict[int, Inline] = {}
         self._alone: dict[int, dict[int, float]] = {}
         """Per rank: in-line comm ops that may skip the network, op index -> time alone, seconds."""
@@ -162,7 +185,6 @@ class Engine:
         sigs: dict[int, dict[tuple[Any, ...], list[int]]] = {}  # per stage: its ranks run one program
         for r in self.ranks:
             ops = self.programs[self.stage[r]].ops
-            self._comm[r] = [None] * len(ops)
             # ops of one signature share an entry and an owner: plan each signature once per rank
             by_sig = sigs.get(self.stage[r])
             if by_sig is None:
@@ -172,6 +194,11 @@ class Engine:
                         peer = op.peer_stage if isinstance(op, SendOp) else -1
                         by_sig.setdefault((op.kind, op.stream, op.coll, op.axis, op.comm_bytes, peer),
                                           []).append(op.idx)
+                sig_of = self._sig_of[self.stage[r]] = [-1] * len(ops)
+                for j, idxs in enumerate(by_sig.values()):
+                    for i in idxs:
+                        sig_of[i] = j
+            self._comm[r] = [None] * len(by_sig)
             for idxs in by_sig.values():
                 op = ops[idxs[0]]
                 entry, owner = self._comm_entry(r, op), self._owner(r, op)
@@ -189,9 +216,7 @@ class Engine:
             if key not in values:
                 private = all(owners[e] == {owner} for e in edges_of[key])
                 values[key] = (*entry, self._alone_s(entry) if private else None)
-            value, table = values[key], self._comm[r]
-            for i in idxs:
-                table[i] = value
+            self._comm[r][self._sig_of[self.stage[r]][idxs[0]]] = values[key]
         return _Sharing(uses, edges_of, owners)
 
     def _alone_s(self, entry: tuple[float, list[list[tuple[Any, ...]]], str]) -> float:
@@ -217,7 +242,7 @@ class Engine:
             here = [i for i in idxs if i in moved]
             if not here:
                 continue
-            private = table[here[0]][3]  # type: ignore[index]
+            private = table[self._sig_of[self.stage[rank]][here[0]]][3]  # type: ignore[index]
             if private is not None:
                 alone.update((i, private) for i in here)
                 continue
@@ -240,31 +265,21 @@ class Engine:
                 alone[i], guards[i] = duration, guard
         self._alone[rank], self._guard[rank] = alone, guards
 
-    @staticmethod
-    def _needed_ops(prog: Program, inline: Inline) -> set[int]:
-        """Ops something waits for (their done events): deps, sends (a receiver waits), less what the
-        compute stream's in-line runs settle by order."""
-        moved = {op.idx for pre, _ in inline.values() for op in pre}
-        need = {d for op in prog.ops if op.idx not in moved and op.idx not in inline for d in op.deps}
-        need.update(d for _, rest in inline.values() for d in rest)
-        need.update(op.idx for op in prog.ops if op.kind == OpKind.SEND)
-        return need
-
     def run(self) -> EngineResult:
         """Simulate the step; returns per-rank stats, ledgers and the trace."""
         sharing = self._prepare_comm()
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
-            if self.symmetric and self.fast_paths:  # full mode: collectives rendezvous, none runs in line
-                self._inline[r] = inline_plan(prog.ops)
-                self._in_line_costs(r, sharing)
-            self.done[r] = {i: self.env.event() for i in self._needed_ops(prog, self._inline.get(r, {}))}
+            if self.stage[r] not in self._tables:
+                self._tables[self.stage[r]] = StageTables.of(prog, self.programs, self.fast_paths)
+            if self.fast_paths:
+                self._inline[r] = self._tables[self.stage[r]].inline
+                if self.symmetric:  # full mode: an in-line collective still meets its group on the network
+                    self._in_line_costs(r, sharing)
+            self.done[r] = DoneEvents(self.env)  # events of the stage's ``need``, made on first use
             self.ledgers[r].apply(0.0, tuple(prog.static_mem.items()))
         for r in self.ranks:
-            prog = self.programs[self.stage[r]]
-            moved = {op.idx for pre, _ in self._inline.get(r, {}).values() for op in pre}
-            for stream in Stream:
-                ops = [op for op in prog.stream_ops(stream) if op.idx not in moved]
+            for stream, ops in self._tables[self.stage[r]].queues:
                 if not ops:
                     continue
                 if stream == Stream.COMPUTE:  # compute ops only (costed: checked in __init__)
@@ -272,7 +287,16 @@ class Engine:
                 else:
                     self._waiting[r][stream] = None
                     self.env.process(self._comm_stream(r, stream, ops))
-        self.env.run()
+        # The simulation makes no reference cycles of note, but millions of live objects (events, flows,
+        # timelines): each of the collector's full passes walks them all, a cost per event that grows
+        # with the rank count. Off while the loop runs; reference counting still frees everything.
+        collect = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+        finally:
+            if collect:
+                gc.enable()
         step = max(s.end_s for s in self.stats.values())
         return EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
                             self.planner.plans)
@@ -284,7 +308,7 @@ class Engine:
 
     def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
         """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
-        env, done, ledger = self.env, self.done[rank], self.ledgers[rank]
+        env, done, ledger, need = self.env, self.done[rank], self.ledgers[rank], self._tables[self.stage[rank]].need
         waiting, finished = self._waiting[rank], self._finished[rank]
         for op in ops:
             for d in op.deps:
@@ -305,9 +329,8 @@ class Engine:
             end = env.now
             finished[stream] += 1
             self._ended(rank, op, start, end)
-            if op.idx in done:
-                self.started[(rank, op.idx)] = start
-                done[op.idx].succeed()
+            if op.idx in need:
+                self._fire(rank, op.idx, start)
         waiting[stream] = _FINISHED
 
     def _quiet(self, rank: int) -> bool:
@@ -330,6 +353,10 @@ class Engine:
         end: the same times as one timeout per op, with far fewer simpy events.
         """
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
+        need, flops = self._tables[self.stage[rank]].need, self._tables[self.stage[rank]].flops
+        # symmetric mode runs an in-line collective as NCCL on the compute stream (no compute beside it);
+        # full mode keeps the comm stream's in-situ stretch, so its in-line runs change nothing
+        in_line_stretch = 0.0 if self.symmetric else self.gpu.comm_in_situ_slowdown
         extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
         inline = self._inline.get(rank, {})
         alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
@@ -340,7 +367,7 @@ class Engine:
             if pre is not None:
                 deps = pre[1]
                 for c in pre[0]:
-                    needed = c.idx in done
+                    needed = c.idx in need
                     if t > env.now and (needed or not self._quiet(rank)):
                         yield env.timeout(t - env.now)  # catch up
                         t = env.now
@@ -357,11 +384,10 @@ class Engine:
                         t = env.now
                         if c.mem_start:
                             ledger.apply(t, c.mem_start)
-                        yield from self._communicate(rank, c)
+                        yield from self._communicate(rank, c, in_line_stretch)
                         end = self._inline_op(rank, c, t, env.now, mem_start=False)
                     if needed:
-                        self.started[(rank, c.idx)] = t
-                        done[c.idx].succeed()
+                        self._fire(rank, c.idx, t)
                     t = end
             ready = t
             blocker: tuple[str, Any] | None = None
@@ -371,7 +397,7 @@ class Engine:
                 src = self._remote_rank(rank, op.remote[0])
                 if not self.done[src][op.remote[1]].processed:
                     remote = src
-            if t > env.now and (wait or remote is not None or op.idx in done or not self._quiet(rank)):
+            if t > env.now and (wait or remote is not None or op.idx in need or not self._quiet(rank)):
                 yield env.timeout(t - env.now)  # catch up
                 t = ready = env.now
             for d in wait:
@@ -396,7 +422,7 @@ class Engine:
                 # no collective in flight and none can start before this stream fires an event
                 dur = work
                 t = end = start + dur
-                if op.idx in done:
+                if op.idx in need:
                     yield env.timeout(dur)
                     end = t = env.now
             else:  # not quiet: caught up above, so start == env.now
@@ -404,14 +430,19 @@ class Engine:
                 end = t = env.now
                 dur = end - start
             stats.busy[op.category] += dur
-            stats.flops += op.flops
+            stats.flops += flops[k]
             stats.last_compute_end_s = end
             self._ended(rank, op, start, end)
-            if op.idx in done:
-                self.started[(rank, op.idx)] = start
-                done[op.idx].succeed()
+            if op.idx in need:
+                self._fire(rank, op.idx, start)
         if t > env.now:
             yield env.timeout(t - env.now)
+
+    def _fire(self, rank: int, idx: int, start: float) -> None:
+        """Op ``idx`` of ``rank``, started at ``start`` (seconds), is done: fire its event for its waiters."""
+        if idx in self._tables[self.stage[rank]].sent:
+            self.started[(rank, idx)] = start
+        self.done[rank].fire(idx)
 
     def _inline_op(self, rank: int, op: Op, t: float, end: float, mem_start: bool = True) -> float:
         """Bookkeeping of a blocking collective the compute stream ran from ``t`` to ``end``
@@ -419,7 +450,7 @@ class Engine:
         Returns ``end`` (the caller fires its done event, if it has one, at that time)."""
         if mem_start and op.mem_start:
             self.ledgers[rank].apply(t, op.mem_start)
-        self.stats[rank].exposed[_axis(op)] += end - t
+        self.stats[rank].exposed[_axis_of(op)] += end - t
         self._ended(rank, op, t, end)
         return end
 
@@ -429,7 +460,7 @@ class Engine:
         if op.mem_end:
             self.ledgers[rank].apply(end, op.mem_end)
         if op.stream != Stream.COMPUTE:
-            self._recent[rank][op.stream].append((start, end, _axis(op)))
+            self._recent[rank][op.stream].append((start, end, _axis_of(op)))
         if self.keep_trace:
             self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
                                          *self._trace_links(rank, op)))
@@ -437,7 +468,7 @@ class Engine:
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
-            stats.last_axis = _axis(op)
+            stats.last_axis = _axis_of(op)
 
     def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
         """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""
@@ -475,7 +506,7 @@ class Engine:
                 yield done
                 return
             changed = self._change[rank] = env.event()
-            yield done | changed
+            yield either(env, done, changed)
             if self._change[rank] is changed:
                 self._change[rank] = None
             if done.processed or env.now >= t0 + work_s * slow:
@@ -536,7 +567,7 @@ class Engine:
     def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);
         ``stretch``: its transfer takes (1 + stretch) x as long (in situ beside compute)."""
-        latency, phases, cls, private = self._comm[rank][op.idx]  # type: ignore[misc]
+        latency, phases, cls, private = self._comm[rank][self._sig_of[self.stage[rank]][op.idx]]  # type: ignore[misc]
         if op.kind == OpKind.SEND or self.symmetric:
             yield from self._transfer(rank, latency, phases, cls, private, stretch)
             return

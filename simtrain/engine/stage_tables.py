@@ -1,0 +1,51 @@
+"""What every simulated rank of a pipeline stage shares: tables the engine derives from the stage's program.
+
+All ranks of a stage run one program, so these are made once per stage, not once per rank: full mode
+simulates every rank, and a table per rank costs ranks x ops time and memory before the first event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from simtrain.engine.inline import Inline, inline_plan
+from simtrain.lower.ops import CostedComputeOp, Op, OpKind, Program, Stream
+
+
+@dataclass(frozen=True, slots=True)
+class StageTables:
+    """Per-stage tables of the engine (op indices are the program's)."""
+
+    inline: Inline
+    """The comm ops the compute stream runs itself (``simtrain.engine.inline``; empty without fast paths)."""
+    need: frozenset[int]
+    """Ops something waits for: they fire a done event (``needed_ops``)."""
+    queues: tuple[tuple[Stream, list[Op]], ...]
+    """Each stream's ops in issue order, less the in-line ones (a stream without ops has an empty list)."""
+    flops: tuple[float, ...]
+    """Hardware FLOPs of each compute-stream op, in stream order (``ComputeOp.flops`` sums its kernels)."""
+    sent: frozenset[int]
+    """Ops (sends) whose start time a receiver on another stage reads to split its wait (bubble vs pp)."""
+
+    @classmethod
+    def of(cls, prog: Program, programs: Sequence[Program], fast_paths: bool) -> StageTables:
+        """The tables of ``prog``, one of ``programs`` (all stages': receivers point at its sends)."""
+        inline = inline_plan(prog.ops) if fast_paths else {}
+        moved = {op.idx for pre, _ in inline.values() for op in pre}
+        queues = tuple((s, [op for op in prog.stream_ops(s) if op.idx not in moved]) for s in Stream)
+        flops = tuple(cast(CostedComputeOp, o).flops for o in prog.stream_ops(Stream.COMPUTE))
+        sent = frozenset(o.remote[1] for q in programs for o in q.ops
+                         if o.remote is not None and o.remote[0] == prog.stage)
+        return cls(inline, frozenset(needed_ops(prog, inline)), queues, flops, sent)
+
+
+def needed_ops(prog: Program, inline: Inline) -> set[int]:
+    """Ops something waits for (their done events): deps, sends (a receiver waits), less what the
+    compute stream's in-line runs settle by order."""
+    moved = {op.idx for pre, _ in inline.values() for op in pre}
+    need = {d for op in prog.ops if op.idx not in moved and op.idx not in inline for d in op.deps}
+    need.update(d for _, rest in inline.values() for d in rest)
+    need.update(op.idx for op in prog.ops if op.kind == OpKind.SEND)
+    return need
