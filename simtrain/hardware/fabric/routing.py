@@ -260,18 +260,20 @@ class GraphTopology:
 
     def _table_for(self, entries: tuple[tuple[int, float], ...]) -> _Table:
         """The table of an entry set (switch, bandwidth into the destination), cached. When every entry is
-        pendant the table is derived from its predecessors' (one hop further; the predecessors are shared
-        by many destinations, e.g. a leaf by the GPUs of its rail), else it is searched."""
+        pendant and their predecessors are core switches, the table is derived from the predecessors'
+        (one hop further; they are shared by many destinations, e.g. a leaf by the GPUs of its rail),
+        else it is searched."""
         t = self._tables.get(entries)
         if t is not None:
             self._tables.move_to_end(entries)
             return t
+        lifted: dict[int, float] = {}
         if entries and not any(self._core[i] for i, _ in entries):
-            lifted: dict[int, float] = {}
             for i, w in entries:
                 for u in self._pred[i]:
                     bw = next(b for j, b in self._succ[u] if j == i)
                     lifted[u] = max(lifted.get(u, 0.0), min(bw, w))
+        if lifted and all(self._core[u] for u in lifted):
             up = self._table_for(tuple(sorted(lifted.items())))
             dist = {k: v + 1 for k, v in up.dist.items()}
             width = dict(up.width)
