@@ -282,3 +282,31 @@ def test_python_graph_problems_name_the_fabric_argument() -> None:
     g["nic0.0"]["leaf0.0"]["link_class"] = "infiniband"
     with pytest.raises(ConfigError, match=r"fabric: edge 'nic0.0' -> 'leaf0.0'.link_class: 'infiniband'"):
         simulate(EX_8B, fabric=g)
+
+
+def test_search_estimator_on_the_graph_fabric_equals_the_default() -> None:
+    from simtrain.hardware.fabric.wiring import fabric_of
+    from simtrain.studies.estimate import Estimator
+
+    path = str(ROOT / "examples" / "llama3_70b_h100.yaml")
+    run = load_config(path)
+    c = cluster_of(run)
+    default = Estimator(run.model, c).estimate(run.layout, run.train).step_time_s
+    on_graph = Estimator(run.model, c, fabric=fabric_of(run.hardware.fabric, c, build_graph(c)))
+    assert on_graph.estimate(run.layout, run.train).step_time_s == default
+    assert isinstance(on_graph.topo, GraphTopology)
+
+
+def test_a_graph_file_is_read_once_per_process(tmp_path: Path) -> None:
+    from simtrain.hardware.fabric import wiring
+    from simtrain.spec.fabric_spec import GraphFileFabric
+
+    c = build_cluster("dgx-h100", 1)
+    path = tmp_path / "f.graphml"
+    nx.write_graphml(build_graph(c), path)
+    spec = GraphFileFabric(path=str(path))
+    first = wiring.fabric_of(spec, c)
+    assert wiring.fabric_of(spec, c) is first
+    nx.write_graphml(_renamed(build_graph(c)), path)  # a changed file is read again
+    again = wiring.fabric_of(spec, c)
+    assert again is not first and isinstance(again, GraphTopology) and not again.rail_symmetric
