@@ -70,8 +70,8 @@ class GraphTopology:
     """A ``Fabric`` over a fabric graph (``networkx.DiGraph``; an undirected graph means full duplex).
 
     Args:
-        graph: the fabric, in the schema of ``simtrain.hardware.fabric.schema`` (not validated here:
-            ``schema.validate`` does that, and ``fabric_of`` calls it).
+        graph: the fabric, in the schema of ``simtrain.hardware.fabric.schema`` (not checked here:
+            ``schema.checked`` does that, and ``fabric_of`` calls it).
         cluster: the cluster the graph's GPUs belong to (GPU spec, NCCL latency terms). Only route and
             edge queries work without it.
     """
