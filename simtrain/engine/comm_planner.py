@@ -37,6 +37,7 @@ class _RouteCache:
     def __init__(self, topo: Fabric):
         self._topo = topo
         self._routes: dict[tuple[int, int], Any] = {}
+        self.rail_symmetric = topo.rail_symmetric  # asked per group and flow list: no __getattr__ detour
 
     def route(self, src: int, dst: int) -> Any:
         key = (src, dst)
