@@ -209,7 +209,12 @@ def _coerce(value: Any) -> Any:
 
 #: ``hardware.fabric``: one member per fabric kind, chosen by ``kind``.
 FabricSpec = Annotated[
-    RailOptimisedFabric | FatTreeFabric | MultiPlaneFabric | NvlRacksFabric | MultiSiteFabric | GraphFileFabric,
+    RailOptimisedFabric
+    | FatTreeFabric
+    | MultiPlaneFabric
+    | NvlRacksFabric
+    | MultiSiteFabric
+    | GraphFileFabric,
     Field(discriminator="kind"),
     BeforeValidator(_coerce),
 ]

@@ -41,9 +41,7 @@ _WHERE = "hardware.fabric"
 SiteSpec = RailOptimisedFabric | FatTreeFabric | MultiPlaneFabric | NvlRacksFabric
 
 
-def build_fabric(
-    spec: SiteSpec | MultiSiteFabric | GraphFileFabric, cluster: ClusterSpec
-) -> nx.DiGraph:
+def build_fabric(spec: SiteSpec | MultiSiteFabric | GraphFileFabric, cluster: ClusterSpec) -> nx.DiGraph:
     """The fabric graph of ``spec`` for ``cluster`` (a graph file is read by the loader, not here).
 
     ``rail_optimised`` with no parameter is ``build_graph(cluster)`` itself (the fabric every default run
@@ -52,7 +50,9 @@ def build_fabric(
     if isinstance(spec, RailOptimisedFabric) and spec.is_default():
         return build_graph(cluster)
     if isinstance(spec, GraphFileFabric):
-        raise ConfigError(problem(f"{_WHERE}.kind", spec.kind, "a builder kind (a graph file is read by load_graph)"))
+        raise ConfigError(
+            problem(f"{_WHERE}.kind", spec.kind, "a builder kind (a graph file is read by load_graph)")
+        )
     G: nx.DiGraph = nx.DiGraph(name=f"{cluster.n_nodes}x{cluster.node.name} {spec.kind}")
     if isinstance(spec, MultiSiteFabric):
         _multi_site(G, spec, cluster)
@@ -61,7 +61,9 @@ def build_fabric(
     return G
 
 
-def _site(G: nx.DiGraph, spec: SiteSpec, cluster: ClusterSpec, node0: int, m: int, prefix: str, where: str) -> list[str]:
+def _site(
+    G: nx.DiGraph, spec: SiteSpec, cluster: ClusterSpec, node0: int, m: int, prefix: str, where: str
+) -> list[str]:
     """Add nodes ``node0 .. node0 + m - 1`` and the switches of ``spec`` over them; the top tier's names."""
     if isinstance(spec, MultiPlaneFabric):
         return _multi_plane(G, spec, cluster, node0, m, prefix, where)
@@ -76,7 +78,10 @@ def _site(G: nx.DiGraph, spec: SiteSpec, cluster: ClusterSpec, node0: int, m: in
         for k in range(-(-m // npl)):
             nodes = range(node0 + k * npl, node0 + min(m, (k + 1) * npl))
             groups.append(
-                [Leaf(f"{prefix}leaf{j}.{k}", {"kind": "leaf", "rail": j, "group": k}, len(nodes) * nic) for j in range(npn)]
+                [
+                    Leaf(f"{prefix}leaf{j}.{k}", {"kind": "leaf", "rail": j, "group": k}, len(nodes) * nic)
+                    for j in range(npn)
+                ]
             )
             for n in nodes:
                 for j in range(npn):
@@ -144,7 +149,11 @@ def _rack_leaves(
             per_rail = [sum(1 for _, i in trays if i == r) for r in range(n_rails)]
             groups.append(
                 [
-                    Leaf(f"{prefix}leaf{r}.{k}", {"kind": "leaf", "rail": r, "group": k}, len(racks) * per_rail[r] * nic)
+                    Leaf(
+                        f"{prefix}leaf{r}.{k}",
+                        {"kind": "leaf", "rail": r, "group": k},
+                        len(racks) * per_rail[r] * nic,
+                    )
                     for r in range(n_rails)
                 ]
             )
@@ -173,8 +182,8 @@ def _multi_plane(
             problem(
                 f"{where}.kind",
                 spec.kind,
-                f"a node with an NVSwitch: node {cluster.node.name!r} joins its GPUs by an Infinity-Fabric mesh, so "
-                "traffic between two rails would have to transit a GPU (PXN); use rail_optimised or fat_tree",
+                f"a node with an NVSwitch: node {cluster.node.name!r} joins its GPUs by an Infinity-Fabric "
+                "mesh, so traffic between two rails would have to transit a GPU (PXN); use rail_optimised or fat_tree",
             )
         )
     add_nodes(G, cluster, node0, m, pxn=True)
@@ -185,7 +194,15 @@ def _multi_plane(
         groups: list[list[Leaf]] = []
         for k in range(-(-m // npl)):
             nodes = range(node0 + k * npl, node0 + min(m, (k + 1) * npl))
-            groups.append([Leaf(f"{prefix}p{j}.leaf{k}", {"kind": "leaf", "rail": j, "group": k, "plane": j}, len(nodes) * nic)])
+            groups.append(
+                [
+                    Leaf(
+                        f"{prefix}p{j}.leaf{k}",
+                        {"kind": "leaf", "rail": j, "group": k, "plane": j},
+                        len(nodes) * nic,
+                    )
+                ]
+            )
             for n in nodes:
                 link(G, f"nic{n}.{j}", f"{prefix}p{j}.leaf{k}", nic, lat, "net")
         top += add_tiers(

@@ -54,13 +54,17 @@ def add_nodes(G: nx.DiGraph, cluster: ClusterSpec, node0: int, n_nodes: int, *, 
     nvl_lat = cluster.nvlink_latency_s
     for n in range(node0, node0 + n_nodes):
         base = n * gpn
-        G.add_nodes_from((f"gpu{g}", {"kind": "gpu", "node": n, "local": g - base}) for g in range(base, base + gpn))
+        G.add_nodes_from(
+            (f"gpu{g}", {"kind": "gpu", "node": n, "local": g - base}) for g in range(base, base + gpn)
+        )
         G.add_nodes_from((f"nic{n}.{j}", {"kind": "nic", "node": n, "rail": j}) for j in range(npn))
         if mesh:
             for a in range(base, base + gpn):
                 for b in range(base, base + gpn):
                     if a != b:
-                        G.add_edge(f"gpu{a}", f"gpu{b}", bandwidth_Bps=nvl_bw, latency_s=nvl_lat, link_class="nvlink")
+                        G.add_edge(
+                            f"gpu{a}", f"gpu{b}", bandwidth_Bps=nvl_bw, latency_s=nvl_lat, link_class="nvlink"
+                        )
         else:
             G.add_node(f"nvsw{n}", kind="nvswitch", node=n)
             for g in range(base, base + gpn):
@@ -106,7 +110,11 @@ def add_tiers(
     n_pods = math.ceil(len(groups) / groups_per_pod) if len(ratios) > 1 else 1
     if n_leaves * spines + n_pods * spines * cores > MAX_SWITCH_EDGES:
         raise ConfigError(
-            problem(f"{where}.n_spines", n_spines, f"{n_leaves} leaves x {spines} spines is past {MAX_SWITCH_EDGES:,} links")
+            problem(
+                f"{where}.n_spines",
+                n_spines,
+                f"{n_leaves} leaves x {spines} spines is past {MAX_SWITCH_EDGES:,} links",
+            )
         )
     for group in groups:
         G.add_nodes_from((leaf.name, leaf.attrs) for leaf in group)
@@ -123,7 +131,9 @@ def add_tiers(
     G.add_nodes_from((c, {"kind": "core", **extra}) for c in core_names)
     for p in range(n_pods):
         pod = groups[p * groups_per_pod : (p + 1) * groups_per_pod]
-        names = [f"{prefix}spine{p}"] if n_spines is None else [f"{prefix}spine{p}.{s}" for s in range(spines)]
+        names = (
+            [f"{prefix}spine{p}"] if n_spines is None else [f"{prefix}spine{p}.{s}" for s in range(spines)]
+        )
         G.add_nodes_from((s, {"kind": "spine", "pod": p, **extra}) for s in names)
         pod_up = 0.0
         for group in pod:
