@@ -9,9 +9,13 @@ import math
 import networkx as nx
 import pytest
 
+from simtrain.cost.collectives import effective_bandwidth, idle_time, plan_collective
+from simtrain.engine.network import fluid_duration
 from simtrain.hardware.fabric.builders import build_fabric, tray_rails
+from simtrain.hardware.fabric.routing import GraphTopology
 from simtrain.hardware.load import build_cluster
 from simtrain.hardware.topology import build_graph
+from simtrain.lower.collective_kinds import CollectiveKind
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.fabric_spec import (
     FatTreeFabric,
@@ -232,6 +236,68 @@ def test_multi_site_three_sites_full_mesh() -> None:
 def test_multi_site_needs_an_even_split() -> None:
     with pytest.raises(ConfigError, match=r"hardware.fabric.n_sites.*divisor of hardware.n_nodes \(7\)"):
         build_fabric(MultiSiteFabric(n_sites=2), build_cluster("dgx-h100", 7))
+
+
+# -- collectives over the built graphs (GraphTopology routes) -------------------------------------------
+
+S = 2.0**31  # bytes all-reduced per GPU of a node: NCCL's latency terms stay under 2 % of the time
+
+
+def _ring_all_reduce(c, G: nx.DiGraph, nodes: list[int]) -> tuple[float, float]:  # noqa: ANN001
+    """(flow time, latency) in seconds of NCCL's ring all-reduce of S x gpus_per_node bytes over the GPUs
+    of ``nodes``."""
+    topo = GraphTopology(G, c)
+    gpn = c.gpus_per_node
+    gpus = tuple(n * gpn + local for n in nodes for local in range(gpn))
+    plan = plan_collective(CollectiveKind.ALL_REDUCE, gpus, S * gpn, topo, c.gpu, choice=("ring", "Simple"))
+
+    def cap(e: tuple[str, str]) -> float:
+        return effective_bandwidth(topo, c.gpu, e)
+
+    t = idle_time(cap, plan.phases)
+    # The engine's max-min fair fluid model gives the same time for these flows alone.
+    fluid = sum(fluid_duration([(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph], cap) for ph in plan.phases)
+    assert fluid == pytest.approx(t, rel=1e-9)
+    return t, plan.latency_s
+
+
+@pytest.mark.parametrize("gpn", [1, 8])
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 4.0])
+def test_all_reduce_across_an_oversubscribed_tier(gpn: int, ratio: float) -> None:
+    """16 nodes under two leaves of a fat tree at ``ratio``:1 leaf-to-spine. A ring that alternates leaves
+    crosses the spine tier at every hop, so each leaf's 8 x gpn outgoing NIC flows share its uplink of
+    8 x gpn x NIC / ratio: each gets NIC / ratio, and the all-reduce of S x gpn bytes takes 2(P-1)/P x S /
+    (eta NIC / ratio) (each GPU sends 1/gpn of its ring traffic through its NIC; eta the NIC protocol efficiency).
+    The ring in node order crosses leaves at two hops only and runs at the NIC rate whatever the ratio."""
+    c = build_cluster("dgx-h100", 16, gpus_per_node=gpn)
+    G = build_fabric(FatTreeFabric(nodes_per_leaf=8, oversubscription=ratio), c)
+    p = 16 * gpn
+    eta_nic = c.gpu.nic_efficiency * NIC
+    alternating = [n for i in range(8) for n in (i, i + 8)]
+    t, lat = _ring_all_reduce(c, G, alternating)
+    assert t == pytest.approx(2 * (p - 1) / p * S / (eta_nic / ratio), rel=1e-9)
+    assert lat < 0.02 * t  # the stated tolerance: the closed form leaves out NCCL's per-step latency
+    t_in_order, _ = _ring_all_reduce(c, G, list(range(16)))
+    assert t_in_order == pytest.approx(2 * (p - 1) / p * S / eta_nic, rel=1e-9)
+    # Four separate spines: ECMP hashes the flows over them, and a collision can only slow the ring.
+    G4 = build_fabric(FatTreeFabric(nodes_per_leaf=8, oversubscription=ratio, n_spines=4), c)
+    assert _ring_all_reduce(c, G4, alternating)[0] >= t * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("gpn", [1, 8])
+def test_cross_site_ring_is_bounded_by_the_inter_site_link(gpn: int) -> None:
+    """DP over 4 nodes, two per site, sites joined by one 100 Gbit/s link (12.5 GB/s each way). The ring
+    crosses it once each way; the gpn flows crossing (one per GPU of the node at the edge, 1/gpn of its
+    traffic each) share it: 2(P-1)/P x S x gpn / (eta B), slower than any NIC."""
+    c = build_cluster("dgx-h100", 4, gpus_per_node=gpn)
+    G = build_fabric(MultiSiteFabric(n_sites=2, link_Gbps=100, latency_ms=1), c)
+    p = 4 * gpn
+    t, lat = _ring_all_reduce(c, G, [0, 1, 2, 3])
+    assert t == pytest.approx(2 * (p - 1) / p * S * gpn / (c.gpu.nic_efficiency * 12.5e9), rel=1e-9)
+    # NCCL picks its fastest algorithm for the group: never slower than the ring.
+    topo = GraphTopology(G, c)
+    best = plan_collective(CollectiveKind.ALL_REDUCE, tuple(range(c.n_gpus)), S * gpn, topo, c.gpu)
+    assert best.estimate_s <= t + lat
 
 
 # -- config -----------------------------------------------------------------------------------------
