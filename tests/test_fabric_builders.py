@@ -238,6 +238,33 @@ def test_multi_site_needs_an_even_split() -> None:
         build_fabric(MultiSiteFabric(n_sites=2), build_cluster("dgx-h100", 7))
 
 
+SMALL = [
+    ("dgx-h100", 4, FatTreeFabric(nodes_per_leaf=2, n_spines=2)),
+    ("dgx-h100", 4, FatTreeFabric(tiers=3, nodes_per_leaf=1, leaves_per_pod=2, n_spines=2, n_cores=2)),
+    ("dgx-h100", 4, RailOptimisedFabric(oversubscription=2, n_spines=3)),
+    ("dgx-h100", 4, MultiPlaneFabric(tiers=3, groups_per_pod=1)),
+    ("mi300x-8", 2, FatTreeFabric()),
+    ("gb200-nvl72", 2, NvlRacksFabric()),
+    ("dgx-h100", 4, MultiSiteFabric(site=MultiPlaneFabric())),
+]
+
+
+@pytest.mark.parametrize(("node", "n", "spec"), SMALL, ids=[f"{s.kind}-{i}" for i, (_, _, s) in enumerate(SMALL)])
+def test_every_pair_has_a_route_that_transits_no_gpu(node: str, n: int, spec) -> None:  # noqa: ANN001
+    c = build_cluster(node, n)
+    G = build_fabric(spec, c)
+    topo = GraphTopology(G, c)
+    kinds = nx.get_node_attributes(G, "kind")
+    step = 1 if c.n_gpus <= 32 else 7
+    for a in range(0, c.n_gpus, step):
+        for b in range(c.n_gpus):
+            path = topo.route(a, b)
+            assert all(G.has_edge(u, v) for u, v in path)
+            assert all(kinds[v] != "gpu" for _, v in path[:-1])
+            if path and c.node.scaleup == "nvswitch" and a // c.gpus_per_node == b // c.gpus_per_node:
+                assert topo.link_class_of(path) == "nvlink"  # inside a node: never through a NIC
+
+
 # -- collectives over the built graphs (GraphTopology routes) -------------------------------------------
 
 S = 2.0**31  # bytes all-reduced per GPU of a node: NCCL's latency terms stay under 2 % of the time
