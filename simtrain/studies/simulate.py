@@ -1,6 +1,6 @@
 """``simulate(config) -> StepResult``: the whole pipeline, one plain function per arrow.
 
-load_config -> RankGrid + Topology -> lower() -> static memory -> Engine.run() -> StepResult.
+load_config -> RankGrid + Fabric (``fabric_of``) -> lower() -> static memory -> Engine.run() -> StepResult.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
+
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine import invariants
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
@@ -17,9 +19,10 @@ from simtrain.engine.engine import AXES, Engine
 from simtrain.engine.records import EngineResult, RankStats
 from simtrain.engine.results import StageMemory, StepResult
 from simtrain.engine.steady import SteadyPlan, affine_at, extrapolate, plan
+from simtrain.hardware.fabric.protocol import Fabric
+from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.hardware.hardware import ClusterSpec
 from simtrain.hardware.profile import compute_calibration, run_cluster
-from simtrain.hardware.topology import Topology
 from simtrain.lower.flops import model_flops_per_step
 from simtrain.lower.layer_plan import microbatches
 from simtrain.lower.lowering import Lowered, lower
@@ -49,7 +52,7 @@ def cluster_of(run: RunConfig) -> ClusterSpec:
 
 def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None,
              mode: str | None = None, trace: bool = False,
-             error_table: str | Path | None = None) -> StepResult:
+             error_table: str | Path | None = None, fabric: nx.Graph | None = None) -> StepResult:
     """Simulate one training step.
 
     Args:
@@ -59,6 +62,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         trace: keep every executed op for a Chrome trace.
         error_table: the measured-run errors behind ``StepResult.error_band`` (a CSV of
             ``simtrain.studies.uncertainty.COLUMNS``; default: simtrain's errors on the published runs).
+        fabric: a fabric graph built in Python (``networkx``, the schema of
+            ``simtrain.hardware.fabric.schema``) to simulate on instead of ``hardware.fabric``.
 
     Raises:
         ConfigError: invalid input (every problem, with its dotted path).
@@ -72,7 +77,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                             stack=run.train.stack_spec, fp8_recipe=run.train.fp8_recipe)
     mode = mode or run.sim.mode
-    topo = Topology(cluster)
+    topo = fabric_of(run.hardware.fabric, cluster, fabric)
     notes = []
     reps: list[list[int]] = []
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
@@ -93,6 +98,10 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
                          "stage each; "
                          "the slowest role sets the step, as all ranks meet at the step's synchronisations)")
     symmetric = mode == "symmetric"
+    if symmetric and not topo.rail_symmetric:
+        notes.append("symmetric mode on a fabric graph other than the rail-optimised one: every group of each stage "
+                     "was planned over the graph and each representative's routes weighted by the copies on every "
+                     "edge; ranks of a stage are taken to see the same fabric (for an asymmetric graph use --mode full)")
     step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric), reps)
     m = microbatches(run)
     steady = plan(run.layout.resolved_schedule, run.layout.pp, m)
@@ -124,7 +133,7 @@ class _Step:
     cost: ComputeCostModel
     cluster: ClusterSpec
     grid: RankGrid
-    topo: Topology
+    topo: Fabric
     symmetric: bool
     planner: CommPlanner
     """Collective plans shared by every engine run of the step (pure memos of the topology)."""
