@@ -9,12 +9,15 @@ import math
 import networkx as nx
 import pytest
 
+import simtrain
 from simtrain.cost.collectives import effective_bandwidth, idle_time, plan_collective
 from simtrain.engine.network import fluid_duration
 from simtrain.hardware.fabric.builders import build_fabric, tray_rails
 from simtrain.hardware.fabric.routing import GraphTopology
+from simtrain.hardware.fabric.schema import checked
+from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.hardware.load import build_cluster
-from simtrain.hardware.topology import build_graph
+from simtrain.hardware.topology import Topology, build_graph
 from simtrain.lower.collective_kinds import CollectiveKind
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.fabric_spec import (
@@ -79,6 +82,13 @@ def test_rail_default_is_build_graph_and_the_generic_builder_agrees(node: str, n
     G = build_fabric(explicit, c)
     G = nx.relabel_nodes(G, {"spine0": "spine"})
     assert _same_graph(G, build_graph(c))
+
+
+def test_only_the_parameterless_rail_fabric_is_the_closed_form_topology() -> None:
+    c = build_cluster("dgx-h100", 4)
+    assert isinstance(fabric_of(RailOptimisedFabric(), c), Topology)
+    assert isinstance(fabric_of(RailOptimisedFabric(n_spines=2), c), GraphTopology)
+    assert isinstance(fabric_of(FatTreeFabric(), c), GraphTopology)
 
 
 def test_rail_with_spines_and_per_tier_ratio() -> None:
@@ -253,6 +263,7 @@ SMALL = [
 def test_every_pair_has_a_route_that_transits_no_gpu(node: str, n: int, spec) -> None:  # noqa: ANN001
     c = build_cluster(node, n)
     G = build_fabric(spec, c)
+    assert checked(G, c) is not None  # the schema's own checks pass
     topo = GraphTopology(G, c)
     kinds = nx.get_node_attributes(G, "kind")
     step = 1 if c.n_gpus <= 32 else 7
@@ -356,3 +367,51 @@ def test_bad_fabric_parameters_are_named(sets: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match="hardware.fabric") as err:
         load_config(EXAMPLE, ["hardware.fabric.kind=fat_tree", *sets])
     assert message in str(err.value)
+
+
+# -- end to end: the engine through simtrain.simulate ------------------------------------------------
+
+TINY = dict(name="tiny", n_layers=4, hidden=256, n_heads=4, ffn_hidden=1024, activation="gelu",
+            norm="layernorm", position="rope", vocab=1024, tied_embeddings=False, linear_bias=False)
+
+
+def _dp_all_reduce(hardware: dict, dp: int, mode: str) -> tuple[float, float]:
+    """(seconds, bytes) of the tiny model's one gradient all-reduce over ``dp`` single-GPU nodes, not
+    overlapped with backward, as the engine runs it."""
+    cfg = dict(model=TINY, hardware=dict(node="dgx-h100", gpus_per_node=1, n_nodes=dp, **hardware),
+               layout=dict(dp=dp, overlap_grad_reduce=False), train=dict(seq_len=512, global_batch_seqs=dp))
+    res = simtrain.simulate(cfg, mode=mode, trace=True)
+    (ev,) = [e for e in res.trace if e.rank == 0 and e.name == "dp.all_reduce"]
+    assert res.breakdown_s["exposed_comm"]["dp"] == pytest.approx(ev.end_s - ev.start_s, rel=1e-6)
+    return ev.end_s - ev.start_s, ev.op.comm_bytes
+
+
+@pytest.mark.parametrize("mode", ["symmetric", "full"])
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 4.0])
+def test_engine_all_reduce_across_an_oversubscribed_tier(ratio: float, mode: str) -> None:
+    """16 nodes, one GPU and one 1 Gbit/s NIC each, every node under its own leaf at ``ratio``:1 (so every
+    ring hop crosses the spine tier): the engine's all-reduce takes 2(P-1)/P x S / (eta NIC / ratio), plus
+    NCCL's ring latency (under 1 % here: the stated tolerance)."""
+    hw = dict(nic_Gbps=1, fabric=dict(kind="fat_tree", nodes_per_leaf=1, oversubscription=ratio))
+    t, size = _dp_all_reduce(hw, 16, mode)
+    eta_nic = build_cluster("dgx-h100", 1).gpu.nic_efficiency * 1e9 / 8
+    assert t == pytest.approx(2 * 15 / 16 * size / (eta_nic / ratio), rel=0.01)
+
+
+# Symmetric mode keeps only the representative's own ring flows when its group tiles the nodes; with
+# 4 nodes over two sites rank 0's flow stays inside site 0, so the link is missed (h-graph's comm planner,
+# /work/notes/s5/fab-to-graph.md item 1). Full mode is right.
+_SYMMETRIC_MISSES_LINK = pytest.mark.xfail(reason="symmetric mode keeps only rank 0's flows on a general graph")
+
+
+@pytest.mark.parametrize(
+    ("dp", "mode"),
+    [(2, "symmetric"), (2, "full"), pytest.param(4, "symmetric", marks=_SYMMETRIC_MISSES_LINK), (4, "full")],
+)
+def test_engine_cross_site_ring(dp: int, mode: str) -> None:
+    """DP over two sites (dp / 2 nodes each) joined by one 0.1 Gbit/s link: the ring crosses it once each
+    way, so the all-reduce takes 2(P-1)/P x S / (eta B), plus NCCL's ring latency (under 1 %)."""
+    hw = dict(fabric=dict(kind="multi_site", n_sites=2, link_Gbps=0.1, latency_ms=1))
+    t, size = _dp_all_reduce(hw, dp, mode)
+    eta_b = build_cluster("dgx-h100", 1).gpu.nic_efficiency * 0.1e9 / 8
+    assert t == pytest.approx(2 * (dp - 1) / dp * size / eta_b, rel=0.01)
