@@ -103,6 +103,19 @@ def test_rail_with_spines_and_per_tier_ratio() -> None:
     assert _bisection(G, list(range(8)), list(range(8, 16)), 8) == pytest.approx(8 * 8 * NIC / 2)
 
 
+def test_rail_three_tiers_in_pods() -> None:
+    c = build_cluster("dgx-h100", 8, nodes_per_leaf=2)
+    G = build_fabric(RailOptimisedFabric(tiers=3, oversubscription=[1, 2], groups_per_pod=2), c)
+    kinds = [k for _, k in G.nodes(data="kind")]
+    # 8 rails x 4 leaf groups; one aggregated spine per pod of 2 groups; one aggregated core.
+    assert (kinds.count("leaf"), kinds.count("spine"), kinds.count("core")) == (32, 2, 1)
+    assert G.has_edge("leaf5.3", "spine1") and not G.has_edge("leaf5.3", "spine0")
+    assert _net_sum(G, "spine", "core") == pytest.approx(8 * 8 * NIC / 2)
+    # Pod against pod: the spine-to-core tier at 2:1; leaf group against leaf group inside a pod: 1:1.
+    assert _bisection(G, [0, 1, 2, 3], [4, 5, 6, 7], 8) == pytest.approx(4 * 8 * NIC / 2)
+    assert _bisection(G, [0, 1], [2, 3], 8) == pytest.approx(2 * 8 * NIC)
+
+
 # -- fat_tree ---------------------------------------------------------------------------------------
 
 
