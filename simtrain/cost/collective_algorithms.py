@@ -311,7 +311,8 @@ class Nvls(FlowAlgorithm):
 
     def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return (coll.kind is K.ALL_REDUCE and group.n_nodes == 1
-                and topo.nvswitch_of(topo.node_of(group.gpus[0])) is not None and gpu.has_nvls and group.p >= gpu.nvls_min_gpus)
+                and topo.nvswitch_of(topo.node_of(group.gpus[0])) is not None
+                and gpu.has_nvls and group.p >= gpu.nvls_min_gpus)
 
     def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         sw = topo.nvswitch_of(topo.node_of(group.gpus[0]))

@@ -106,16 +106,18 @@ def _from_node_link(data: Any) -> nx.Graph:
     return nx.node_link_graph(data, edges=key)
 
 
-def checked(graph: nx.Graph, cluster: ClusterSpec | None = None, where: str = _WHERE) -> nx.DiGraph:
-    """``graph`` checked against the schema (module docstring), as a new directed graph whose numeric
-    attributes are Python ints and floats (GraphML from other tools may carry them as strings).
+def checked(graph: nx.Graph, cluster: ClusterSpec | None = None, where: str = _WHERE,
+            copy: bool = True) -> nx.DiGraph:
+    """``graph`` checked against the schema (module docstring), as a directed graph whose numeric
+    attributes are Python ints and floats (GraphML from other tools may carry them as strings): a new
+    graph, or ``graph`` itself when ``copy`` is False and it is directed (a graph just loaded).
 
     With ``cluster``, the GPU count and GPUs per node must be the hardware section's. Raises ConfigError
     listing every problem (the first :data:`MAX_PROBLEMS`, then a count).
     """
     if not isinstance(graph, nx.Graph) or graph.is_multigraph():
         raise ConfigError(problem(where, type(graph).__name__, "a networkx.DiGraph or Graph without parallel edges"))
-    g: nx.DiGraph = nx.DiGraph(graph) if graph.is_directed() else graph.to_directed()
+    g: nx.DiGraph = (graph.copy() if copy else graph) if graph.is_directed() else graph.to_directed()
     probs: list[Problem] = []
     gpus: dict[int, str] = {}
     for v, d in g.nodes(data=True):

@@ -56,7 +56,8 @@ def _graph_file(path: str, cluster: ClusterSpec) -> GraphTopology:
     if key is not None and key in _files:
         _files.move_to_end(key)
         return _files[key]
-    topo = GraphTopology(checked(load_graph(path, "hardware.fabric.path"), cluster, "hardware.fabric"), cluster)
+    graph = checked(load_graph(path, "hardware.fabric.path"), cluster, f"hardware.fabric ({path})", copy=False)
+    topo = GraphTopology(graph, cluster)
     if key is not None:
         _files[key] = topo
         if len(_files) > FILE_CACHE:
