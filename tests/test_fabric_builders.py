@@ -256,6 +256,14 @@ def test_multi_site_three_sites_full_mesh() -> None:
     assert _bisection(G, [0, 1], [2, 3, 4, 5], 8) == pytest.approx(2 * 50e9)
 
 
+def test_multi_site_gateway_bounds_a_sites_inter_site_traffic() -> None:
+    c = build_cluster("dgx-h100", 6)
+    G = build_fabric(MultiSiteFabric(n_sites=3, link_Gbps=400, gateway_Gbps=600, site=FatTreeFabric(n_spines=3)), c)
+    assert sum(G.edges[f"s0.spine{s}", "s0.gateway"]["bandwidth_Bps"] for s in range(3)) == pytest.approx(75e9)
+    # Site 0 against sites 1 and 2: two 400 Gbit/s links, but 600 Gbit/s through its gateway.
+    assert _bisection(G, [0, 1], [2, 3, 4, 5], 8) == pytest.approx(75e9)
+
+
 def test_multi_site_needs_an_even_split() -> None:
     with pytest.raises(ConfigError, match=r"hardware.fabric.n_sites.*divisor of hardware.n_nodes \(7\)"):
         build_fabric(MultiSiteFabric(n_sites=2), build_cluster("dgx-h100", 7))

@@ -171,9 +171,9 @@ SiteFabric = Annotated[
 class MultiSiteFabric(BaseModel):
     """Two or more data centres, each a fabric of its own (``site``), joined by inter-site links: every pair
     of sites by one link of ``link_Gbps`` each way and ``latency_ms``, between one gateway per site that
-    every top-tier switch of the site reaches at the summed inter-site bandwidth (so the inter-site link,
-    not the gateway, limits). Nodes are split evenly across sites in index order, so with the default rank
-    order (dp outermost) data parallelism is what crosses sites."""
+    every top-tier switch of the site reaches (at ``gateway_Gbps`` in all, default the summed inter-site
+    bandwidth, so the inter-site link, not the gateway, limits). Nodes are split evenly across sites in
+    index order, so with the default rank order (dp outermost) data parallelism is what crosses sites."""
 
     model_config = _STRICT
     kind: Literal["multi_site"] = "multi_site"
@@ -184,6 +184,10 @@ class MultiSiteFabric(BaseModel):
     link_Gbps: float = Field(400.0, gt=0, le=1e9)
     """Bandwidth of the link joining two sites, Gbit/s in each direction. Default 400: one 400G ZR/ZR+
     coherent optical link (OIF 400ZR implementation agreement, 2020), the usual unit of DCI capacity."""
+    gateway_Gbps: float | None = Field(None, gt=0, le=1e9)
+    """Bandwidth between a site and its gateway, Gbit/s each way: the site's whole inter-site capacity, shared
+    by its links to every other site (split evenly over the site's top-tier switches). None: not limiting
+    (the sum of the site's links), so ``link_Gbps`` per site pair is what limits."""
     latency_ms: float = Field(1.0, ge=0, le=1e4)
     """One-way latency of the inter-site link, ms. Default 1: ~200 km of fibre at 5 us/km (light in glass
     at ~2/3 c), a metro-region pair of data centres."""

@@ -183,7 +183,8 @@ def _multi_plane(
                 f"{where}.kind",
                 spec.kind,
                 f"a node with an NVSwitch: node {cluster.node.name!r} joins its GPUs by an Infinity-Fabric "
-                "mesh, so traffic between two rails would have to transit a GPU (PXN); use rail_optimised or fat_tree",
+                "mesh, so traffic between two rails would have to transit a GPU (PXN); "
+                "use rail_optimised or fat_tree",
             )
         )
     add_nodes(G, cluster, node0, m, pxn=True)
@@ -237,8 +238,10 @@ def _multi_site(G: nx.DiGraph, spec: MultiSiteFabric, cluster: ClusterSpec) -> N
         top = _site(G, spec.site, cluster, s * m, m, f"s{s}.", f"{_WHERE}.site")
         gw = f"s{s}.gateway"
         G.add_node(gw, kind="gateway", site=s)
+        # The gateway link: the site's share of every inter-site link unless gateway_Gbps bounds it.
+        up_Bps = wan_Bps * (n - 1) if spec.gateway_Gbps is None else spec.gateway_Gbps * 1e9 / 8 / len(top)
         for name in top:
-            link(G, name, gw, wan_Bps * (n - 1), cluster.net_hop_latency_s, "net")
+            link(G, name, gw, up_Bps, cluster.net_hop_latency_s, "net")
     for a in range(n):
         for b in range(a + 1, n):
             link(G, f"s{a}.gateway", f"s{b}.gateway", wan_Bps, spec.latency_ms * 1e-3, "net")
