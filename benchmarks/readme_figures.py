@@ -183,6 +183,26 @@ def _gb200_offload() -> dict[str, float]:
             "most": _peak_gib(most), "most_ms": 1e3 * most.breakdown_s["offload"]}
 
 
+@cache
+def _two_sites() -> dict[str, float]:
+    """examples/llama3_8b_two_sites_hsdp.yaml: step times on two sites (400 and 100 Gbit/s) and one site, and
+    the bytes the replicas' gradient all-reduces put on the inter-site link each way."""
+    from simtrain.hardware.load import build_cluster
+    from simtrain.studies.simulate import simulate
+
+    example = "llama3_8b_two_sites_hsdp.yaml"
+    traced = simulate(str(ROOT / "examples" / example), trace=True)
+    ops = [e.op for e in traced.trace if e.rank == 0 and e.name.startswith("fsdp.all_reduce.replicas")]
+    pairs = traced.n_gpus // 2  # every shard's pair of replicas, all across the link at once
+    gb = pairs * sum(op.comm_bytes for op in ops) / 1e9
+    eta = build_cluster("dgx-h100", 1).gpu.nic_efficiency  # the example's comment quotes it: 0.94
+    one = _sim(example, "hardware.fabric=rail_optimised").step_time_s
+    slow = _sim(example, "hardware.fabric.link_Gbps=100").step_time_s
+    return {"step": traced.step_time_s, "one": one, "slower": 100 * (traced.step_time_s / one - 1), "gb": gb,
+            "link_s": gb / (eta * 400 / 8), "link100_s": gb / (eta * 100 / 8), "step100": slow,
+            "slower100": 100 * (slow / one - 1)}
+
+
 def _llama405b() -> dict[str, float]:
     base = _sim("llama3_405b_h100.yaml")
     bare = _sim("llama3_405b_h100.yaml", "layout.recompute=none", "layout.recompute_layers=null")
@@ -305,6 +325,15 @@ FIGURES: tuple[Figure, ...] = (
         "most_layers": 79, **_gb200_offload()}),
     Figure("examples/llama3_70b_gb200_offload.yaml", "against one layer's forward: {most_ms:.0f} ms of waits)",
            _gb200_offload),
+    Figure("examples/llama3_8b_two_sites_hsdp.yaml", "Output: {step:.3f} s per step, {slower:.1f} % slower than on one "
+           "site ({one:.3f} s,", _two_sites),
+    Figure("examples/llama3_8b_two_sites_hsdp.yaml", "the link carries {gb:.1f} GB each way, {link_s:.2f} s at 0.94 x 50",
+           _two_sites),
+    Figure("examples/llama3_8b_two_sites_hsdp.yaml", "the same {gb:.1f} GB take {link100_s:.2f} s and the step "
+           "{step100:.3f} s ({slower100:.0f} % slower)", _two_sites),
+    Figure(README, "32 GPU pairs at once, {gb:.1f} GB each way per step. It takes {step:.3f} s per step against "
+           "{one:.3f} s on one site (the link's {link_s:.2f} s hide", _two_sites),
+    Figure(README, "100 Gbit/s link the {gb:.1f} GB take {link100_s:.2f} s and the step {step100:.3f} s.", _two_sites),
 )
 """Every figure the README and the example comments quote that the code computes."""
 

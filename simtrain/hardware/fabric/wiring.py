@@ -38,7 +38,7 @@ def fabric_of(spec: FabricSpec, cluster: ClusterSpec, graph: nx.Graph | None = N
     """
     if graph is not None:
         return GraphTopology(checked(graph, cluster, "fabric"), cluster)
-    if isinstance(spec, RailOptimisedFabric):
+    if isinstance(spec, RailOptimisedFabric) and spec.is_default():  # parameters: the builder (h-fab)
         return Topology(cluster)
     if isinstance(spec, GraphFileFabric):
         return _graph_file(spec.path, cluster)
