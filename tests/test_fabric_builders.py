@@ -18,7 +18,8 @@ from simtrain.hardware.fabric.schema import checked
 from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.hardware.load import build_cluster
 from simtrain.hardware.topology import Topology, build_graph
-from simtrain.lower.collective_kinds import CollectiveKind
+from simtrain.plan.load import load_config
+from simtrain.spec.collective_kinds import CollectiveKind
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.fabric_spec import (
     FatTreeFabric,
@@ -27,7 +28,6 @@ from simtrain.spec.fabric_spec import (
     NvlRacksFabric,
     RailOptimisedFabric,
 )
-from simtrain.spec.load import load_config
 
 NIC = 50e9  # dgx-h100: 8 x 400 Gbit/s NICs = 50 GB/s each
 EXAMPLE = "examples/llama3_8b_h100_fsdp.yaml"
