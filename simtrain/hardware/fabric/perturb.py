@@ -15,7 +15,8 @@ interface) and changes only two answers:
 
 Everything else (coordinates, ``cluster``, rails) is the wrapped fabric's. The fabric graph is the
 wrapped fabric's ``graph`` attribute when it has one, else ``build_graph(cluster)`` (today's
-rail-optimised fabric keeps no graph in memory). Failed links of class ``nvlink`` are refused: a GPU
+rail-optimised fabric keeps no graph in memory), or one given (a link it has and the wrapped fabric
+lacks, such as a second spine, takes its attributes from the graph). Failed links of class ``nvlink`` are refused: a GPU
 whose NVLink is down is out of service (NCCL would not route a node's collectives around it), and the
 NVLS algorithm addresses the NVSwitch directly.
 """
@@ -142,7 +143,13 @@ class PerturbedFabric:
         if e is None:
             if (u, v) in self._down:
                 raise KeyError(f"link {u!r} -> {v!r} is down (whatif.failed_links)")
-            base = self._base.edge(u, v)
+            try:
+                base = self._base.edge(u, v)
+            except KeyError:  # a link the graph adds to the wrapped fabric (a second spine): its attributes
+                if not self.graph.has_edge(u, v):
+                    raise
+                d = self.graph.edges[u, v]
+                base = EdgeAttrs(float(d["bandwidth_Bps"]), float(d["latency_s"]), d["link_class"])
             f = self.factor(u, v)
             e = base if f == 1.0 else EdgeAttrs(base.bandwidth_Bps * f, base.latency_s, base.link_class)
             self._edges[(u, v)] = e
