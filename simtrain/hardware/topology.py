@@ -6,10 +6,13 @@ one aggregated NVSwitch (``nvsw{n}``) or, for an Infinity-Fabric mesh, over dire
 
 Two views of the same fabric exist:
 
-- :class:`Topology` answers ``route``/``edge`` queries in O(1) from vertex names, with no graph in
-  memory, so it works at 16,384 GPUs and more.
-- :func:`build_graph` materialises the full ``networkx.DiGraph`` with the same vertex names and edge
-  attributes (``bandwidth_Bps``, ``latency_s``, ``link_class``), for full-mode simulation and plots.
+- :func:`build_graph` materialises the full ``networkx.DiGraph`` (the ``rail_optimised`` kind of
+  ``hardware.fabric``; schema in ``simtrain.hardware.fabric.schema``).
+- :class:`Topology` is its closed-form compile: it answers ``route``/``edge`` queries in O(1) from vertex
+  names, with no graph in memory, so it works at 16,384 GPUs and more. It gives the same routes and edge
+  attributes as ``GraphTopology(build_graph(cluster))`` (``simtrain.hardware.fabric.routing``, which
+  routes over any fabric graph), for every GPU pair (tests/test_fabric_graph.py), and it is what the
+  default fabric simulates on.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ _CLASS_RANK = {"nvlink": 0, "pcie": 1, "net": 2}
 
 
 class Topology:
-    """O(1) routing over a ClusterSpec's fabric, with no graph in memory.
+    """O(1) routing over a ClusterSpec's fabric, with no graph in memory: the closed-form compile of
+    :func:`build_graph` (a ``simtrain.hardware.fabric.protocol.Fabric``).
 
     GPUs are ints ``0..n_gpus-1``; ``node = gpu // gpus_per_node``, ``local = gpu % gpus_per_node``.
     Vertex names: ``gpu{g}``, ``nvsw{n}`` (NVSwitch nodes only), ``nic{n}.{j}``, ``leaf{j}.{k}``
@@ -67,6 +71,9 @@ class Topology:
         "_nic_leaf",
         "_leaf_spine",
     )
+
+    #: The rail-optimised fat tree with its own vertex names (``Fabric.rail_symmetric``).
+    rail_symmetric = True
 
     def __init__(self, cluster: ClusterSpec):
         self.cluster = cluster
@@ -111,6 +118,10 @@ class Topology:
     def nodes_in_leaf_group(self, k: int) -> int:
         """Number of nodes under leaf group ``k`` (the last group may be partial)."""
         return min(self.nodes_per_leaf, self.n_nodes - k * self.nodes_per_leaf)
+
+    def nvswitch_of(self, node: int) -> str | None:
+        """Vertex name of ``node``'s NVSwitch, None for a mesh node."""
+        return None if self.mesh else f"nvsw{node}"
 
     def nic_of(self, gpu: int) -> str:
         """Vertex name of the NIC ``gpu`` uses."""
