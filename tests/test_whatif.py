@@ -13,6 +13,7 @@ import pytest
 from simtrain.cost.collectives import plan_send
 from simtrain.engine.engine import Engine
 from simtrain.hardware.fabric.perturb import PerturbedFabric, cut_off_gpus, gpu_speeds
+from simtrain.hardware.fabric.routing import GraphTopology
 from simtrain.hardware.load import build_cluster
 from simtrain.hardware.topology import Topology, build_graph
 from simtrain.lower.collective_kinds import ALL_REDUCE, SEND
@@ -228,17 +229,20 @@ def _cross_leaf_sends(fabric, cl, nbytes: float):  # type: ignore[no-untyped-def
     return Engine([p0, p1], RankGrid(LayoutConfig(tp=8, dp=2, pp=2)), fabric, _quiet_gpu(cl), symmetric=False).run()
 
 
-def test_failed_leaf_uplink_moves_the_traffic_to_the_other_spine() -> None:
+@pytest.mark.parametrize("fabric", ["topology", "graph"])
+def test_failed_leaf_uplink_moves_the_traffic_to_the_other_spine(fabric: str) -> None:
     """Leaf uplinks of 25 GB/s to ``spine`` (2 nodes x 50 GB/s / 4) and 10 GB/s to ``spine2``. Two flows
-    per leaf cross to the other leaf group, over ``spine`` (the route) at 12.5 GB/s each. With the
-    ``leaf0.0 -> spine`` link down, rail 0's two flows take ``spine2``: 5 GB/s each, the time
-    latency + B / (5 GB/s x NIC efficiency); the other rails keep their route."""
+    per leaf cross to the other leaf group, over ``spine`` (the route: the widest) at 12.5 GB/s each. With
+    the ``leaf0.0 -> spine`` link down, rail 0's two flows take ``spine2``: 5 GB/s each, the time
+    latency + B / (5 GB/s x NIC efficiency); the other rails keep their route. The wrapped fabric is
+    today's closed-form Topology (the graph adds the second spine) or the graph's own GraphTopology."""
     cl = build_cluster("dgx-h100", 4, oversubscription=4.0, nodes_per_leaf=2)
     nbytes, second = 1e9, 10e9
     graph = _two_spines(cl, second)
     eff = cl.gpu.nic_efficiency
-    intact = PerturbedFabric(Topology(cl), cl, WhatIfSpec(), graph=graph)
-    down = PerturbedFabric(Topology(cl), cl, WhatIfSpec(failed_links=["leaf0.0->spine"]), graph=graph)
+    base = Topology(cl) if fabric == "topology" else GraphTopology(graph, cl)
+    intact = PerturbedFabric(base, cl, WhatIfSpec(), graph=graph)
+    down = PerturbedFabric(base, cl, WhatIfSpec(failed_links=["leaf0.0->spine"]), graph=graph)
     assert intact.route(0, 16) == Topology(cl).route(0, 16)
     detour = down.route(0, 16)
     assert ("leaf0.0", "spine2") in detour and ("leaf0.0", "spine") not in detour and len(detour) == 6

@@ -7,11 +7,11 @@ interface) and changes only two answers:
   its two end vertices, times ``1 - share`` of the ``background`` entries of its link class and its tier
   (the kinds of its two ends, ``nic_leaf``); latency and class unchanged. Max-min fair sharing then gives
   this job only what the other traffic leaves (a fluid share: other jobs' flows are not simulated).
-- ``route(src, dst)``: the fabric's own route unless it crosses a failed link; then the shortest path by
-  hop count over the fabric graph without the failed links (never through a GPU vertex, as every route of
-  the schema), ties to the first path a breadth-first search from the destination finds in the graph's
-  vertex and edge order (deterministic). No such path: a ConfigError naming the failed links, the two GPUs
-  and every GPU the failures cut off from the network.
+- ``route(src, dst)``: the fabric's own route unless it crosses a failed link; then the route of
+  ``GraphTopology`` over the fabric graph without the failed links (shortest, widest, ECMP; never through
+  a GPU vertex), so only the flows a failure hits move, as when a switch withdraws a dead port from its
+  ECMP group. No such route: a ConfigError naming the failed links, the two GPUs and every GPU the
+  failures cut off from the network.
 
 Everything else (coordinates, ``cluster``, rails) is the wrapped fabric's. The fabric graph is the
 wrapped fabric's ``graph`` attribute when it has one, else ``build_graph(cluster)`` (today's
@@ -29,6 +29,7 @@ from typing import Any
 
 import networkx as nx
 
+from simtrain.hardware.fabric.routing import GraphTopology
 from simtrain.hardware.hardware import ClusterSpec, LinkClass
 from simtrain.hardware.topology import EdgeAttrs, Topology, build_graph
 from simtrain.spec.errors import ConfigError, Problem, problem
@@ -119,7 +120,14 @@ class PerturbedFabric:
             self._down.update(_links(self.graph, name))
         self._edges: dict[Edge, EdgeAttrs] = {}
         self._routes: dict[tuple[int, int], tuple[Edge, ...]] = {}
-        self._next_hop: dict[str, dict[str, str]] = {}
+        self._cluster = cluster
+        self._rerouted: GraphTopology | None = None
+        """Routes over the fabric graph without the failed links (built at the first detour)."""
+
+    @property
+    def rail_symmetric(self) -> bool:
+        """A perturbed fabric is never symmetric (symmetric mode's shortcuts must not apply)."""
+        return False
 
     def __getattr__(self, name: str) -> Any:
         if name == "_base":  # not set yet (copy, pickle): no recursion
@@ -185,37 +193,14 @@ class PerturbedFabric:
         return r
 
     def _detour(self, src: int, dst: int) -> tuple[Edge, ...]:
-        s, d = f"gpu{src}", f"gpu{dst}"
-        nxt = self._next_hop.get(d)
-        if nxt is None:
-            nxt = self._next_hop[d] = self._toward(d)
-        if s not in nxt:
-            raise ConfigError(self._cut_off(src, dst))
-        path = []
-        u = s
-        while u != d:
-            path.append((u, nxt[u]))
-            u = nxt[u]
-        return tuple(path)
-
-    def _toward(self, d: str) -> dict[str, str]:
-        """Next hop toward ``d`` of every vertex with a path to it that avoids the failed links and
-        passes through no GPU (breadth first from ``d`` over incoming edges: shortest by hops)."""
-        g, kind = self.graph, self.graph.nodes
-        nxt: dict[str, str] = {}
-        seen, frontier = {d}, [d]
-        while frontier:
-            layer = []
-            for v in frontier:
-                if v != d and kind[v]["kind"] == "gpu":
-                    continue  # a GPU only starts or ends a route
-                for u in g.predecessors(v):
-                    if u not in seen and (u, v) not in self._down:
-                        seen.add(u)
-                        nxt[u] = v
-                        layer.append(u)
-            frontier = layer
-        return nxt
+        if self._rerouted is None:
+            intact = self.graph.copy()
+            intact.remove_edges_from(self._down)
+            self._rerouted = GraphTopology(intact, self._cluster)
+        try:
+            return self._rerouted.route(src, dst)
+        except ConfigError:  # no route transiting no GPU: name the failures and what they cut off
+            raise ConfigError(self._cut_off(src, dst)) from None
 
     def _cut_off(self, src: int, dst: int) -> Problem:
         gpn = self._base.gpus_per_node
