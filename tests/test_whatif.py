@@ -154,6 +154,7 @@ def test_slow_node_is_all_its_gpus_slow_and_the_summary() -> None:
     w = one.whatif
     assert w is not None and one.mode == "full"
     assert w["critical_rank"] == 5 and w["critical_gpu"] == "node0/gpu5 (gpu5)" and w["critical_speed"] == 0.9
+    assert w["bottleneck_rank"] == 5 and w["bottleneck_gpu"] == "node0/gpu5 (gpu5)"  # ends last, computes longest
     assert w["baseline_step_time_s"] == simulate(_SMALL, mode="full").step_time_s
     assert w["step_time_s"] == one.step_time_s
     assert w["cost_s"] == pytest.approx(one.step_time_s - w["baseline_step_time_s"], rel=1e-12) and w["cost_s"] > 0
@@ -311,6 +312,6 @@ def test_cli_whatif(tmp_path) -> None:  # type: ignore[no-untyped-def]
     w = json.loads(out.stdout)["whatif"]
     assert w["critical_gpu"] == "node0/gpu5 (gpu5)" and w["cost_s"] > 0
     table = subprocess.run(run, capture_output=True, text=True, check=True).stdout
-    assert "critical rank 5 on node0/gpu5 (gpu5)" in table and "unperturbed" in table
+    assert "critical rank 5 on node0/gpu5 (gpu5)" in table and "bottleneck    rank 5 on node0/gpu5" in table
     bad = subprocess.run([*run[:-1], 'whatif.slow_gpus={"node3/gpu5": 0.85}'], capture_output=True, text=True)
     assert bad.returncode == 2 and "whatif.slow_gpus.node3/gpu5" in bad.stderr and "Traceback" not in bad.stderr

@@ -39,7 +39,7 @@ from simtrain.spec.errors import InfeasibleLayout
 from simtrain.spec.load import load_config
 from simtrain.spec.whatif_spec import WhatIfSpec
 from simtrain.studies.uncertainty import band_for, read_error_table
-from simtrain.studies.whatif import summary, whatif_mode
+from simtrain.studies.whatif import key_ranks, summary, whatif_mode
 
 #: Largest world that symmetric mode hands to full mode when its ranks play too many roles.
 FULL_MODE_WORLD = 512
@@ -77,10 +77,10 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
 def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None) -> StepResult:
     """The perturbed step (first: a bad name fails fast), then the unperturbed one in the same mode."""
     mode, note = whatif_mode(run.whatif, mode or run.sim.mode, run.layout.world_size, FULL_MODE_WORLD)
-    result, critical = _simulate(run, mode, trace, error_table)
-    base, base_critical = _simulate(run.model_copy(update={"whatif": WhatIfSpec()}), mode, False, error_table)
+    result, ranks = _simulate(run, mode, trace, error_table)
+    base, base_ranks = _simulate(run.model_copy(update={"whatif": WhatIfSpec()}), mode, False, error_table)
     cluster = cluster_of(run)
-    result.whatif = summary(run.whatif, result.step_time_s, base.step_time_s, critical, base_critical,
+    result.whatif = summary(run.whatif, result.step_time_s, base.step_time_s, ranks, base_ranks,
                             cluster.gpus_per_node, gpu_speeds(run.whatif, cluster))
     if note:
         result.notes.insert(0, note)
@@ -88,8 +88,9 @@ def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Pa
 
 
 def _simulate(run: RunConfig, mode: str | None, trace: bool,
-              error_table: str | Path | None) -> tuple[StepResult, int]:
-    """``simulate`` of a loaded run: the result and its critical rank."""
+              error_table: str | Path | None) -> tuple[StepResult, tuple[int, int]]:
+    """``simulate`` of a loaded run: the result, and its critical and bottleneck ranks
+    (``simtrain.studies.whatif.key_ranks``)."""
     cluster = cluster_of(run)
     gpu = cluster.gpu
     grid = RankGrid(run.layout)
@@ -138,7 +139,7 @@ def _simulate(run: RunConfig, mode: str | None, trace: bool,
     result.notes.extend(notes)
     result.error_band = band_for(result.step_time_s, run.train.stack_name, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))
-    return result, critical
+    return result, key_ranks(res)
 
 
 @dataclass(frozen=True, slots=True)
