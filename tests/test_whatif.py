@@ -304,6 +304,13 @@ def test_bad_names_exit_2_with_the_path_and_what_is_valid(setting: str, path: st
     assert any(p.path == path and words in p.message for p in exc.value.problems), str(exc.value)
 
 
+def test_every_bad_name_at_once() -> None:
+    with pytest.raises(ConfigError) as exc:
+        simulate(_SMALL, ['whatif={slow_gpus: {gpu9: 0.9}, slow_links: {nic0.9: 0.5}, background: {spine_core: 0.1}}'])
+    assert {p.path for p in exc.value.problems} == {"whatif.slow_gpus.gpu9", "whatif.slow_links.nic0.9",
+                                                    "whatif.background.spine_core"}
+
+
 def test_cli_whatif(tmp_path) -> None:  # type: ignore[no-untyped-def]
     cfg = tmp_path / "small.json"
     cfg.write_text(json.dumps(_SMALL))

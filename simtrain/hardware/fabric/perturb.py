@@ -111,8 +111,8 @@ class PerturbedFabric:
         self._base = base
         self.spec = spec
         self.graph: nx.DiGraph = graph if graph is not None else getattr(base, "graph", None) or build_graph(cluster)
-        if problems := link_problems(spec, self.graph):
-            raise ConfigError(problems)
+        if problems := _gpu_problems(spec, cluster) + link_problems(spec, self.graph):
+            raise ConfigError(problems)  # every bad name of the section at once
         self._slow_edge = {tuple(k.split(LINK_SEP)): f for k, f in spec.slow_links.items() if LINK_SEP in k}
         self._slow_vertex = {k: f for k, f in spec.slow_links.items() if LINK_SEP not in k}
         self._down: set[Edge] = set()
