@@ -48,8 +48,8 @@ from simtrain.cost.collective_flows import (
     route_flow,
     tree_latency,
 )
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import GpuSpec
-from simtrain.hardware.topology import Topology
 from simtrain.lower.collective_kinds import Collective, CollectiveKind
 
 K = CollectiveKind
@@ -72,7 +72,7 @@ class Group:
     _memo: dict[str, Phases] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def of(cls, topo: Topology, gpus: tuple[int, ...]) -> Group:
+    def of(cls, topo: Fabric, gpus: tuple[int, ...]) -> Group:
         """The group ``gpus`` on ``topo``."""
         by_node = nodes_of(topo, gpus)
         return cls(gpus, by_node, topo.cluster.net_hop_latency_s * 2 if len(by_node) > 1 else 0.0)
@@ -115,11 +115,11 @@ class CollectiveAlgorithm(ABC):
     """When it yields candidates, they are the only ones (a measured curve stands for NCCL's choice)."""
 
     @abstractmethod
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         """Whether this algorithm can run ``coll`` on ``group`` (of at least 2 GPUs)."""
 
     @abstractmethod
-    def candidates(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec,
+    def candidates(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec,
                    others: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
         """Its (protocol) candidates for ``coll`` on ``group``, planned for a 1-byte collective
         (``others``: the candidates of the algorithms that do not replace others, for one that does)."""
@@ -131,7 +131,7 @@ class FlowAlgorithm(CollectiveAlgorithm):
     protocols: ClassVar[tuple[str, ...]] = ("Simple",)
 
     @abstractmethod
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         """The flows of a 1-byte collective, phase by phase."""
 
     @abstractmethod
@@ -142,7 +142,7 @@ class FlowAlgorithm(CollectiveAlgorithm):
         """Bytes on the wire per byte of flow under ``protocol``."""
         return WIRE_FACTOR[protocol]
 
-    def candidates(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec,
+    def candidates(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec,
                    others: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
         """One candidate per protocol, all sharing one set of phases."""
         phases = self.phases(coll, group, topo, gpu)
@@ -150,7 +150,7 @@ class FlowAlgorithm(CollectiveAlgorithm):
                      for proto in self.protocols)
 
 
-def _pairwise(topo: Topology, group: Group) -> Phases:
+def _pairwise(topo: Fabric, group: Group) -> Phases:
     gpus, p = group.gpus, group.p
     return (tuple(route_flow(topo, g, h, UNIT / p) for g in gpus for h in gpus if g != h),)
 
@@ -165,10 +165,10 @@ class RingShift(FlowAlgorithm):
 
     name = "p2p"
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return coll.kind is K.RING_SHIFT
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         gpus, p = group.gpus, group.p
         return (tuple(route_flow(topo, g, gpus[(i + 1) % p], UNIT) for i, g in enumerate(gpus)),)
 
@@ -184,10 +184,10 @@ class Pairwise(FlowAlgorithm):
 
     name = "pairwise"
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return coll.kind is K.ALL_TO_ALL and not NodeLimitedA2A.fits(coll, group)
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         return _pairwise(topo, group)
 
     def latency_s(self, coll: Collective, group: Group, protocol: str) -> float:
@@ -219,10 +219,10 @@ class NodeLimitedA2A(FlowAlgorithm):
         """A deduplicated all-to-all over several nodes holding equal parts of the group."""
         return coll.node_limited is not None and group.n_nodes > 1 and group.regular
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return coll.kind is K.ALL_TO_ALL and self.fits(coll, group)
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         opts = coll.node_limited
         assert opts is not None
         nodes = list(group.by_node.values())
@@ -239,7 +239,7 @@ class NodeLimitedA2A(FlowAlgorithm):
         return _a2a_latency(group)
 
 
-def _ring_phases(coll: Collective, group: Group, topo: Topology) -> Phases:
+def _ring_phases(coll: Collective, group: Group, topo: Fabric) -> Phases:
     p = group.p
     per_gpu = (2.0 if coll.kind is K.ALL_REDUCE else 1.0) * (p - 1) / p * UNIT
     return group.shared("ring", lambda: (ring_flows(topo, group.gpus, per_gpu),))
@@ -251,10 +251,10 @@ class Ring(FlowAlgorithm):
     name = "ring"
     protocols = PROTOCOLS
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return coll.kind in (K.ALL_REDUCE, K.ALL_GATHER, K.REDUCE_SCATTER)
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         return _ring_phases(coll, group, topo)
 
     def latency_s(self, coll: Collective, group: Group, protocol: str) -> float:
@@ -267,10 +267,10 @@ class Tree(FlowAlgorithm):
     name = "tree"
     protocols = PROTOCOLS
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return coll.kind is K.ALL_REDUCE and group.n_nodes > 1
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         return _ring_phases(coll, group, topo)
 
     def latency_s(self, coll: Collective, group: Group, protocol: str) -> float:
@@ -286,10 +286,10 @@ class Hierarchical2D(FlowAlgorithm):
 
     name = "hier2d"
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         return coll.kind is K.ALL_REDUCE and group.n_nodes > 1 and group.per_node > 1 and group.regular
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
         nodes = list(group.by_node.values())
         k, m = len(nodes[0]), len(nodes)
         intra = tuple(f for local in nodes for f in ring_flows(topo, tuple(local), (k - 1) / k * UNIT))
@@ -309,12 +309,14 @@ class Nvls(FlowAlgorithm):
 
     name = "nvls"
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
-        return (coll.kind is K.ALL_REDUCE and group.n_nodes == 1 and topo.cluster.node.scaleup == "nvswitch"
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
+        return (coll.kind is K.ALL_REDUCE and group.n_nodes == 1
+                and topo.nvswitch_of(topo.node_of(group.gpus[0])) is not None
                 and gpu.has_nvls and group.p >= gpu.nvls_min_gpus)
 
-    def phases(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> Phases:
-        sw = f"nvsw{topo.node_of(group.gpus[0])}"
+    def phases(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> Phases:
+        sw = topo.nvswitch_of(topo.node_of(group.gpus[0]))
+        assert sw is not None, "NVLS applies only to an NVSwitch node"
         up = tuple(Flow(g, ((f"gpu{g}", sw),), UNIT, gpu.nvls_algbw_Bps) for g in group.gpus)
         down = tuple(Flow(g, ((sw, f"gpu{g}"),), UNIT, gpu.nvls_algbw_Bps) for g in group.gpus)
         return (up + down,)
@@ -337,11 +339,11 @@ class MeasuredTable(CollectiveAlgorithm):
         table = getattr(gpu, "collectives", None)  # a CalibratedGpuSpec (simtrain.hardware.profile)
         return table if isinstance(table, CollectiveTable) else None
 
-    def applies(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec) -> bool:
+    def applies(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec) -> bool:
         table = self._table(gpu)
         return coll.options is None and table is not None and (coll.kind, group.p, group.n_nodes) in table.curves
 
-    def candidates(self, coll: Collective, group: Group, topo: Topology, gpu: GpuSpec,
+    def candidates(self, coll: Collective, group: Group, topo: Fabric, gpu: GpuSpec,
                    others: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
         table = self._table(gpu)
         assert table is not None
@@ -375,7 +377,7 @@ class AlgorithmRegistry:
     def __iter__(self) -> Iterator[CollectiveAlgorithm]:
         return iter(self._algorithms)
 
-    def candidates(self, coll: Collective, gpus: tuple[int, ...], topo: Topology,
+    def candidates(self, coll: Collective, gpus: tuple[int, ...], topo: Fabric,
                    gpu: GpuSpec) -> tuple[Candidate, ...]:
         """Every applicable (algorithm, protocol) for ``coll`` on ``gpus`` (at least 2), planned for a
         1-byte collective; only a replacing algorithm's (a measured curve) when it has some."""

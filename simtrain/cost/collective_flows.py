@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from simtrain.cost.calibrated import CollectiveTable
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import GpuSpec
-from simtrain.hardware.topology import Topology
 from simtrain.lower.collective_kinds import CollectiveKind
 
 US = 1e-6
@@ -60,7 +60,7 @@ class Plan:
         return tuple(tuple(f for f in ph if f.src == gpu) for ph in self.phases)
 
 
-def nodes_of(topo: Topology, gpus: tuple[int, ...]) -> dict[int, list[int]]:
+def nodes_of(topo: Fabric, gpus: tuple[int, ...]) -> dict[int, list[int]]:
     """The group's GPUs by node, nodes and GPUs in first-seen (rank) order."""
     by_node: dict[int, list[int]] = {}
     for g in gpus:
@@ -68,12 +68,12 @@ def nodes_of(topo: Topology, gpus: tuple[int, ...]) -> dict[int, list[int]]:
     return by_node
 
 
-def route_flow(topo: Topology, src: int, dst: int, nbytes: float, cap: float = math.inf) -> Flow:
+def route_flow(topo: Fabric, src: int, dst: int, nbytes: float, cap: float = math.inf) -> Flow:
     """A flow of ``nbytes`` from ``src`` to ``dst`` over the topology's route."""
     return Flow(src, topo.route(src, dst), nbytes, cap)
 
 
-def ring_flows(topo: Topology, gpus: tuple[int, ...], per_gpu: float) -> tuple[Flow, ...]:
+def ring_flows(topo: Fabric, gpus: tuple[int, ...], per_gpu: float) -> tuple[Flow, ...]:
     """Ring traffic of ``per_gpu`` bytes per GPU, with NCCL's rotated multi-channel rings across nodes:
     each GPU sends (k-1)/k of its traffic over NVLink and 1/k through its own NIC to its rail peer in the
     next node (busbw = min(k/(k-1)*NVLink, k*NIC), the k*NIC bound of the reference, note 4)."""
@@ -131,7 +131,7 @@ def idle_time(capacity: Callable[[Edge], float], phases: Phases) -> float:
     return total
 
 
-def effective_bandwidth(topo: Topology, gpu: GpuSpec, e: Edge) -> float:
+def effective_bandwidth(topo: Fabric, gpu: GpuSpec, e: Edge) -> float:
     """Achievable bandwidth of an edge: link rate x the protocol efficiency of its class (Table D)."""
     attrs = topo.edge(*e)
     eff = {"nvlink": gpu.nvlink_efficiency, "net": gpu.nic_efficiency}.get(attrs.link_class, 0.8)

@@ -29,8 +29,8 @@ from simtrain.cost.collective_flows import (
     idle_time,
     ring_flows,
 )
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import GpuSpec
-from simtrain.hardware.topology import Topology
 from simtrain.lower.collective_kinds import Collective, CollectiveKind
 
 __all__ = ["Candidate", "Edge", "Flow", "MeasuredCandidate", "Plan", "choose_plan", "collective_candidates",
@@ -38,7 +38,7 @@ __all__ = ["Candidate", "Edge", "Flow", "MeasuredCandidate", "Plan", "choose_pla
            "unit_idle_times"]
 
 
-def collective_candidates(coll: Collective | CollectiveKind, gpus: tuple[int, ...], topo: Topology, gpu: GpuSpec,
+def collective_candidates(coll: Collective | CollectiveKind, gpus: tuple[int, ...], topo: Fabric, gpu: GpuSpec,
                           registry: AlgorithmRegistry = ALGORITHMS) -> tuple[Candidate, ...]:
     """Every (algorithm, protocol) of ``registry`` that can run ``coll`` on this group, planned for a
     1-byte collective (only the measured one when a calibrated profile has a curve for this group)."""
@@ -76,7 +76,7 @@ def choose_plan(candidates: tuple[Candidate, ...], idle_s_per_byte: tuple[float,
     return Plan(best.algorithm, best.protocol, best.latency_s, best.phases(size_bytes), est)
 
 
-def plan_collective(coll: Collective | CollectiveKind, gpus: tuple[int, ...], size_bytes: float, topo: Topology,
+def plan_collective(coll: Collective | CollectiveKind, gpus: tuple[int, ...], size_bytes: float, topo: Fabric,
                     gpu: GpuSpec, capacity: Callable[[Edge], float] | None = None,
                     choice: tuple[str, str] | None = None) -> Plan:
     """The (algorithm, protocol) NCCL would pick for this group and size, with its flows.
@@ -97,7 +97,7 @@ def plan_collective(coll: Collective | CollectiveKind, gpus: tuple[int, ...], si
     return choose_plan(cands, None if choice else unit_idle_times(cands, cap), size_bytes, choice)
 
 
-def plan_send(src: int, dst: int, size_bytes: float, topo: Topology) -> Plan:
+def plan_send(src: int, dst: int, size_bytes: float, topo: Fabric) -> Plan:
     """Point-to-point send (PP activations/gradients): alpha + S/B over the route (Table B)."""
     path = topo.route(src, dst)
     n_net = sum(1 for e in path if topo.edge(*e).link_class == "net")

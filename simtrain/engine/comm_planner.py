@@ -18,8 +18,8 @@ from simtrain.cost.collectives import (
     plan_send,
     unit_idle_times,
 )
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import GpuSpec
-from simtrain.hardware.topology import Topology
 from simtrain.lower.collective_kinds import SEND, Collective
 from simtrain.lower.ops import (
     CommOp,
@@ -34,7 +34,7 @@ P2P_CLASS = "p2p"
 class _RouteCache:
     """A Topology whose routes are memoised (routes are pure functions of the endpoints)."""
 
-    def __init__(self, topo: Topology):
+    def __init__(self, topo: Fabric):
         self._topo = topo
         self._routes: dict[tuple[int, int], Any] = {}
 
@@ -52,8 +52,8 @@ class _RouteCache:
 class CommPlanner:
     """Plans collectives and sends for simulated ranks, with symmetric weights where needed."""
 
-    def __init__(self, topo: Topology, gpu: GpuSpec, grid: RankGrid, symmetric: bool):
-        self.topo: Topology = _RouteCache(topo)  # type: ignore[assignment]
+    def __init__(self, topo: Fabric, gpu: GpuSpec, grid: RankGrid, symmetric: bool):
+        self.topo: Fabric = _RouteCache(topo)  # type: ignore[assignment]
         self.gpu, self.grid, self.symmetric = gpu, grid, symmetric
         self._weights: dict[Any, list[list[tuple[float, ...]]]] = {}
         self.plans: dict[Any, Plan] = {}
@@ -171,6 +171,8 @@ class CommPlanner:
         the group a translate of stage 0's. Stages of a pipeline usually are (pp outermost), so their
         symmetric-mode flows are stage 0's, renamed (``_shift_flow``), instead of planned again."""
         topo = self.topo
+        if not topo.rail_symmetric:  # no renaming on a general graph: every stage is planned over it
+            return None
         base = self._counterpart(rank, 0)
         dg = place(rank) - place(base)
         per_leaf = topo.gpus_per_node * topo.nodes_per_leaf
@@ -185,8 +187,12 @@ class CommPlanner:
         """Symmetric mode: keep, of the representative's flows, the edges at its own GPU, NIC and leaf
         switch. Every rank of the stage sends and receives the same traffic, so a remote GPU's or
         NIC's edges carry what the representative's own edges carry (the same capacities, duplex
-        links): they add no constraint, only work for the fluid model."""
+        links): they add no constraint, only work for the fluid model. On a fabric that is not
+        rail-symmetric (a general graph: tiers above the leaf, planes, sites) the flows keep every edge,
+        each weighted by the copies on it, so every tier the routes cross constrains them."""
         topo = self.topo
+        if not topo.rail_symmetric:
+            return flows
         node, rail = topo.node_of(gpu), topo.rail_of(gpu)
         mine = {f"gpu{gpu}", f"nic{node}.{rail}", f"leaf{rail}.{topo.leaf_group_of_node(node)}"}
         out = []
@@ -201,7 +207,7 @@ class CommPlanner:
         return rank + (stage - self.grid.stage_of(rank)) * self.grid.stride("pp")
 
 
-def symmetry_violation(grid: RankGrid, topo: Topology) -> str | None:
+def symmetry_violation(grid: RankGrid, topo: Fabric) -> str | None:
     """Why the ranks of some pipeline stage are not interchangeable on the fabric (None if they are).
 
     Symmetric mode simulates one rank per stage, which is exact when every node hosting a stage holds
@@ -263,17 +269,20 @@ def _bundle(flows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [(tuple(weight), tuple(weight.values()), nbytes, cap) for (nbytes, cap), weight in classes.items()]
 
 
-def _may_share(topo: Topology, net: bool, rails: set[int], ranks: tuple[int, ...]) -> bool:
+def _may_share(topo: Fabric, net: bool, rails: set[int], ranks: tuple[int, ...]) -> bool:
     """Whether flows of ``ranks`` can share an edge with flows that use ``rails`` (``net``: over the network).
 
     In the Topology's fabric NVLink, NVLS and PCIe edges belong to one GPU (NVSwitch star) or one GPU
     pair (mesh), so disjoint groups never share them; NIC, leaf and spine edges belong to one rail.
-    Two disjoint groups can therefore share an edge only over the network, on a common rail.
+    Two disjoint groups can therefore share an edge only over the network, on a common rail. On a
+    general graph (not rail-symmetric) any two groups may share one: all of them are counted.
     """
+    if not topo.rail_symmetric:
+        return True
     return net and any(topo.rail_of(place(r)) in rails for r in ranks)
 
 
-def _link_class(topo: Topology, phases: tuple[tuple[Flow, ...], ...]) -> str:
+def _link_class(topo: Fabric, phases: tuple[tuple[Flow, ...], ...]) -> str:
     for ph in phases:
         for f in ph:
             if topo.link_class_of(f.path) == "net":

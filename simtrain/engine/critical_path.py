@@ -42,9 +42,10 @@ from simtrain.engine.engine import AXES, RECENT_OPS, _axis
 from simtrain.engine.inline import inline_plan
 from simtrain.engine.network import fluid_duration
 from simtrain.engine.steady import ERR_TOL, plan
+from simtrain.hardware.fabric.protocol import Fabric
+from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.hardware.hardware import ClusterSpec, GpuSpec
 from simtrain.hardware.profile import compute_calibration, run_cluster
-from simtrain.hardware.topology import Topology
 from simtrain.lower.layer_plan import microbatches
 from simtrain.lower.lowering import Lowered, lower
 from simtrain.lower.ops import (
@@ -185,7 +186,7 @@ class _Comm:
         return t
 
 
-def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
+def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: GpuSpec,
              planner: CommPlanner | None = None, load_factor: dict[int, float] | None = None,
              representatives: Sequence[int] | None = None) -> CriticalPathResult:
     """Time one step of ``programs`` (one per pipeline stage, costed) on their stages' representative
@@ -355,7 +356,7 @@ class _Setup:
     cost: ComputeCostModel
     cluster: ClusterSpec
     grid: RankGrid
-    topo: Topology
+    topo: Fabric
     planner: CommPlanner
     roles: list[list[int]]
 
@@ -364,7 +365,7 @@ class _Setup:
         cluster = run_cluster(run.hardware, run.layout.world_size)
         gpu = cluster.gpu
         grid = RankGrid(run.layout)
-        topo = Topology(cluster)
+        topo = fabric_of(run.hardware.fabric, cluster)
         cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                                 stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
         reps = roles(grid, topo, _group_axes(run)) if symmetry_violation(grid, topo) is not None else []

@@ -28,8 +28,8 @@ from simtrain.engine.comm_planner import P2P_CLASS, CommPlanner
 from simtrain.engine.inline import Guard, Inline, inline_plan, time_bounds
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import GpuSpec
-from simtrain.hardware.topology import Topology
 from simtrain.lower.ops import (
     CollectiveOp,
     CommOp,
@@ -97,7 +97,7 @@ class Engine:
             memos: the short runs of ``simtrain.engine.steady`` share one); None: a new one.
     """
 
-    def __init__(self, programs: list[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
+    def __init__(self, programs: list[Program], grid: RankGrid, topo: Fabric, gpu: GpuSpec,
                  symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
                  fast_paths: bool = True, planner: CommPlanner | None = None,
                  representatives: list[int] | None = None, speed: dict[int, float] | None = None):

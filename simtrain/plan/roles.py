@@ -16,20 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from simtrain.hardware.topology import Topology
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.plan.layout import RankGrid, place
 
 #: Most roles simulated one by one; beyond it ``simulate`` falls back (small worlds) or refuses.
 MAX_ROLES = 16
 
 
-def placement(topo: Topology, group: tuple[int, ...]) -> tuple[int, ...]:
+def placement(topo: Fabric, group: tuple[int, ...]) -> tuple[int, ...]:
     """The nodes of ``group``'s members in group order, relabelled 0, 1, ... by first appearance."""
     labels: dict[int, int] = {}
     return tuple(labels.setdefault(topo.node_of(place(r)), len(labels)) for r in group)
 
 
-def tiles(topo: Topology, group: tuple[int, ...]) -> bool:
+def tiles(topo: Fabric, group: tuple[int, ...]) -> bool:
     """Whether ``group`` has the same member count on each of its nodes (its ring/tree is regular)."""
     counts: dict[int, int] = {}
     for r in group:
@@ -38,7 +38,7 @@ def tiles(topo: Topology, group: tuple[int, ...]) -> bool:
     return len(set(counts.values())) == 1
 
 
-def roles(grid: RankGrid, topo: Topology, axes: Iterable[str]) -> list[list[int]]:
+def roles(grid: RankGrid, topo: Fabric, axes: Iterable[str]) -> list[list[int]]:
     """The ranks' roles, each as its representative per pipeline stage (stage 0's lowest rank of the
     role and that rank's counterparts on the other stages), in order of stage 0's representative.
 

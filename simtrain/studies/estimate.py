@@ -54,6 +54,7 @@ from simtrain.cost.collectives import (
 )
 from simtrain.cost.cost_pass import CostedSegment, cost_kernels, cost_segments
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import ClusterSpec
 from simtrain.hardware.profile import compute_calibration
 from simtrain.hardware.topology import Topology
@@ -166,7 +167,9 @@ class Estimator:
     model: ModelSpec
     cluster: ClusterSpec
     fragmentation_ratio: float = 0.05
-    topo: Topology = field(init=False)
+    fabric: Fabric | None = None
+    """The run's fabric (``simtrain.hardware.fabric.wiring.fabric_of``); None: the built-in one."""
+    topo: Fabric = field(init=False)
     _colls: dict[tuple[Collective, tuple[int, ...]], tuple[tuple[float, float], ...]] = field(default_factory=dict)
     _costs: dict[tuple[str, str | StackOverride, str], ComputeCostModel] = field(default_factory=dict)
     _plans: dict[tuple[object, ...], dict[int, LayerPlan]] = field(default_factory=dict)
@@ -179,7 +182,7 @@ class Estimator:
     _dynamic: dict[tuple[object, ...], tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.topo = Topology(self.cluster)
+        self.topo = self.fabric or Topology(self.cluster)
 
     # -- costs -----------------------------------------------------------------------------------
     def collective_s(self, kind: Collective, group: tuple[int, ...], size_bytes: float) -> float:

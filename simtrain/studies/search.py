@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.spec.config import LayoutConfig, RunConfig, TrainConfig
 from simtrain.spec.errors import ConfigError, Problem
 from simtrain.spec.load import load_config
@@ -372,7 +373,7 @@ def search(config: RunConfig | dict[str, Any] | str | Path, gpus: int | None = N
     layouts = enumerate_layouts(run, cluster.n_gpus, space)
     if not layouts:
         raise ConfigError(explain_empty(run, cluster.n_gpus, space))
-    est = Estimator(run.model, cluster, run.sim.fragmentation_ratio)
+    est = Estimator(run.model, cluster, run.sim.fragmentation_ratio, fabric_of(run.hardware.fabric, cluster))
     with progress_bar("estimating layouts", len(layouts), enabled=progress) as advance:
         cands = [c for c, _ in _estimate_all(est, ticking(layouts, advance))]
     _simulate_best(run, cands, top_k, budget_units, workers, scheduler, progress)

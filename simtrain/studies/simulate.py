@@ -1,6 +1,6 @@
 """``simulate(config) -> StepResult``: the whole pipeline, one plain function per arrow.
 
-load_config -> RankGrid + Topology -> lower() -> static memory -> Engine.run() -> StepResult.
+load_config -> RankGrid + Fabric (``fabric_of``) -> lower() -> static memory -> Engine.run() -> StepResult.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
+
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine import invariants
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
@@ -18,9 +20,10 @@ from simtrain.engine.records import EngineResult, RankStats
 from simtrain.engine.results import StageMemory, StepResult
 from simtrain.engine.steady import SteadyPlan, affine_at, extrapolate, plan
 from simtrain.hardware.fabric.perturb import gpu_speeds, perturb
+from simtrain.hardware.fabric.protocol import Fabric
+from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.hardware.hardware import ClusterSpec
 from simtrain.hardware.profile import compute_calibration, run_cluster
-from simtrain.hardware.topology import Topology
 from simtrain.lower.flops import model_flops_per_step
 from simtrain.lower.layer_plan import microbatches
 from simtrain.lower.lowering import Lowered, lower
@@ -52,7 +55,7 @@ def cluster_of(run: RunConfig) -> ClusterSpec:
 
 def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[str] | None = None,
              mode: str | None = None, trace: bool = False,
-             error_table: str | Path | None = None) -> StepResult:
+             error_table: str | Path | None = None, fabric: nx.Graph | None = None) -> StepResult:
     """Simulate one training step.
 
     Args:
@@ -62,6 +65,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         trace: keep every executed op for a Chrome trace.
         error_table: the measured-run errors behind ``StepResult.error_band`` (a CSV of
             ``simtrain.studies.uncertainty.COLUMNS``; default: simtrain's errors on the published runs).
+        fabric: a fabric graph built in Python (``networkx``, the schema of
+            ``simtrain.hardware.fabric.schema``) to simulate on instead of ``hardware.fabric``.
 
     Raises:
         ConfigError: invalid input (every problem, with its dotted path).
@@ -70,15 +75,16 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     """
     run = load_config(config, overrides)
     if run.whatif.active:  # the step with and without the perturbations (simtrain.studies.whatif)
-        return _whatif(run, mode, trace, error_table)
-    return _simulate(run, mode, trace, error_table)[0]
+        return _whatif(run, mode, trace, error_table, fabric)
+    return _simulate(run, mode, trace, error_table, fabric)[0]
 
 
-def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None) -> StepResult:
+def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None,
+            fabric: nx.Graph | None) -> StepResult:
     """The perturbed step (first: a bad name fails fast), then the unperturbed one in the same mode."""
     mode, note = whatif_mode(run.whatif, mode or run.sim.mode, run.layout.world_size, FULL_MODE_WORLD)
-    result, ranks = _simulate(run, mode, trace, error_table)
-    base, base_ranks = _simulate(run.model_copy(update={"whatif": WhatIfSpec()}), mode, False, error_table)
+    result, ranks = _simulate(run, mode, trace, error_table, fabric)
+    base, base_ranks = _simulate(run.model_copy(update={"whatif": WhatIfSpec()}), mode, False, error_table, fabric)
     cluster = cluster_of(run)
     result.whatif = summary(run.whatif, result.step_time_s, base.step_time_s, ranks, base_ranks,
                             cluster.gpus_per_node, gpu_speeds(run.whatif, cluster))
@@ -87,8 +93,8 @@ def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Pa
     return result
 
 
-def _simulate(run: RunConfig, mode: str | None, trace: bool,
-              error_table: str | Path | None) -> tuple[StepResult, tuple[int, int]]:
+def _simulate(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None,
+              fabric: nx.Graph | None = None) -> tuple[StepResult, tuple[int, int]]:
     """``simulate`` of a loaded run: the result, and its critical and bottleneck ranks
     (``simtrain.studies.whatif.key_ranks``)."""
     cluster = cluster_of(run)
@@ -97,7 +103,7 @@ def _simulate(run: RunConfig, mode: str | None, trace: bool,
     cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                             stack=run.train.stack_spec, fp8_recipe=run.train.fp8_recipe)
     mode = mode or run.sim.mode
-    topo = perturb(Topology(cluster), cluster, run.whatif)  # the fabric itself without link what-ifs
+    topo = perturb(fabric_of(run.hardware.fabric, cluster, fabric), cluster, run.whatif)  # as is without link what-ifs
     notes = []
     reps: list[list[int]] = []
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
@@ -118,6 +124,10 @@ def _simulate(run: RunConfig, mode: str | None, trace: bool,
                          "stage each; "
                          "the slowest role sets the step, as all ranks meet at the step's synchronisations)")
     symmetric = mode == "symmetric"
+    if symmetric and not topo.rail_symmetric:
+        notes.append("symmetric mode on a fabric graph other than the rail-optimised one: every group of each stage "
+                     "was planned over the graph and each representative's routes weighted by the copies on every "
+                     "edge; ranks of a stage are taken to see the same fabric (for an asymmetric graph use --mode full)")
     step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric), reps,
                  gpu_speeds(run.whatif, cluster))
     m = microbatches(run)
@@ -150,7 +160,7 @@ class _Step:
     cost: ComputeCostModel
     cluster: ClusterSpec
     grid: RankGrid
-    topo: Topology
+    topo: Fabric
     symmetric: bool
     planner: CommPlanner
     """Collective plans shared by every engine run of the step (pure memos of the topology)."""

@@ -29,9 +29,10 @@ from typing import Any
 
 import networkx as nx
 
+from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.fabric.routing import GraphTopology
 from simtrain.hardware.hardware import ClusterSpec, LinkClass
-from simtrain.hardware.topology import EdgeAttrs, Topology, build_graph
+from simtrain.hardware.topology import EdgeAttrs, build_graph
 from simtrain.spec.errors import ConfigError, Problem, problem
 from simtrain.spec.whatif_spec import GPU_NAME, LINK_CLASSES, LINK_SEP, NODE_NAME, WhatIfSpec, tier_name
 
@@ -286,7 +287,7 @@ def _vertex_ranges(graph: nx.DiGraph) -> str:
     return "; ".join(f"{k}: {vs[0]}" + (f" .. {vs[-1]}" if len(vs) > 1 else "") for k, vs in by_kind.items())
 
 
-def perturb(base: Topology, cluster: ClusterSpec, spec: WhatIfSpec) -> Topology:
+def perturb(base: Fabric, cluster: ClusterSpec, spec: WhatIfSpec) -> Fabric:
     """``base`` wrapped in a :class:`PerturbedFabric` when ``spec`` perturbs a link, else ``base`` itself."""
     if not (spec.slow_links or spec.failed_links or any(s > 0 for s in spec.background.values())):
         return base

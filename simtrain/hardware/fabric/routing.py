@@ -55,20 +55,23 @@ def ecmp_index(src: int, dst: int, hop: int, n: int) -> int:
 class _Table:
     """One destination's routing table over the core of the switch graph: ``dist[i]`` hops from switch
     ``i`` to the destination's entry switches, ``width[i]`` the widest bottleneck (bytes/s) of a shortest
-    route from switch ``i`` into the destination GPU. Switches absent are unreachable or pendant."""
+    route from switch ``i`` into the destination GPU; switches absent are unreachable or pendant.
+    ``next[i]``: the equal next hops from ``i`` (memoised by the route walk). ``up``: the table this one
+    was derived from (one hop nearer the source), whose next hops it shares beyond the first hop."""
 
-    __slots__ = ("dist", "width")
+    __slots__ = ("dist", "width", "next", "up")
 
-    def __init__(self, dist: dict[int, int], width: dict[int, float]):
-        self.dist, self.width = dist, width
+    def __init__(self, dist: dict[int, int], width: dict[int, float], up: _Table | None = None):
+        self.dist, self.width, self.up = dist, width, up
+        self.next: dict[int, list[int]] = {}
 
 
 class GraphTopology:
     """A ``Fabric`` over a fabric graph (``networkx.DiGraph``; an undirected graph means full duplex).
 
     Args:
-        graph: the fabric, in the schema of ``simtrain.hardware.fabric.schema`` (not validated here:
-            ``schema.validate`` does that, and ``fabric_of`` calls it).
+        graph: the fabric, in the schema of ``simtrain.hardware.fabric.schema`` (not checked here:
+            ``schema.checked`` does that, and ``fabric_of`` calls it).
         cluster: the cluster the graph's GPUs belong to (GPU spec, NCCL latency terms). Only route and
             edge queries work without it.
     """
@@ -89,22 +92,23 @@ class GraphTopology:
         self._index = index
         # switch graph, by index, successors sorted by name (the ECMP candidates' order)
         self._succ: list[list[tuple[int, float]]] = [[] for _ in switches]
-        self._pred: list[list[int]] = [[] for _ in switches]
+        self._pred: list[list[tuple[int, float]]] = [[] for _ in switches]
         for u, v, bw in g.edges(data="bandwidth_Bps"):
             iu, iv = index.get(u), index.get(v)
             if iu is not None and iv is not None:
                 self._succ[iu].append((iv, float(bw)))
-                self._pred[iv].append(iu)
+                self._pred[iv].append((iu, float(bw)))
         for s in self._succ:
             s.sort()
         # pendant switches: at most one distinct neighbouring switch (either direction); never transited
         self._up: list[tuple[int, float] | None] = []
         self._core: list[bool] = []
         for i in range(len(switches)):
-            nbrs = {j for j, _ in self._succ[i]} | set(self._pred[i])
+            nbrs = {j for j, _ in self._succ[i]} | {j for j, _ in self._pred[i]}
             nbrs.discard(i)
             self._core.append(len(nbrs) > 1)
             self._up.append(self._succ[i][0] if len(nbrs) <= 1 and self._succ[i] else None)
+        self._core_pred = [[(u, bw) for u, bw in p if self._core[u]] for p in self._pred]
         # per GPU: switches it sends to, switches it receives from (with the edge bandwidths), GPUs it has
         # a direct edge to
         self._out: list[list[tuple[int, float]]] = []
@@ -246,9 +250,14 @@ class GraphTopology:
             j = self._up[cur][0]  # type: ignore[index]
             path.append((names[cur], names[j]))
             cur, hop = j, hop + 1
-        while dist[cur] > 0:
-            want_d, want_w = dist[cur] - 1, width[cur]
-            nxt = [j for j, bw in self._succ[cur] if dist.get(j) == want_d and min(bw, width[j]) == want_w]
+        while (d := dist[cur]) > 0:
+            # beyond the first hop a derived table's next hops are its parent's (no entry is d - 1 away)
+            t = table.up if table.up is not None and d >= 2 else table
+            nxt = t.next.get(cur)
+            if nxt is None:
+                want_w = width[cur]
+                nxt = t.next[cur] = [j for j, bw in self._succ[cur]
+                                     if dist.get(j) == d - 1 and min(bw, width[j]) == want_w]
             j = nxt[ecmp_index(src, dst, hop, len(nxt))] if len(nxt) > 1 else nxt[0]
             path.append((names[cur], names[j]))
             cur, hop = j, hop + 1
@@ -260,24 +269,25 @@ class GraphTopology:
 
     def _table_for(self, entries: tuple[tuple[int, float], ...]) -> _Table:
         """The table of an entry set (switch, bandwidth into the destination), cached. When every entry is
-        pendant the table is derived from its predecessors' (one hop further; the predecessors are shared
-        by many destinations, e.g. a leaf by the GPUs of its rail), else it is searched."""
+        pendant and their predecessors are core switches, the table is derived from the predecessors'
+        (one hop further; they are shared by many destinations, e.g. a leaf by the GPUs of its rail),
+        else it is searched."""
         t = self._tables.get(entries)
         if t is not None:
             self._tables.move_to_end(entries)
             return t
+        lifted: dict[int, float] = {}
         if entries and not any(self._core[i] for i, _ in entries):
-            lifted: dict[int, float] = {}
             for i, w in entries:
-                for u in self._pred[i]:
-                    bw = next(b for j, b in self._succ[u] if j == i)
+                for u, bw in self._pred[i]:
                     lifted[u] = max(lifted.get(u, 0.0), min(bw, w))
+        if lifted and all(self._core[u] for u in lifted):
             up = self._table_for(tuple(sorted(lifted.items())))
             dist = {k: v + 1 for k, v in up.dist.items()}
             width = dict(up.width)
             for i, w in entries:
                 dist[i], width[i] = 0, w
-            t = _Table(dist, width)
+            t = _Table(dist, width, up)
         else:
             t = self._bfs(entries)
         self._tables[entries] = t
@@ -307,18 +317,20 @@ class GraphTopology:
                 dist[i] = 0
                 level.append(i)
             width[i] = max(width.get(i, 0.0), bw)
-        pred, succ, core = self._pred, self._succ, self._core
+        pred = self._core_pred
         d = 0
         while level:
             d += 1
             nxt = []
             for v in level:
-                for u in pred[v]:
-                    if core[u] and u not in dist:
-                        dist[u] = d
+                wv = width[v]
+                for u, bw in pred[v]:
+                    du = dist.get(u)
+                    if du is None:
+                        dist[u], width[u] = d, min(bw, wv)
                         nxt.append(u)
-            for u in nxt:
-                width[u] = max(min(bw, width[j]) for j, bw in succ[u] if dist.get(j) == d - 1)
+                    elif du == d:
+                        width[u] = max(width[u], min(bw, wv))
             level = nxt
         return _Table(dist, width)
 
@@ -342,6 +354,8 @@ def same_fabric(a: nx.DiGraph, b: nx.DiGraph) -> bool:
     and the same directed edges with equal ``bandwidth_Bps``, ``latency_s`` and ``link_class``."""
     if a.number_of_nodes() != b.number_of_nodes() or a.number_of_edges() != b.number_of_edges():
         return False
+    if a._adj == b._adj and a._node == b._node:  # networkx's own dicts: compared at C speed
+        return True  # the usual case (a file written from build_graph)
     for v, d in b.nodes(data=True):
         if v not in a:
             return False
