@@ -213,6 +213,15 @@ def _llama8b() -> dict[str, float]:
     return {"peak": _peak_gib(_sim("llama3_8b_h100_fsdp.yaml"))}
 
 
+def _slow_gpu() -> dict[str, float]:
+    ex = "llama3_8b_slow_gpu.yaml"
+    w = _sim(ex).whatif
+    first = _sim(ex, "whatif={slow_gpus: {node0/gpu5: 0.85}}").whatif
+    net = _sim(ex, "whatif={background: {net: 0.5}}").whatif
+    return {"t": w["step_time_s"], "b": w["baseline_step_time_s"], "c": w["cost_s"], "p": w["cost_pct"],
+            "loss": 100 * (1 / w["bottleneck_speed"] - 1), "first": first["cost_pct"], "net": net["cost_pct"]}
+
+
 def _error_frame(archive: bool) -> Any:
     import pandas as pd
 
@@ -318,6 +327,15 @@ FIGURES: tuple[Figure, ...] = (
     Figure("examples/llama3_405b_h100.yaml", "per model chunk brings it to ~{rec:.0f} GiB. Predicted ~{mfu:.0f} % MFU",
            _llama405b),
     Figure("examples/llama3_8b_h100_fsdp.yaml", "peaks at ~{peak:.0f} GiB of 80 GiB", _llama8b),
+    Figure(README, "one GPU of the second stage at 0.85x costs the step +{c:.2f} s (+{p:.1f} %: the step follows "
+                   "the slow GPU, which loses {loss:.1f} %), the same GPU on the lighter first stage +{first:.1f} %, "
+                   "and half of every network link taken by other traffic +{net:.2f} %", _slow_gpu),
+    Figure("examples/llama3_8b_slow_gpu.yaml", "what-if {t:.4f} s vs {b:.4f} s unperturbed: +{c:.4f} s (+{p:.2f} %)",
+           _slow_gpu),
+    Figure("examples/llama3_8b_slow_gpu.yaml", "so one GPU in 16 costs the step {p:.1f} %, close to the {loss:.1f} % "
+                                               "that GPU itself loses", _slow_gpu),
+    Figure("examples/llama3_8b_slow_gpu.yaml", "costs only +{first:.2f} %", _slow_gpu),
+    Figure("examples/llama3_8b_slow_gpu.yaml", "costs +{net:.2f} %, since only", _slow_gpu),
     Figure("examples/llama3_70b_gb200_offload.yaml", "the step needs ~{none:.0f} GiB per GPU", _gb200_offload),
     Figure("examples/llama3_70b_gb200_offload.yaml", "offloaded it peaks at ~{forty:.0f} GiB", _gb200_offload),
     Figure("examples/llama3_70b_gb200_offload.yaml", "so the waits are ~{wait_ms:.0f} ms a step", _gb200_offload),

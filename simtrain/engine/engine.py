@@ -116,8 +116,10 @@ class Engine:
     def __init__(self, programs: list[Program], grid: RankGrid, topo: Fabric, gpu: GpuSpec,
                  symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
                  fast_paths: bool = True, planner: CommPlanner | None = None,
-                 representatives: list[int] | None = None):
+                 representatives: list[int] | None = None, speed: dict[int, float] | None = None):
         self.programs, self.grid, self.gpu = programs, grid, gpu
+        self.speed = speed or {}
+        """Compute speed factor per rank (``whatif.slow_gpus``): its compute ops take 1/factor as long."""
         for prog in programs:  # compute ops and host copies need their times (simtrain.cost.cost_pass)
             if any(type(o) in _UNCOSTED for o in prog.ops):
                 raise ValueError(f"stage {prog.stage}'s program is not costed (simtrain.cost.cost_pass.cost_program)")
@@ -358,6 +360,7 @@ class Engine:
         # full mode keeps the comm stream's in-situ stretch, so its in-line runs change nothing
         in_line_stretch = 0.0 if self.symmetric else self.gpu.comm_in_situ_slowdown
         extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
+        speed = self.speed.get(rank, 1.0)  # x / 1.0 == x: unperturbed ranks keep their exact times
         inline = self._inline.get(rank, {})
         alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
         t = env.now
@@ -417,7 +420,7 @@ class Engine:
                 self._attribute(rank, blocker, ready, start)
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            work = op.duration_s + extra_load * op.expert_s
+            work = (op.duration_s + extra_load * op.expert_s) / speed
             if not self.active_comm[rank] and self._quiet(rank):
                 # no collective in flight and none can start before this stream fires an event
                 dur = work

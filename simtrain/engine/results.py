@@ -77,12 +77,14 @@ class StepResult:
     notes: list[str] = field(default_factory=list)
     error_band: ErrorBand | None = None
     """Likely measured step time from simtrain's error on measured runs like this one (``simtrain.studies.uncertainty``)."""
+    whatif: dict[str, Any] | None = None
+    """A what-if's step with and without its perturbations (``simtrain.studies.whatif.summary``); None: no what-if."""
     trace: list[Any] = field(default_factory=list, repr=False)
     stage_of: dict[int, int] = field(default_factory=dict, repr=False)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """JSON-ready dict with the documented keys (memory timelines only when asked)."""
-        skip = ("trace", "stage_of", "memory", "error_band")
+        skip = ("trace", "stage_of", "memory", "error_band") + (("whatif",) if self.whatif is None else ())
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["error_band"] = self.error_band.to_dict() if self.error_band is not None else None
         out["memory"] = []

@@ -25,6 +25,7 @@ from simtrain.spec.model import ModelSpec, preset
 from simtrain.spec.safe_yaml import load_yaml, read_document
 from simtrain.spec.schedule_names import SCHEDULE_NAMES, ScheduleKind
 from simtrain.spec.stacks import DEFAULT_STACK, SoftwareStack, StackOverride, resolve_stack, stack_choice
+from simtrain.spec.whatif_spec import WhatIfSpec
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
@@ -327,6 +328,8 @@ class RunConfig(BaseModel):
     """How to simulate."""
     run: RunSpec | None = None
     """Whole run: token budget, batch-size schedule, price (``simtrain run``; see ``simtrain.spec.batch``)."""
+    whatif: WhatIfSpec = WhatIfSpec()
+    """Asymmetric perturbations: slow GPUs or nodes, slow or failed links, background traffic (full mode)."""
 
     @field_validator("model", mode="before")
     @classmethod

@@ -6,7 +6,7 @@ load_config -> RankGrid + Fabric (``fabric_of``) -> lower() -> static memory -> 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from simtrain.engine.engine import AXES, Engine
 from simtrain.engine.records import EngineResult, RankStats
 from simtrain.engine.results import StageMemory, StepResult
 from simtrain.engine.steady import SteadyPlan, affine_at, extrapolate, plan
+from simtrain.hardware.fabric.perturb import gpu_speeds, perturb
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.fabric.wiring import fabric_of
 from simtrain.hardware.hardware import ClusterSpec
@@ -40,7 +41,9 @@ from simtrain.plan.roles import MAX_ROLES, roles
 from simtrain.plan.routing import rank_load_factors, symmetric_load_factors
 from simtrain.spec.config import RunConfig, TrainConfig
 from simtrain.spec.errors import InfeasibleLayout
+from simtrain.spec.whatif_spec import WhatIfSpec
 from simtrain.studies.uncertainty import band_for, read_error_table
+from simtrain.studies.whatif import key_ranks, summary, whatif_mode
 
 #: Largest world that symmetric mode hands to full mode when its ranks play too many roles.
 FULL_MODE_WORLD = 512
@@ -72,13 +75,36 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         SimulationInvariantError: the result broke an invariant (``simtrain.engine.invariants``): a bug.
     """
     run = load_config(config, overrides)
+    if run.whatif.active:  # the step with and without the perturbations (simtrain.studies.whatif)
+        return _whatif(run, mode, trace, error_table, fabric)
+    return _simulate(run, mode, trace, error_table, fabric)[0]
+
+
+def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None,
+            fabric: nx.Graph | None) -> StepResult:
+    """The perturbed step (first: a bad name fails fast), then the unperturbed one in the same mode."""
+    mode, note = whatif_mode(run.whatif, mode or run.sim.mode, run.layout.world_size, FULL_MODE_WORLD)
+    result, ranks = _simulate(run, mode, trace, error_table, fabric)
+    base, base_ranks = _simulate(run.model_copy(update={"whatif": WhatIfSpec()}), mode, False, error_table, fabric)
+    cluster = cluster_of(run)
+    result.whatif = summary(run.whatif, result.step_time_s, base.step_time_s, ranks, base_ranks,
+                            cluster.gpus_per_node, gpu_speeds(run.whatif, cluster))
+    if note:
+        result.notes.insert(0, note)
+    return result
+
+
+def _simulate(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None,
+              fabric: nx.Graph | None = None) -> tuple[StepResult, tuple[int, int]]:
+    """``simulate`` of a loaded run: the result, and its critical and bottleneck ranks
+    (``simtrain.studies.whatif.key_ranks``)."""
     cluster = cluster_of(run)
     gpu = cluster.gpu
     grid = RankGrid(run.layout)
     cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                             stack=run.train.stack_spec, fp8_recipe=run.train.fp8_recipe)
     mode = mode or run.sim.mode
-    topo = fabric_of(run.hardware.fabric, cluster, fabric)
+    topo = perturb(fabric_of(run.hardware.fabric, cluster, fabric), cluster, run.whatif)  # as is without link what-ifs
     notes = []
     reps: list[list[int]] = []
     if mode == "symmetric" and (why := symmetry_violation(grid, topo)) is not None:
@@ -103,7 +129,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         notes.append("symmetric mode on a fabric graph other than the rail-optimised one: every group of each stage "
                      "was planned over the graph and each representative's routes weighted by the copies on every "
                      "edge; ranks of a stage are taken to see the same fabric (for an asymmetric graph use --mode full)")
-    step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric), reps)
+    step = _Step(run, cost, cluster, grid, topo, symmetric, CommPlanner(topo, gpu, grid, symmetric), reps,
+                 gpu_speeds(run.whatif, cluster))
     m = microbatches(run)
     steady = plan(run.layout.resolved_schedule, run.layout.pp, m)
     outcome = _steady_state(step, steady) if run.sim.steady_state and not trace and steady else None
@@ -114,8 +141,8 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         res, closed, note = outcome
         notes.append(note)
     result = _result(run, mode, m, res, cluster, grid, closed)
+    critical = res.critical_rank()
     if len(reps) > 1:
-        critical = res.critical_rank()
         role = next(i for i, r in enumerate(reps) if critical in r)
         notes.append(f"critical role: role {role} (rank {reps[role][0]}'s placement; the representatives of the "
                      f"roles on stage 0 are ranks {', '.join(str(r[0]) for r in reps)})")
@@ -123,7 +150,7 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
     result.notes.extend(notes)
     result.error_band = band_for(result.step_time_s, run.train.stack_name, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))
-    return result
+    return result, key_ranks(res)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +168,8 @@ class _Step:
     roles: list[list[int]]
     """Symmetric mode by role (``simtrain.plan.roles``): each role's representative per stage; [] when
     the ranks of a stage are interchangeable (one representative per stage)."""
+    speed: dict[int, float] = field(default_factory=dict)
+    """Full mode: compute speed factor per rank (``whatif``; rank r runs on GPU r, ``plan.layout.place``)."""
 
     def engine_run(self, train: TrainConfig, trace: bool = False) -> tuple[Lowered, EngineResult]:
         """Lower the run with ``train``'s batch and simulate it on the engine."""
@@ -153,7 +182,8 @@ class _Step:
         if not self.symmetric:
             ranks = list(range(grid.world_size))
             engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=False, trace=trace,
-                            load_factor=rank_load_factors(run, grid, ranks), planner=self.planner)
+                            load_factor=rank_load_factors(run, grid, ranks), planner=self.planner,
+                            speed=self.speed)
             return lowered, engine.run()
         # one engine run per role, each on its own network (roles share no simulated link: each run's
         # flows already carry its copies' weights); the step is the slowest role's
