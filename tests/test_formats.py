@@ -116,6 +116,9 @@ def test_megatron_round_trip_of_every_example(example: Path) -> None:
     if run.layout.resolved_schedule == "dualpipe":  # Megatron-LM has no DualPipe: said, and written as 1F1B
         assert any("dualpipe" in s for s in skipped)
         mine["layout"]["schedule"] = theirs["layout"]["schedule"]
+    elif run.layout.fsdp == "hybrid":  # nor PyTorch's HSDP: said, and written as the distributed optimizer
+        assert any("fsdp=hybrid" in s for s in skipped)
+        return
     else:
         assert skipped == []
     assert theirs == mine

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from simtrain.spec.limits import MAX_GPUS
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 #: File suffixes read as a graph file when ``hardware.fabric`` is a bare string.
 GRAPH_SUFFIXES = (".graphml", ".xml", ".json")
@@ -101,6 +101,7 @@ class RailOptimisedFabric(_Clos):
     NVIDIA DGX SuperPOD H100 reference architecture: rail-optimised, one leaf per GPU index."""
 
     kind: Literal["rail_optimised"] = "rail_optimised"
+    """Fabric kind: the rail-optimised fat tree (the default)."""
     groups_per_pod: int | None = Field(None, ge=1, le=MAX_GPUS)
     """Leaf groups under one pod's spines (``tiers: 3``); None: a spine's down ports (from ``radix``) over
     the rails."""
@@ -116,6 +117,7 @@ class FatTreeFabric(_Clos):
     architecture" (SIGCOMM 2008) for the shape; the ratios make it oversubscribed."""
 
     kind: Literal["fat_tree"] = "fat_tree"
+    """Fabric kind: a plain fat tree."""
     nodes_per_leaf: int | None = Field(None, ge=1, le=MAX_GPUS)
     """Nodes under one leaf; None: as many as the leaf's down ports hold (``radix * r / (r + 1)`` over the
     NICs per node, at least 1): 4 nodes of 8 NICs on a 64-port leaf at 1:1."""
@@ -132,6 +134,7 @@ class MultiPlaneFabric(_Clos):
     a GPU; a node with an Infinity-Fabric mesh (no NVSwitch) is refused."""
 
     kind: Literal["multi_plane"] = "multi_plane"
+    """Fabric kind: one network per NIC rail."""
     groups_per_pod: int | None = Field(None, ge=1, le=MAX_GPUS)
     """Leaves of a plane under one pod's spines (``tiers: 3``); None: from ``radix``."""
 
@@ -144,6 +147,7 @@ class NvlRacksFabric(_Clos):
     ``leaf: rack``: one top-of-rack leaf per group of racks takes all their NICs."""
 
     kind: Literal["nvl_racks"] = "nvl_racks"
+    """Fabric kind: NVL72-style rack domains."""
     gpus_per_tray: int = Field(NVL72_GPUS_PER_TRAY, ge=1, le=MAX_GPUS)
     """GPUs (and NICs) of one compute tray: 4 on GB200/GB300 NVL72 (NVL72_GPUS_PER_TRAY)."""
     leaf: Literal["rail", "rack"] = "rail"
@@ -177,6 +181,7 @@ class MultiSiteFabric(BaseModel):
 
     model_config = _STRICT
     kind: Literal["multi_site"] = "multi_site"
+    """Fabric kind: two or more sites."""
     n_sites: int = Field(2, ge=2, le=1000)
     """Data centres; ``hardware.n_nodes`` must be a multiple of it."""
     site: SiteFabric = RailOptimisedFabric()
@@ -198,6 +203,7 @@ class GraphFileFabric(BaseModel):
 
     model_config = _STRICT
     kind: Literal["graph"] = "graph"
+    """Fabric kind: a graph file."""
     path: str
     """Path of the graph file; relative paths are relative to the working directory."""
 
