@@ -320,6 +320,20 @@ def _ring_all_reduce(c, G: nx.DiGraph, nodes: list[int]) -> tuple[float, float]:
     return t, plan.latency_s
 
 
+def test_a_long_inter_site_link_adds_its_latency_to_every_ring_step() -> None:
+    """A ring all-reduce over two sites joined by a link of latency L: NCCL's latency model
+    (collective_flows.ring_latency, after tuning.cc) has 2(n_nodes-1) inter-node steps, each paying the
+    network latency twice with the Simple protocol; the long link adds L to that network latency, so the
+    term grows by 2(n_nodes-1) x 2 x L over the same ring with a short link."""
+    c = build_cluster("dgx-h100", 2)
+    lat = {}
+    for ms in (0.0, 5.0):
+        topo = GraphTopology(build_fabric(MultiSiteFabric(n_sites=2, latency_ms=ms), c), c)
+        plan = plan_collective(CollectiveKind.ALL_REDUCE, (0, 8), 1.0, topo, c.gpu, choice=("ring", "Simple"))
+        lat[ms] = plan.latency_s
+    assert lat[5.0] - lat[0.0] == pytest.approx(2 * (2 - 1) * 2 * 5e-3, rel=1e-3)  # less the switch hop the link counts as
+
+
 @pytest.mark.parametrize("gpn", [1, 8])
 @pytest.mark.parametrize("ratio", [1.0, 2.0, 4.0])
 def test_all_reduce_across_an_oversubscribed_tier(gpn: int, ratio: float) -> None:
@@ -419,20 +433,18 @@ def test_engine_all_reduce_across_an_oversubscribed_tier(ratio: float, mode: str
     assert t == pytest.approx(2 * 15 / 16 * size / (eta_nic / ratio), rel=0.01)
 
 
-# Symmetric mode keeps only the representative's own ring flows when its group tiles the nodes; with
-# 4 nodes over two sites rank 0's flow stays inside site 0, so the link is missed (h-graph's comm planner,
-# /work/notes/s5/fab-to-graph.md item 1). Full mode is right.
-_SYMMETRIC_MISSES_LINK = pytest.mark.xfail(reason="symmetric mode keeps only rank 0's flows on a general graph")
-
-
 @pytest.mark.parametrize(
     ("dp", "mode"),
-    [(2, "symmetric"), (2, "full"), pytest.param(4, "symmetric", marks=_SYMMETRIC_MISSES_LINK), (4, "full")],
+    [(2, "symmetric"), (2, "full"), (4, "symmetric"), (4, "full")],
 )
 def test_engine_cross_site_ring(dp: int, mode: str) -> None:
     """DP over two sites (dp / 2 nodes each) joined by one 0.1 Gbit/s link: the ring crosses it once each
-    way, so the all-reduce takes 2(P-1)/P x S / (eta B), plus NCCL's ring latency (under 1 %)."""
+    way, so the all-reduce takes 2(P-1)/P x S / (eta B), plus NCCL's ring latency (under 1 %) and the link's
+    1 ms on each of the ring's 2(P-1) inter-node steps, twice with the Simple protocol (as in
+    test_a_long_inter_site_link_adds_its_latency_to_every_ring_step). With 4 nodes
+    rank 0's own ring flow stays inside site 0: symmetric mode must still see the link (on a general graph
+    the representative carries its whole group's flows)."""
     hw = dict(fabric=dict(kind="multi_site", n_sites=2, link_Gbps=0.1, latency_ms=1))
     t, size = _dp_all_reduce(hw, dp, mode)
     eta_b = build_cluster("dgx-h100", 1).gpu.nic_efficiency * 0.1e9 / 8
-    assert t == pytest.approx(2 * (dp - 1) / dp * size / eta_b, rel=0.01)
+    assert t == pytest.approx(2 * (dp - 1) / dp * size / eta_b + 2 * (dp - 1) * 2 * 1e-3, rel=0.01)

@@ -63,7 +63,8 @@ class Group:
     Attributes:
         gpus: the GPUs in rank order.
         by_node: the GPUs by node (``collective_flows.nodes_of``).
-        net_lat_s: network latency across nodes, seconds (two hops; 0 within a node).
+        net_lat_s: network latency across nodes, seconds (two switch hops; 0 within a node), plus, on a
+            general graph, the wire latency its links add beyond a switch hop (``_wire_latency_s``).
     """
 
     gpus: tuple[int, ...]
@@ -75,7 +76,10 @@ class Group:
     def of(cls, topo: Fabric, gpus: tuple[int, ...]) -> Group:
         """The group ``gpus`` on ``topo``."""
         by_node = nodes_of(topo, gpus)
-        return cls(gpus, by_node, topo.cluster.net_hop_latency_s * 2 if len(by_node) > 1 else 0.0)
+        lat = topo.cluster.net_hop_latency_s * 2 if len(by_node) > 1 else 0.0
+        if len(by_node) > 1 and not topo.rail_symmetric:
+            lat += _wire_latency_s(topo, [g[0] for g in by_node.values()])
+        return cls(gpus, by_node, lat)
 
     @property
     def p(self) -> int:
@@ -105,6 +109,20 @@ class Group:
         if out is None:
             out = self._memo[key] = build()
         return out
+
+
+def _wire_latency_s(topo: Fabric, firsts: list[int]) -> float:
+    """The largest latency, seconds, that the routes between consecutive nodes of a ring (``firsts``: one
+    GPU per node, in ring order) add beyond one switch hop per network link: the propagation delay of a
+    long link (an inter-site fibre at about 5 us/km). NCCL's latency model counts switch hops only
+    (tuning.cc's per-hop constants); a graph's longer links add their own delay to every ring step."""
+    hop = topo.cluster.net_hop_latency_s
+    worst = 0.0
+    for a, b in zip(firsts, firsts[1:] + firsts[:1], strict=True):
+        extra = sum(max(0.0, e.latency_s - hop) for e in (topo.edge(u, v) for u, v in topo.route(a, b))
+                    if e.link_class == "net")
+        worst = max(worst, extra)
+    return worst
 
 
 class CollectiveAlgorithm(ABC):

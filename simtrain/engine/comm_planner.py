@@ -121,7 +121,10 @@ class CommPlanner:
         # A group with unequal member counts on its nodes (one that does not tile the NVLink domains)
         # runs a plain ring whose members do different things (only the boundary ones cross the
         # network): its time is its slowest flow's, so a representative carries the whole group's flows.
-        whole = self.symmetric and not tiles(self.topo, group)
+        # On a general graph (not rail-symmetric) the same holds when some member's flows see a bottleneck
+        # the representative's own do not (a tier only some of them cross, such as an inter-site link).
+        whole = self.symmetric and (not tiles(self.topo, group) or (
+            not self.topo.rail_symmetric and not _stands_for(self.topo, plan.phases, plan.for_source(place(rank)))))
         if not self.symmetric:
             phases = [[(f.path, (1.0,) * len(f.path), f.nbytes, f.cap_Bps) for f in ph] for ph in plan.phases]
         else:
@@ -281,6 +284,14 @@ def _may_share(topo: Fabric, net: bool, rails: set[int], ranks: tuple[int, ...])
     if not topo.rail_symmetric:
         return True
     return net and any(topo.rail_of(place(r)) in rails for r in ranks)
+
+
+def _stands_for(topo: Fabric, phases: Sequence[Sequence[Flow]], mine: Sequence[Sequence[Flow]]) -> bool:
+    """Whether, in every phase, the representative's own flows meet every (bottleneck bandwidth, path
+    latency) that the group's flows meet, so its flows stand for the group's."""
+    def kinds(flows: Sequence[Flow]) -> set[tuple[float, float]]:
+        return {(topo.path_bandwidth_Bps(f.path), topo.path_latency_s(f.path)) for f in flows}
+    return all(kinds(ph) == kinds(m) for ph, m in zip(phases, mine, strict=True))
 
 
 def _link_class(topo: Fabric, phases: tuple[tuple[Flow, ...], ...]) -> str:
