@@ -41,6 +41,7 @@ from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import AXES, RECENT_OPS, _axis
 from simtrain.engine.inline import inline_plan
 from simtrain.engine.network import fluid_duration
+from simtrain.engine.prepare import attach_static_memory, group_axes
 from simtrain.engine.steady import ERR_TOL, plan
 from simtrain.hardware.hardware import ClusterSpec, GpuSpec
 from simtrain.hardware.profile import compute_calibration, run_cluster
@@ -65,7 +66,6 @@ from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import InfeasibleLayout
 from simtrain.spec.load import load_config
 from simtrain.spec.stacks import get_stack
-from simtrain.studies.simulate import _attach_static_memory, _group_axes
 
 
 def op_duration(op: Op) -> tuple[float, float]:
@@ -367,7 +367,7 @@ class _Setup:
         topo = Topology(cluster)
         cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                                 stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
-        reps = roles(grid, topo, _group_axes(run)) if symmetry_violation(grid, topo) is not None else []
+        reps = roles(grid, topo, group_axes(run)) if symmetry_violation(grid, topo) is not None else []
         return cls(run, cost, cluster, grid, topo, CommPlanner(topo, gpu, grid, True), reps)
 
     def lowered(self, run: RunConfig) -> Lowered:
@@ -376,7 +376,7 @@ class _Setup:
         if low.microbatches < 1:
             raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=low.microbatches)
         gpu = self.cluster.gpu
-        _attach_static_memory(run, low, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
+        attach_static_memory(run, low, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
         return low
 
     def evaluate(self, low: Lowered) -> CriticalPathResult:
