@@ -34,7 +34,7 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
@@ -59,7 +59,7 @@ from simtrain.lower.ops import (
     SendOp,
     Stream,
 )
-from simtrain.plan.layout import RankGrid
+from simtrain.plan.layout import RankGrid, place
 from simtrain.plan.roles import roles
 from simtrain.plan.routing import symmetric_load_factors
 from simtrain.spec.config import RunConfig
@@ -124,12 +124,16 @@ class CriticalPathResult:
         stages: per pipeline stage, its (slowest role's) representative rank's times and memory.
         ops_evaluated: ops timed (all short runs together under the steady-state shortcut).
         note: how the step was obtained (steady-state extension or every micro-batch).
+        op_start_s, op_end_s: per stage, per op (program index), when it started and ended (empty
+            after a steady-state extension).
     """
 
     step_time_s: float
     stages: list[StageTimes]
     ops_evaluated: int = 0
     note: str = ""
+    op_start_s: list[list[float]] = field(default_factory=list, repr=False)
+    op_end_s: list[list[float]] = field(default_factory=list, repr=False)
 
     @property
     def critical_stage(self) -> int:
@@ -159,6 +163,17 @@ class CriticalPathResult:
                 "offload": st.exposed_s.get("offload", 0.0), "optimizer": st.busy_s.get("optimizer", 0.0)}
 
 
+class CommTimer(Protocol):
+    """What times a program's communication ops for ``evaluate``: seconds of collective or send ``op``
+    of ``stage``'s representative alone on the fabric (``in_line``: run by its compute stream)."""
+
+    def time(self, op: Op, stage: int, in_line: bool) -> float: ...
+
+    def on_network(self, op: Op, stage: int) -> bool:
+        """Whether ``op``'s flows leave the node through ``stage``'s representative's NIC."""
+        ...
+
+
 class _Comm:
     """Uncontended times of one program's communication ops, from the engine's plans (memoised)."""
 
@@ -184,10 +199,20 @@ class _Comm:
             self._memo[key] = t
         return t
 
+    def on_network(self, op: Op, stage: int) -> bool:
+        """Whether ``op``'s plan crosses the network (its link class), for ``share_nic``."""
+        assert isinstance(op, CommOp)
+        rank = self.reps[stage]
+        if isinstance(op, SendOp):
+            topo = self.planner.topo
+            return topo.node_of(place(rank)) != topo.node_of(place(self.reps[op.peer_stage]))
+        return self.planner.collective(op, rank, stage)[2] == "net"
+
 
 def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: GpuSpec,
              planner: CommPlanner | None = None, load_factor: dict[int, float] | None = None,
-             representatives: Sequence[int] | None = None) -> CriticalPathResult:
+             representatives: Sequence[int] | None = None, comm: CommTimer | None = None,
+             share_nic: bool = False) -> CriticalPathResult:
     """Time one step of ``programs`` (one per pipeline stage, costed) on their stages' representative
     ranks with no flow contention.
 
@@ -197,9 +222,15 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
         planner: a symmetric-mode CommPlanner to reuse (its plans are memos); None: a new one.
         load_factor: routed-expert time factor per representative rank (missing: 1).
         representatives: one rank per stage (default: ``grid.representative``).
+        comm: what times the communication ops (default: the planner's plans, as the engine's).
+        share_nic: a rank's own communication ops on different streams share its NIC: an op that
+            crosses the network is stretched by the time the ops already placed on the rank's other
+            streams hold the network within its window (the bytes of both go over the one link; e.g.
+            ZeRO-3's parameter gathers beside the previous layer's gradient reduce-scatters). Needs a
+            ``comm`` with ``on_network``. Off: every op alone on the fabric.
     """
     reps = list(representatives or [grid.representative(s) for s in range(len(programs))])
-    comm = _Comm(planner or CommPlanner(topo, gpu, grid, True), gpu, reps)
+    comm = comm or _Comm(planner or CommPlanner(topo, gpu, grid, True), gpu, reps)
     loads = load_factor or {}
     n = len(programs)
     ends: list[list[float | None]] = [[None] * len(p.ops) for p in programs]
@@ -222,6 +253,7 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
     events: list[list[tuple[float, int, tuple[tuple[str, float], ...]]]] = [[] for _ in range(n)]
     last_op: list[Op | None] = [None] * n
     flops_of: dict[int, float] = {}  # id(kernels) -> FLOPs: ops of every micro-batch share a layer's kernels
+    on_net: list[list[tuple[float, float, int]]] = [[] for _ in range(n)]  # (start, end, stream) per stage
     seq = 0
     left = sum(len(p.ops) for p in programs)
     while left:
@@ -259,6 +291,10 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
                         dur = work + extra * expert if op.kind == OpKind.COMPUTE else work
                     else:
                         dur = comm.time(op, s, op.idx in in_line[s])
+                        if share_nic and op.stream != Stream.COMPUTE and comm.on_network(op, s):
+                            dur += sum(max(0.0, min(e, start + dur) - max(b, start))
+                                       for b, e, other in on_net[s] if other != q)
+                            on_net[s].append((start, start + dur, q))
                     end = start + dur
                     start_s[op.idx], end_s[op.idx] = start, end
                     free[s][q] = end
@@ -291,7 +327,8 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
         last = last_op[s]
         stats[s].last_axis = _axis(last) if last is not None else "other"
         _ledger_peak(stats[s], prog.static_mem, events[s])
-    return CriticalPathResult(max(st.end_s for st in stats), stats, sum(len(p.ops) for p in programs))
+    return CriticalPathResult(max(st.end_s for st in stats), stats, sum(len(p.ops) for p in programs),
+                              op_start_s=starts, op_end_s=[[e or 0.0 for e in row] for row in ends])
 
 
 def _attribute(st: StageTimes, programs: Sequence[Program], s: int, op: Op, blocker: tuple[str, int],
