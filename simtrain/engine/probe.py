@@ -18,8 +18,9 @@ runs the same ops, though, so this module
    plus the communication it exposes (TP/CP/EP inside its layers, ZeRO-3's per-layer gathers);
 3. runs the schedule's action lists (``Schedule.actions``) through ``simtrain.plan.schedules.makespan``
    with those per-(stage, chunk) F/B/W costs, pipeline sends from the probe's send ops, and an
-   overlapped F&B pair (DualPipe) costing its compute only (its communication hidden by the other
-   chain: DeepSeek-V3 sec. 3.2.1), resolved once per (schedule, pp, micro-batches, vpp)
+   overlapped F&B pair (DualPipe: one chain's communication beside the other's compute, DeepSeek-V3
+   sec. 3.2.1) timed on its own small probe (a forward, then the pair as lowering interleaves it),
+   resolved once per (schedule, pp, micro-batches, vpp)
    (``timing.compile_schedule``);
 4. adds each stage's step-level work: the probe's wait before its first forward (ZeRO-1/2 parameter
    gathers: only the first chunk's, as the later chunks' gathers hide behind earlier forwards) and its
@@ -172,8 +173,9 @@ class StageProbe:
     """One stage's probe, timed (seconds).
 
     Attributes:
-        costs: per chunk, the F/B/W durations and the pipeline send time (``ActionCosts``); ``fb_s``
-            is an overlapped pair's compute (F + B), set where the schedule overlaps F&B.
+        costs: per chunk, the F/B/W durations and the pipeline send time (``ActionCosts``); ``fb_s``,
+            where the schedule overlaps F&B, an overlapped pair with this chunk's forward
+            (``lower_pair_probe``).
         compute_s: per chunk, the compute time of one micro-batch's F, B and W (recompute included).
         head_s: the wait before the first forward (ZeRO-1/2 parameter gathers).
         tail_s: from the end of the last action to the end of the stage's step.
@@ -241,6 +243,48 @@ def lower_probe(run: RunConfig, stage: int, block: BlockBuilder, plans: dict[int
     return sl.prog, spans
 
 
+def pair_types(actions: Sequence[Action]) -> list[tuple[int, int]]:
+    """The (forward chunk, backward chunk) of each kind of overlapped F&B pair a stage runs (DualPipe)."""
+    out: list[tuple[int, int]] = []
+    for a, b in zip(actions, actions[1:], strict=False):
+        if a.overlap_with_next and (a.chunk, b.chunk) not in out:
+            out.append((a.chunk, b.chunk))
+    return out
+
+
+def lower_pair_probe(run: RunConfig, stage: int, block: BlockBuilder, plans: dict[int, LayerPlan],
+                     pair: tuple[int, int], layers: list[int], firsts: list[int]) -> tuple[Program, int]:
+    """Lower an overlapped F&B pair of ``stage`` (forward of chunk ``pair[0]``, backward of chunk
+    ``pair[1]``) as lowering runs one (``_StageLowering.run_pair``), after the forward its backward
+    needs: the program, hardware-neutral, and the index of the pair's first op."""
+    lay = run.layout
+    route = lay.pipeline_schedule.route(lay.pp, 0, lay.vpp)
+    sl = _StageLowering(run, stage, layers, plans, firsts, block, route, set())
+    for _ in sl.steps(Action("F", 0, pair[1]), False):
+        pass
+    start = len(sl.prog.ops)
+    sl.run_pair(sl.steps(Action("F", 1, pair[0]), False), sl.steps(Action("B", 0, pair[1]), False))
+    return sl.prog, start
+
+
+def time_pairs(programs: list[Program], starts: dict[int, int], grid: RankGrid, topo: Topology,
+               cluster: ClusterSpec, run: RunConfig, comm: CommTimer | None = None) -> dict[int, float]:
+    """Per probed stage, the duration of its pair probe (``lower_pair_probe``): from the end of the
+    forward before it to the pair's last compute op, seconds."""
+    reps = [grid.representative(s) for s in range(len(programs))]
+    if isinstance(comm, LineComm):
+        comm.bind(grid, reps)
+    res = evaluate(programs, grid, topo, cluster.gpu, None, symmetric_load_factors(run, reps), reps, comm,
+                   share_nic=True)
+    out = {}
+    for s, i0 in starts.items():
+        ops, ends = programs[s].ops, res.op_end_s[s]
+        comp = [i for i, op in enumerate(ops) if op.stream == Stream.COMPUTE]
+        before = max((ends[i] for i in comp if i < i0), default=0.0)
+        out[s] = max(ends[i] for i in comp if i >= i0) - before
+    return out
+
+
 def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int, int]]], grid: RankGrid,
                 topo: Topology, cluster: ClusterSpec, run: RunConfig,
                 comm: CommTimer | None = None) -> dict[int, StageProbe]:
@@ -253,7 +297,6 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
     res = evaluate(programs, grid, topo, cluster.gpu, None, symmetric_load_factors(run, reps), reps, comm,
                    share_nic=True)
     zero12 = run.layout.shard_stage in (1, 2)
-    overlaps = run.layout.pipeline_schedule.overlaps_forward_backward
     out = {}
     for s, sp in spans.items():
         ops, starts, ends = programs[s].ops, res.op_start_s[s], res.op_end_s[s]
@@ -287,8 +330,7 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
         probe.exposed_s = dict(st.exposed_s)
         for c in range(n_chunks):
             d = dur[c]
-            fb = busy[c] if overlaps else None
-            probe.costs.append(ActionCosts(d.get("F", 0.0), d.get("B", 0.0), d.get("W", 0.0), fb, p2p[c]))
+            probe.costs.append(ActionCosts(d.get("F", 0.0), d.get("B", 0.0), d.get("W", 0.0), None, p2p[c]))
             probe.compute_s.append(busy[c])
         out[s] = probe
     return out
@@ -408,6 +450,7 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Topology, cost: 
     firsts = first_layers(layers, route)
     variants = {s: _variants(lay, plans, layers[s], firsts[s]) for s in probed.values()}
     rounds = max((len(v) for v in variants.values() if v), default=1)
+    pairs = {s: pair_types(full[s]) for s in probed.values()}
     timed: dict[int, list[StageProbe]] = {s: [] for s in probed.values()}
     for r in range(rounds):
         programs = [Program(s) for s in range(lay.pp)]
@@ -423,12 +466,26 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Topology, cost: 
                 vrun = run.model_copy(update={"layout": lay.model_copy(update={"recompute_layers": v.recompute_layers})})
                 prog, spans[s] = lower_probe(vrun, s, block, plans, probe_actions(full[s]), v.layers, firsts[s])
             programs[s] = cost_program(prog, source)
-        for s, probe in time_probes(programs, spans, grid, topo, cluster, run, comm).items():
+        got = time_probes(programs, spans, grid, topo, cluster, run, comm)
+        for k in range(max((len(p) for p in pairs.values()), default=0)):  # overlapped F&B pairs
+            pair_programs = [Program(s) for s in range(lay.pp)]
+            starts = {}
+            for s in spans:
+                if k < len(pairs[s]):
+                    vs = variants[s]
+                    vrun, vlayers = (run, layers[s]) if vs is None else (run.model_copy(update={
+                        "layout": lay.model_copy(update={"recompute_layers": vs[r].recompute_layers})}), vs[r].layers)
+                    prog, starts[s] = lower_pair_probe(vrun, s, block, plans, pairs[s][k], vlayers, firsts[s])
+                    pair_programs[s] = cost_program(prog, source)
+            for s, fb in time_pairs(pair_programs, starts, grid, topo, cluster, run, comm).items():
+                cf = pairs[s][k][0]
+                got[s].costs[cf] = got[s].costs[cf]._replace(fb_s=fb)
+        for s, probe in got.items():
             timed[s].append(probe)
     probes = {}
-    for s, got in timed.items():
+    for s, rounds_of_s in timed.items():
         vs = variants[s]
-        probes[s] = got[0] if vs is None else _combine(got, vs)
+        probes[s] = rounds_of_s[0] if vs is None else _combine(rounds_of_s, vs)
     per_stage = [probes[probed[sig]] for sig in sigs]
     ends = pipeline_ends(kind, lay.pp, m, lay.vpp, [p.costs for p in per_stage])
     head = per_stage[0].head_s
