@@ -30,6 +30,7 @@ three short runs a pipeline period apart, extended linearly to the full micro-ba
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -253,7 +254,8 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
     events: list[list[tuple[float, int, tuple[tuple[str, float], ...]]]] = [[] for _ in range(n)]
     last_op: list[Op | None] = [None] * n
     flops_of: dict[int, float] = {}  # id(kernels) -> FLOPs: ops of every micro-batch share a layer's kernels
-    on_net: list[list[tuple[float, float, int]]] = [[] for _ in range(n)]  # (start, end, stream) per stage
+    # per stage, per stream: starts and ends of its ops over the network (in order: a stream is sequential)
+    on_net: list[dict[int, tuple[list[float], list[float]]]] = [{} for _ in range(n)]
     seq = 0
     left = sum(len(p.ops) for p in programs)
     while left:
@@ -292,9 +294,10 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
                     else:
                         dur = comm.time(op, s, op.idx in in_line[s])
                         if share_nic and op.stream != Stream.COMPUTE and comm.on_network(op, s):
-                            dur += sum(max(0.0, min(e, start + dur) - max(b, start))
-                                       for b, e, other in on_net[s] if other != q)
-                            on_net[s].append((start, start + dur, q))
+                            dur += _held(on_net[s], q, start, start + dur)
+                            spans_q = on_net[s].setdefault(q, ([], []))
+                            spans_q[0].append(start)
+                            spans_q[1].append(start + dur)
                     end = start + dur
                     start_s[op.idx], end_s[op.idx] = start, end
                     free[s][q] = end
@@ -329,6 +332,19 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Topology, gpu: G
         _ledger_peak(stats[s], prog.static_mem, events[s])
     return CriticalPathResult(max(st.end_s for st in stats), stats, sum(len(p.ops) for p in programs),
                               op_start_s=starts, op_end_s=[[e or 0.0 for e in row] for row in ends])
+
+
+def _held(by_stream: dict[int, tuple[list[float], list[float]]], mine: int, t0: float, t1: float) -> float:
+    """Seconds within [t0, t1] the other streams' network ops hold the link (``share_nic``)."""
+    held = 0.0
+    for q, (starts, ends) in by_stream.items():
+        if q == mine:
+            continue
+        i = bisect_right(ends, t0)  # the first op still running after t0
+        while i < len(starts) and starts[i] < t1:
+            held += max(0.0, min(ends[i], t1) - max(starts[i], t0))
+            i += 1
+    return held
 
 
 def _attribute(st: StageTimes, programs: Sequence[Program], s: int, op: Op, blocker: tuple[str, int],

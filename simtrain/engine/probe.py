@@ -67,9 +67,6 @@ from simtrain.spec.config import LayoutConfig, RunConfig
 
 TP_AXES = ("tp", "cp")
 COMPUTE_CATEGORIES = ("fwd", "bwd", "recompute")
-#: The compute op a chunk's last backward adds per gradient bucket (``simtrain.lower.stage.BucketFiller``:
-#: DDP's copy/scale passes over the bucket); the probe's single micro-batch is its chunk's last.
-LAST_BACKWARD_ONLY = "ddp.bucket"
 EP_AXES = ("ep", "etp")
 #: Layers of each kind (recomputed, plain) a truncated probe keeps per chunk (``_variants``).
 TRUNCATED_LAYERS = 3
@@ -180,7 +177,8 @@ class StageProbe:
         head_s: the wait before the first forward (ZeRO-1/2 parameter gathers).
         tail_s: from the end of the last action to the end of the stage's step.
         optimizer_s: the optimizer step (part of the tail).
-        last_only_s: compute only a chunk's last backward runs (DDP's bucket passes; part of the tail).
+        last_only_s: what a chunk's last backward takes beyond a steady one (DDP's bucket passes, waits
+            for gradient reductions; part of the tail).
         exposed_s: exposed communication by axis over the probe (its actions and tail).
         ops: ops lowered.
     """
@@ -221,25 +219,32 @@ def stage_signatures(layers: list[list[int]], positions: list[list[int]], last: 
 
 
 def lower_probe(run: RunConfig, stage: int, block: BlockBuilder, plans: dict[int, LayerPlan],
-                actions: Sequence[Action], layers: list[int] | None = None,
-                firsts: list[int] | None = None) -> tuple[Program, list[tuple[Action, int, int]]]:
-    """Lower ``stage``'s probe (``probe_actions`` of its schedule): its program, hardware-neutral, and
-    each action with the range of op indices it emitted. ``layers``/``firsts``: layers per chunk and
-    each chunk's first global layer (default: the layout's split; fewer layers make a truncated probe)."""
+                actions: Sequence[Action], layers: list[int] | None = None, firsts: list[int] | None = None,
+                last: bool = False) -> tuple[Program, list[tuple[Action, int, int]]]:
+    """Lower ``stage``'s probe: ``actions`` (``probe_actions`` of its schedule) as lowering emits them,
+    the program, hardware-neutral, and each action with the range of op indices it emitted.
+
+    ``last`` False: the actions of a micro-batch in the steady state, after the step's parameter
+    gathers (ZeRO-1/2) the first forward waits for. True: the step's end, each backward its chunk's last
+    (gradient buckets, deferred reductions, the embedding-gradient all-reduce, the optimizer).
+    ``layers``/``firsts``: layers per chunk and each chunk's first global layer (default: the layout's
+    split; fewer layers make a truncated probe)."""
     lay = run.layout
     route = lay.pipeline_schedule.route(lay.pp, 0, lay.vpp)
     if layers is None or firsts is None:
         split = split_layers(run.model.n_layers, lay.pp, lay.vpp, route)
         layers, firsts = split[stage], first_layers(split, route)[stage]
     sl = _StageLowering(run, stage, layers, plans, firsts, block, route, split_backward_keys(actions))
-    _param_gathers_at_start(sl)
+    if not last:
+        _param_gathers_at_start(sl)
     spans = []
     for a in actions:
         start = len(sl.prog.ops)
-        for _ in sl.steps(a, a.kind != "F"):  # one micro-batch: each backward is its chunk's last
+        for _ in sl.steps(a, last and a.kind != "F"):
             pass
         spans.append((a, start, len(sl.prog.ops)))
-    _finish_stage(sl)
+    if last:
+        _finish_stage(sl)
     return sl.prog, spans
 
 
@@ -287,16 +292,17 @@ def time_pairs(programs: list[Program], starts: dict[int, int], grid: RankGrid, 
 
 def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int, int]]], grid: RankGrid,
                 topo: Topology, cluster: ClusterSpec, run: RunConfig,
-                comm: CommTimer | None = None) -> dict[int, StageProbe]:
+                comm: CommTimer | None = None, head: bool = True) -> dict[int, StageProbe]:
     """Evaluate the costed probes (``programs``: one per stage, empty where not probed) with the
-    critical-path evaluator and read each probed stage's action costs, head and tail. ``comm``: what
-    times communication (default: the engine's plans, ``critical_path``)."""
+    critical-path evaluator and read each probed stage's action costs, head (``head``: the wait before
+    the first action, under ZeRO-1/2 the step's parameter gathers) and tail (after the last action).
+    ``comm``: what times communication (default: the engine's plans, ``critical_path``)."""
     reps = [grid.representative(s) for s in range(len(programs))]
     if isinstance(comm, LineComm):
         comm.bind(grid, reps)
     res = evaluate(programs, grid, topo, cluster.gpu, None, symmetric_load_factors(run, reps), reps, comm,
                    share_nic=True)
-    zero12 = run.layout.shard_stage in (1, 2)
+    zero12 = head and run.layout.shard_stage in (1, 2)
     out = {}
     for s, sp in spans.items():
         ops, starts, ends = programs[s].ops, res.op_start_s[s], res.op_end_s[s]
@@ -318,14 +324,11 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
             if zero12:  # the step's parameter gathers: the first forward waits, later ones hide
                 probe.head_s += gap if n == 0 else 0.0
                 gap = 0.0
-            # DDP's bucket passes run in a chunk's last backward only (``BucketFiller``): once per step
-            once = sum(ends[i] - starts[i] for i in comp if ops[i].name == LAST_BACKWARD_ONLY)
-            probe.last_only_s += once
-            dur[a.chunk][a.kind] = dur[a.chunk].get(a.kind, 0.0) + gap + last - first - once
-            busy[a.chunk] += sum(ends[i] - starts[i] for i in comp if ops[i].category in COMPUTE_CATEGORIES) - once
+            dur[a.chunk][a.kind] = dur[a.chunk].get(a.kind, 0.0) + gap + last - first
+            busy[a.chunk] += sum(ends[i] - starts[i] for i in comp if ops[i].category in COMPUTE_CATEGORIES)
             prev = last
         st = res.stages[s]
-        probe.tail_s = max(st.end_s - prev, 0.0) + probe.last_only_s
+        probe.tail_s = max(st.end_s - prev, 0.0)
         probe.optimizer_s = st.busy_s.get("optimizer", 0.0)
         probe.exposed_s = dict(st.exposed_s)
         for c in range(n_chunks):
@@ -334,6 +337,30 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
             probe.compute_s.append(busy[c])
         out[s] = probe
     return out
+
+
+def _add_tails(run: RunConfig, block: BlockBuilder, plans: dict[int, LayerPlan], full: list[list[Action]],
+               probes: dict[int, StageProbe], grid: RankGrid, topo: Topology, cluster: ClusterSpec,
+               source: ComputeCostModel, comm: CommTimer | None) -> None:
+    """Each probed stage's step end: its backward actions as the chunks' last (every layer: gradient
+    buckets fill and reduce behind them, not linearly in the layers) and the step's closing work,
+    lowered and timed; ``tail_s`` is what they take beyond the steady backwards the pipeline timed."""
+    programs = [Program(s) for s in range(run.layout.pp)]
+    spans = {}
+    for s in probes:
+        acts = [a for a in probe_actions(full[s]) if a.kind != "F"]
+        prog, spans[s] = lower_probe(run, s, block, plans, acts, last=True)
+        programs[s] = cost_program(prog, source)
+    for s, end in time_probes(programs, spans, grid, topo, cluster, run, comm, head=False).items():
+        p = probes[s]
+        steady = sum(c.b_s + c.w_s for c in p.costs)
+        p.last_only_s = max(sum(c.b_s + c.w_s for c in end.costs) - steady, 0.0)
+        p.tail_s = end.tail_s + p.last_only_s
+        p.optimizer_s = end.optimizer_s
+        p.ops += end.ops
+        for axis, t in end.exposed_s.items():
+            if axis not in TP_AXES + EP_AXES:
+                p.exposed_s[axis] = p.exposed_s.get(axis, 0.0) + t
 
 
 @lru_cache(maxsize=256)
@@ -486,6 +513,7 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Topology, cost: 
     for s, rounds_of_s in timed.items():
         vs = variants[s]
         probes[s] = rounds_of_s[0] if vs is None else _combine(rounds_of_s, vs)
+    _add_tails(run, block, plans, full, probes, grid, topo, cluster, source, comm)
     per_stage = [probes[probed[sig]] for sig in sigs]
     ends = pipeline_ends(kind, lay.pp, m, lay.vpp, [p.costs for p in per_stage])
     head = per_stage[0].head_s
@@ -494,11 +522,11 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Topology, cost: 
     crit = totals.index(step)
     p = per_stage[crit]
     runs = sched.chunk_runs(m)
-    compute = runs * sum(p.compute_s) + p.last_only_s
+    compute = runs * sum(p.compute_s)
     busy = runs * sum(c.f_s + c.b_s + c.w_s for c in p.costs)
     tp = runs * sum(p.exposed_s.get(a, 0.0) for a in TP_AXES)
     ep = runs * sum(p.exposed_s.get(a, 0.0) for a in EP_AXES)
-    dp = max(busy - compute + p.last_only_s - tp - ep, 0.0) + head + p.tail_s - p.last_only_s - p.optimizer_s
+    dp = max(busy - compute - tp - ep, 0.0) + head + p.tail_s - p.optimizer_s
     bubble = max(step - compute - tp - ep - dp - p.optimizer_s, 0.0)
     return ProbeResult(step, compute, bubble, tp, ep, dp, p.optimizer_s, tuple(totals),
                        sum(pr.ops for pr in probes.values()))
