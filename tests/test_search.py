@@ -1,4 +1,4 @@
-"""Layout search (simtrain.studies.search) and its closed-form estimate (simtrain.studies.estimate)."""
+"""Layout search (simtrain.studies.search) and its estimate (simtrain.studies.estimate, via simtrain.engine.probe)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from simtrain.plan.schedules import build_schedule
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.load import load_config
-from simtrain.studies.estimate import Estimator
-from simtrain.studies.estimate import single_chunk_peak
+from simtrain.studies.estimate import Estimator, single_chunk_peak
 from simtrain.studies.search import (
     CAUSE,
     Candidate,

@@ -3,7 +3,8 @@
 No simpy: each stage runs its list in order, an action starts when its stage is free and its
 cross-stage inputs have arrived, and the result holds each action's start and end, each stage's busy
 and idle (bubble) time. A schedule whose stages wait on each other in a cycle raises
-:class:`ScheduleError`.
+:class:`ScheduleError`. :func:`compile_schedule` resolves a schedule once so that timing it with other
+costs is a single pass (layout search times every layout's pipeline this way, ``simtrain.engine.probe``).
 """
 
 from __future__ import annotations
