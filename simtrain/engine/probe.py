@@ -22,7 +22,9 @@ runs the same ops, though, so this module
    sec. 3.2.1) timed on its own small probe (a forward, then the pair as lowering interleaves it),
    resolved once per (schedule, pp, micro-batches, vpp)
    (``timing.compile_schedule``);
-4. adds each stage's step-level work: the probe's wait before its first forward (ZeRO-1/2 parameter
+4. bounds each stage's step by its busiest communication stream (its per-micro-batch load times the
+   micro-batches: ZeRO-2/3 reductions slower than the compute they hide behind queue up);
+5. adds each stage's step-level work: the probe's wait before its first forward (ZeRO-1/2 parameter
    gathers: only the first chunk's, as the later chunks' gathers hide behind earlier forwards) and its
    tail after its last backward (exposed gradient reduction, embedding sync, optimizer, a blocking
    parameter gather).
@@ -179,6 +181,7 @@ class StageProbe:
         optimizer_s: the optimizer step (part of the tail).
         last_only_s: what a chunk's last backward takes beyond a steady one (DDP's bucket passes, waits
             for gradient reductions; part of the tail).
+        stream_s: per chunk, the time each communication stream is busy over one micro-batch's actions.
         exposed_s: exposed communication by axis over the probe (its actions and tail).
         ops: ops lowered.
     """
@@ -191,6 +194,7 @@ class StageProbe:
     exposed_s: dict[str, float] = field(default_factory=dict)
     ops: int = 0
     last_only_s: float = 0.0
+    stream_s: list[dict[int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,13 +314,16 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
         dur: list[dict[str, float]] = [{} for _ in range(n_chunks)]
         busy = [0.0] * n_chunks
         p2p = [0.0] * n_chunks
-        probe = StageProbe(ops=len(ops))
+        probe = StageProbe(ops=len(ops), stream_s=[{} for _ in range(n_chunks)])
         prev = 0.0
         for n, (a, i0, i1) in enumerate(sp):
             comp = [i for i in range(i0, i1) if ops[i].stream == Stream.COMPUTE]
+            held = probe.stream_s[a.chunk]
             for i in range(i0, i1):
                 if isinstance(ops[i], SendOp):
                     p2p[a.chunk] = max(p2p[a.chunk], ends[i] - starts[i])
+                if ops[i].stream != Stream.COMPUTE:
+                    held[ops[i].stream] = held.get(ops[i].stream, 0.0) + ends[i] - starts[i]
             if not comp:
                 continue
             first, last = starts[comp[0]], ends[comp[-1]]
@@ -431,7 +438,7 @@ def _combine(probes: list[StageProbe], variants: list[_Variant]) -> StageProbe:
     """Probe B extrapolated by each other probe's one-layer difference (``_variants``)."""
     b = probes[0]
     out = StageProbe(list(b.costs), list(b.compute_s), b.head_s, b.tail_s, b.optimizer_s, dict(b.exposed_s),
-                     sum(p.ops for p in probes), b.last_only_s)
+                     sum(p.ops for p in probes), b.last_only_s, [dict(d) for d in b.stream_s])
     for p, v in zip(probes[1:], variants[1:], strict=True):
         k = v.per_stage
         out.head_s += k * (b.head_s - p.head_s)
@@ -448,6 +455,8 @@ def _combine(probes: list[StageProbe], variants: list[_Variant]) -> StageProbe:
             out.costs[c] = ActionCosts(old.f_s + kc * (cb.f_s - cp_.f_s), old.b_s + kc * (cb.b_s - cp_.b_s),
                                        old.w_s + kc * (cb.w_s - cp_.w_s), fb, old.p2p_s)
             out.compute_s[c] += kc * (b.compute_s[c] - p.compute_s[c])
+            for q, t in b.stream_s[c].items():
+                out.stream_s[c][q] += kc * (t - p.stream_s[c].get(q, 0.0))
     return out
 
 
@@ -517,16 +526,21 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Topology, cost: 
     per_stage = [probes[probed[sig]] for sig in sigs]
     ends = pipeline_ends(kind, lay.pp, m, lay.vpp, [p.costs for p in per_stage])
     head = per_stage[0].head_s
-    totals = [head + e + p.tail_s for e, p in zip(ends, per_stage, strict=True)]
+    runs = sched.chunk_runs(m)
+    paced = [head + e + p.tail_s for e, p in zip(ends, per_stage, strict=True)]
+    # a communication stream cannot carry more than the step: per-micro-batch reductions or gathers
+    # slower than the compute they overlap (ZeRO-2/3 over a slow network) queue up behind it
+    backlog = [head + runs * max((sum(d.get(q, 0.0) for d in p.stream_s) for q in {q for d in p.stream_s for q in d}),
+                                 default=0.0) for p in per_stage]
+    totals = [max(a, b) for a, b in zip(paced, backlog, strict=True)]
     step = max(totals)
     crit = totals.index(step)
     p = per_stage[crit]
-    runs = sched.chunk_runs(m)
     compute = runs * sum(p.compute_s)
     busy = runs * sum(c.f_s + c.b_s + c.w_s for c in p.costs)
     tp = runs * sum(p.exposed_s.get(a, 0.0) for a in TP_AXES)
     ep = runs * sum(p.exposed_s.get(a, 0.0) for a in EP_AXES)
-    dp = max(busy - compute - tp - ep, 0.0) + head + p.tail_s - p.optimizer_s
+    dp = max(busy - compute - tp - ep, 0.0) + head + p.tail_s - p.optimizer_s + (step - paced[crit])
     bubble = max(step - compute - tp - ep - dp - p.optimizer_s, 0.0)
     return ProbeResult(step, compute, bubble, tp, ep, dp, p.optimizer_s, tuple(totals),
                        sum(pr.ops for pr in probes.values()))
