@@ -1,11 +1,15 @@
-"""How far the critical-path evaluator (``simtrain.engine.critical_path``) is from the engine (not a test).
+"""How far the search's evaluator (``simtrain.engine.probe`` through ``simtrain.studies.estimate``) or the
+critical-path evaluator (``simtrain.engine.critical_path``) is from the engine (not a test).
 
     python benchmarks/evaluator_vs_engine.py                # every case, CSV to /tmp/evaluator_vs_engine.csv
     python benchmarks/evaluator_vs_engine.py --per-case 10  # fewer layouts per case
+    python benchmarks/evaluator_vs_engine.py --evaluator critical-path  # the whole-program evaluator
+    python benchmarks/evaluator_vs_engine.py --engine-csv OLD.csv  # reuse an earlier CSV's engine steps
     python benchmarks/evaluator_vs_engine.py --speed        # only the speed of one GPT-3 175B layout
 
-Both evaluate the same lowered program of each layout (the engine in symmetric mode with its
-steady-state shortcut, the evaluator with the same shortcut). The layouts are the search's own
+The critical-path evaluator times the same lowered program as the engine (both with the steady-state
+shortcut); the search's evaluator one micro-batch per (stage, chunk) of it, the pipeline from the
+schedule's action lists. The layouts are the search's own
 (``simtrain.studies.search_space.enumerate_layouts``) over tp/pp/vpp/zero/recompute and, for MoE models,
 ep/schedule grids, taken at an even stride so each case keeps ``--per-case`` of them. Reported per
 case and overall: the median, p90 and max of |critical path / engine - 1|, and the worst layouts with
@@ -26,7 +30,7 @@ from typing import Any
 from simtrain.engine.critical_path import _Setup, evaluate_run
 from simtrain.plan.load import load_config
 from simtrain.spec.errors import ConfigError, InfeasibleLayout
-from simtrain.studies.estimate import Estimator
+from simtrain.studies.estimate import Estimate, Estimator
 from simtrain.studies.search_space import SearchSpace, enumerate_layouts
 from simtrain.studies.simulate import cluster_of, simulate
 
@@ -96,8 +100,39 @@ def _cause(cp: dict[str, Any], eng: dict[str, Any]) -> str:
 FIELDS = ["case", "layout", "cp_step_s", "engine_step_s", "rel", "peak_rel", "cp_s", "engine_s", "cause", "error"]
 
 
-def compare(per_case: int, out_csv: Path) -> None:
-    """Compare every case's layouts, a CSV row each as it is done, then summarise."""
+def _search_breakdown(e: Estimate) -> dict[str, Any]:
+    """An ``Estimate``'s components in ``StepResult.breakdown_s``'s shape (for ``_cause``)."""
+    return {"compute": e.compute_s, "bubble": e.bubble_s, "optimizer": e.optimizer_s,
+            "exposed_comm": {"tp": e.tp_s, "ep": e.ep_s, "dp": e.dp_s, "pp": e.pp_s}}
+
+
+class _Search:
+    """The search's evaluator, one ``Estimator`` per (model, cluster) as a search keeps (its caches)."""
+
+    def __init__(self) -> None:
+        self.estimators: dict[str, Estimator] = {}
+
+    def __call__(self, c: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
+        """(step s, peak bytes with fragmentation, breakdown) of config ``c``."""
+        run = load_config(c)
+        key = json.dumps([c["model"], c["hardware"]], sort_keys=True)
+        est = self.estimators.get(key)
+        if est is None:
+            est = self.estimators[key] = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio)
+        e = est.estimate(run.layout, run.train)
+        return e.step_time_s, e.peak_bytes, _search_breakdown(e)
+
+
+def _critical_path(c: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
+    cp = evaluate_run(c)
+    return cp.step_time_s, cp.peak_bytes * (1 + 0.05), cp.breakdown_s()
+
+
+def compare(per_case: int, out_csv: Path, evaluator: str = "search", engine_csv: Path | None = None) -> None:
+    """Compare every case's layouts, a CSV row each as it is done, then summarise. ``engine_csv``: take
+    the engine's step of a layout from an earlier CSV of this script where it has one."""
+    known = {(r["case"], r["layout"]): r for r in _read(engine_csv) if not r["error"]} if engine_csv else {}
+    ev = _Search() if evaluator == "search" else _critical_path
     rows = []
     with out_csv.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
@@ -105,7 +140,7 @@ def compare(per_case: int, out_csv: Path) -> None:
         for case, cfg, space in CASES:
             t_case = time.perf_counter()
             for c in _layouts(cfg, space, per_case):
-                row = _compare_one(case, c)
+                row = _compare_one(case, c, ev, known.get((case, _label(c))))
                 rows.append(row)
                 w.writerow(row)
                 f.flush()
@@ -113,22 +148,29 @@ def compare(per_case: int, out_csv: Path) -> None:
     summarise(rows)
 
 
-def _compare_one(case: str, c: dict[str, Any]) -> dict[str, Any]:
+def _compare_one(case: str, c: dict[str, Any], ev: Any, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One layout: the evaluator ``ev`` (config -> step, peak, breakdown) against the engine (``known``:
+    an earlier row with the engine's step, whose simulation is then not repeated)."""
     try:
         t0 = time.perf_counter()
-        cp = evaluate_run(c)
+        step, peak_b, brk = ev(c)
         t1 = time.perf_counter()
-        eng = simulate(c)
+        if known is None:
+            eng = simulate(c)
+            eng_step, eng_peak, eng_brk = eng.step_time_s, max(m.peak_bytes for m in eng.memory), eng.breakdown_s
+        else:
+            eng_step, eng_peak, eng_brk = float(known["engine_step_s"]), float("nan"), None
         t2 = time.perf_counter()
     except (ConfigError, InfeasibleLayout, ValueError) as e:
         return {"case": case, "layout": _label(c), "error": str(e).splitlines()[0][:80]}
-    ratio = cp.step_time_s / eng.step_time_s - 1
-    peak = cp.peak_bytes * (1 + 0.05) / max(m.peak_bytes for m in eng.memory) - 1
-    print(f"{case:24s} {_label(c):50s} {ratio:+.4%} peak {peak:+.2e}  cp {t1 - t0:.2f} s  "
-          f"engine {t2 - t1:.2f} s", flush=True)
-    return {"case": case, "layout": _label(c), "cp_step_s": cp.step_time_s, "engine_step_s": eng.step_time_s,
-            "rel": ratio, "peak_rel": peak, "cp_s": t1 - t0, "engine_s": t2 - t1,
-            "cause": _cause(cp.breakdown_s(), eng.breakdown_s), "error": ""}
+    ratio = step / eng_step - 1
+    peak = peak_b / eng_peak - 1  # nan where the engine's step came from an earlier CSV
+    eng_s = t2 - t1 if known is None else float(known["engine_s"])
+    print(f"{case:24s} {_label(c):50s} {ratio:+.4%} peak {peak:+.2e}  evaluator {t1 - t0:.3f} s  "
+          f"engine {eng_s:.2f} s", flush=True)
+    return {"case": case, "layout": _label(c), "cp_step_s": step, "engine_step_s": eng_step,
+            "rel": ratio, "peak_rel": peak, "cp_s": t1 - t0, "engine_s": eng_s,
+            "cause": _cause(brk, eng_brk) if eng_brk is not None else known["cause"] if known else "", "error": ""}
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -174,7 +216,8 @@ def summarise(rows: list[dict[str, Any]]) -> None:
         print(f"  {case:24s} step {_stats([r['rel'] for r in mine])}; "
               f"evaluator {statistics.median(r['cp_s'] for r in mine):.2f} s vs engine "
               f"{statistics.median(r['engine_s'] for r in mine):.2f} s (median)")
-    print(f"  all: step {_stats([r['rel'] for r in ok])}; peak memory {_stats([r['peak_rel'] for r in ok])}")
+    peaks = [r["peak_rel"] for r in ok if r["peak_rel"] == r["peak_rel"]]
+    print(f"  all: step {_stats([r['rel'] for r in ok])}" + (f"; peak memory {_stats(peaks)}" if peaks else ""))
     z3 = [r for r in ok if " z3 " in r["layout"]]
     if z3:
         print(f"  ZeRO-3 only: {_stats([r['rel'] for r in z3])}; all but ZeRO-3: "
@@ -224,8 +267,12 @@ def speed(repeat: int) -> None:
     t0 = time.perf_counter()
     est.estimate(run.layout.model_copy(update={"zero_stage": 0}), run.train)
     t_warm = time.perf_counter() - t0
-    print(f"for reference, estimate.py: {t_cold * 1e3:.0f} ms for the first layout, {t_warm * 1e3:.1f} ms for "
-          f"a second sharing its layer costs; step {e.step_time_s:.4f} s")
+    t0 = time.perf_counter()
+    est.estimate(run.layout.model_copy(update={"zero_stage": 1}), run.train)
+    t_warm2 = time.perf_counter() - t0
+    print(f"the search's evaluator (simtrain.engine.probe): {t_cold * 1e3:.0f} ms for the first layout from the "
+          f"config, {t_warm * 1e3:.1f} / {t_warm2 * 1e3:.1f} ms for two more sharing its layer plans and groups; "
+          f"step {e.step_time_s:.4f} s")
     prof = cProfile.Profile()
     prof.enable()
     setup.evaluate(low)
@@ -264,6 +311,8 @@ def main() -> None:
     ap.add_argument("--engine-json", type=Path, help="with --examples: the engine's --json outputs")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--summarise", type=Path, help="only summarise a CSV this script wrote")
+    ap.add_argument("--evaluator", choices=("search", "critical-path"), default="search")
+    ap.add_argument("--engine-csv", type=Path, help="reuse the engine steps of an earlier CSV of this script")
     args = ap.parse_args()
     if args.speed:
         speed(args.repeat)
@@ -274,7 +323,7 @@ def main() -> None:
     if args.examples:
         examples(args.engine_json)
         return
-    compare(args.per_case, args.csv)
+    compare(args.per_case, args.csv, args.evaluator, args.engine_csv)
 
 
 if __name__ == "__main__":

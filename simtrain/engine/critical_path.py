@@ -30,11 +30,12 @@ three short runs a pipeline period apart, extended linearly to the full micro-ba
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
@@ -42,6 +43,7 @@ from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import AXES, RECENT_OPS, _axis
 from simtrain.engine.inline import inline_plan
 from simtrain.engine.network import fluid_duration
+from simtrain.engine.prepare import attach_static_memory, group_axes
 from simtrain.engine.steady import ERR_TOL, plan
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.fabric.wiring import fabric_of
@@ -60,14 +62,13 @@ from simtrain.lower.ops import (
     SendOp,
     Stream,
 )
-from simtrain.plan.layout import RankGrid
+from simtrain.plan.layout import RankGrid, place
 from simtrain.plan.load import load_config
 from simtrain.plan.roles import roles
 from simtrain.plan.routing import symmetric_load_factors
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import InfeasibleLayout
 from simtrain.spec.stacks import get_stack
-from simtrain.studies.simulate import _attach_static_memory, _group_axes
 
 
 def op_duration(op: Op) -> tuple[float, float]:
@@ -126,12 +127,16 @@ class CriticalPathResult:
         stages: per pipeline stage, its (slowest role's) representative rank's times and memory.
         ops_evaluated: ops timed (all short runs together under the steady-state shortcut).
         note: how the step was obtained (steady-state extension or every micro-batch).
+        op_start_s, op_end_s: per stage, per op (program index), when it started and ended (empty
+            after a steady-state extension).
     """
 
     step_time_s: float
     stages: list[StageTimes]
     ops_evaluated: int = 0
     note: str = ""
+    op_start_s: list[list[float]] = field(default_factory=list, repr=False)
+    op_end_s: list[list[float]] = field(default_factory=list, repr=False)
 
     @property
     def critical_stage(self) -> int:
@@ -161,6 +166,17 @@ class CriticalPathResult:
                 "offload": st.exposed_s.get("offload", 0.0), "optimizer": st.busy_s.get("optimizer", 0.0)}
 
 
+class CommTimer(Protocol):
+    """What times a program's communication ops for ``evaluate``: seconds of collective or send ``op``
+    of ``stage``'s representative alone on the fabric (``in_line``: run by its compute stream)."""
+
+    def time(self, op: Op, stage: int, in_line: bool) -> float: ...
+
+    def on_network(self, op: Op, stage: int) -> bool:
+        """Whether ``op``'s flows leave the node through ``stage``'s representative's NIC."""
+        ...
+
+
 class _Comm:
     """Uncontended times of one program's communication ops, from the engine's plans (memoised)."""
 
@@ -186,10 +202,20 @@ class _Comm:
             self._memo[key] = t
         return t
 
+    def on_network(self, op: Op, stage: int) -> bool:
+        """Whether ``op``'s plan crosses the network (its link class), for ``share_nic``."""
+        assert isinstance(op, CommOp)
+        rank = self.reps[stage]
+        if isinstance(op, SendOp):
+            topo = self.planner.topo
+            return topo.node_of(place(rank)) != topo.node_of(place(self.reps[op.peer_stage]))
+        return self.planner.collective(op, rank, stage)[2] == "net"
+
 
 def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: GpuSpec,
              planner: CommPlanner | None = None, load_factor: dict[int, float] | None = None,
-             representatives: Sequence[int] | None = None) -> CriticalPathResult:
+             representatives: Sequence[int] | None = None, comm: CommTimer | None = None,
+             share_nic: bool = False) -> CriticalPathResult:
     """Time one step of ``programs`` (one per pipeline stage, costed) on their stages' representative
     ranks with no flow contention.
 
@@ -199,9 +225,15 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
         planner: a symmetric-mode CommPlanner to reuse (its plans are memos); None: a new one.
         load_factor: routed-expert time factor per representative rank (missing: 1).
         representatives: one rank per stage (default: ``grid.representative``).
+        comm: what times the communication ops (default: the planner's plans, as the engine's).
+        share_nic: a rank's own communication ops on different streams share its NIC: an op that
+            crosses the network is stretched by the time the ops already placed on the rank's other
+            streams hold the network within its window (the bytes of both go over the one link; e.g.
+            ZeRO-3's parameter gathers beside the previous layer's gradient reduce-scatters). Needs a
+            ``comm`` with ``on_network``. Off: every op alone on the fabric.
     """
     reps = list(representatives or [grid.representative(s) for s in range(len(programs))])
-    comm = _Comm(planner or CommPlanner(topo, gpu, grid, True), gpu, reps)
+    comm = comm or _Comm(planner or CommPlanner(topo, gpu, grid, True), gpu, reps)
     loads = load_factor or {}
     n = len(programs)
     ends: list[list[float | None]] = [[None] * len(p.ops) for p in programs]
@@ -224,6 +256,8 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
     events: list[list[tuple[float, int, tuple[tuple[str, float], ...]]]] = [[] for _ in range(n)]
     last_op: list[Op | None] = [None] * n
     flops_of: dict[int, float] = {}  # id(kernels) -> FLOPs: ops of every micro-batch share a layer's kernels
+    # per stage, per stream: starts and ends of its ops over the network (in order: a stream is sequential)
+    on_net: list[dict[int, tuple[list[float], list[float]]]] = [{} for _ in range(n)]
     seq = 0
     left = sum(len(p.ops) for p in programs)
     while left:
@@ -261,6 +295,11 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
                         dur = work + extra * expert if op.kind == OpKind.COMPUTE else work
                     else:
                         dur = comm.time(op, s, op.idx in in_line[s])
+                        if share_nic and op.stream != Stream.COMPUTE and comm.on_network(op, s):
+                            dur += _held(on_net[s], q, start, start + dur)
+                            spans_q = on_net[s].setdefault(q, ([], []))
+                            spans_q[0].append(start)
+                            spans_q[1].append(start + dur)
                     end = start + dur
                     start_s[op.idx], end_s[op.idx] = start, end
                     free[s][q] = end
@@ -293,7 +332,21 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
         last = last_op[s]
         stats[s].last_axis = _axis(last) if last is not None else "other"
         _ledger_peak(stats[s], prog.static_mem, events[s])
-    return CriticalPathResult(max(st.end_s for st in stats), stats, sum(len(p.ops) for p in programs))
+    return CriticalPathResult(max(st.end_s for st in stats), stats, sum(len(p.ops) for p in programs),
+                              op_start_s=starts, op_end_s=[[e or 0.0 for e in row] for row in ends])
+
+
+def _held(by_stream: dict[int, tuple[list[float], list[float]]], mine: int, t0: float, t1: float) -> float:
+    """Seconds within [t0, t1] the other streams' network ops hold the link (``share_nic``)."""
+    held = 0.0
+    for q, (starts, ends) in by_stream.items():
+        if q == mine:
+            continue
+        i = bisect_right(ends, t0)  # the first op still running after t0
+        while i < len(starts) and starts[i] < t1:
+            held += max(0.0, min(ends[i], t1) - max(starts[i], t0))
+            i += 1
+    return held
 
 
 def _attribute(st: StageTimes, programs: Sequence[Program], s: int, op: Op, blocker: tuple[str, int],
@@ -369,7 +422,7 @@ class _Setup:
         topo = fabric_of(run.hardware.fabric, cluster)
         cost = ComputeCostModel(gpu, run.train.precision, calibration=compute_calibration(gpu),
                                 stack=get_stack(run.train.stack), fp8_recipe=run.train.fp8_recipe)
-        reps = roles(grid, topo, _group_axes(run)) if symmetry_violation(grid, topo) is not None else []
+        reps = roles(grid, topo, group_axes(run)) if symmetry_violation(grid, topo) is not None else []
         return cls(run, cost, cluster, grid, topo, CommPlanner(topo, gpu, grid, True), reps)
 
     def lowered(self, run: RunConfig) -> Lowered:
@@ -378,7 +431,7 @@ class _Setup:
         if low.microbatches < 1:
             raise InfeasibleLayout("fewer sequences than data-parallel ranks", microbatches=low.microbatches)
         gpu = self.cluster.gpu
-        _attach_static_memory(run, low, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
+        attach_static_memory(run, low, gpu.cuda_context_bytes + gpu.nccl_buffer_bytes)
         return low
 
     def evaluate(self, low: Lowered) -> CriticalPathResult:

@@ -24,7 +24,9 @@
    The config's ``cp_comm``, ``ep_comm_overlap`` and ``recompute_modules`` are kept (selective
    recompute is tried when they name something besides unfused attention's ``core_attn``).
 2. **Prune** with the memory closed form (``simtrain.studies.estimate``, exact against the engine's ledger)
-   and rank the layouts that fit by the closed-form step estimate.
+   and rank the layouts that fit by their estimated step: the lowered, costed program of one
+   micro-batch per (stage, chunk) timed by the critical-path evaluator, the pipeline by the schedule's
+   action lists (``simtrain.engine.probe``).
 3. **Simulate** the best ``top_k`` estimates (worker processes, or Dask) and rank them by simulated
    step time. Every other layout says why it lost: memory, or its estimated/simulated excess over the
    best broken down by cause (bubble, communication per axis, compute, optimizer).

@@ -17,6 +17,8 @@ from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine import invariants
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import AXES, Engine
+from simtrain.engine.prepare import attach_static_memory as _attach_static_memory
+from simtrain.engine.prepare import group_axes as _group_axes
 from simtrain.engine.records import EngineResult, RankStats
 from simtrain.engine.results import StageMemory, StepResult
 from simtrain.engine.steady import SteadyPlan, affine_at, extrapolate, plan
@@ -30,11 +32,7 @@ from simtrain.lower.layer_plan import microbatches
 from simtrain.lower.lowering import Lowered
 from simtrain.lower.memory import (
     closed_form_peak,
-    expert_static_memory,
-    fp8_weight_cache_bytes,
-    static_memory,
 )
-from simtrain.lower.stack_rules import fsdp_keeps_unsharded
 from simtrain.plan.layout import RankGrid
 from simtrain.plan.load import load_config
 from simtrain.plan.roles import MAX_ROLES, roles
@@ -210,19 +208,6 @@ def _merge(results: list[EngineResult]) -> EngineResult:
     return out
 
 
-def _group_axes(run: RunConfig) -> set[str]:
-    """The group axes the run's programs may communicate over (``simtrain.plan.roles``: a superset only
-    splits roles finer)."""
-    axes = {"tp", "cp", "dp", "dp_cp"}
-    if run.model.is_moe:
-        axes |= {"ep", "etp", "edp"}
-    if run.layout.fsdp == "hybrid" and run.layout.fsdp_shard_size:
-        axes |= {"dp_shard", "dp_replicate"}
-    if run.layout.pp > 1:
-        axes.add("pp_emb")
-    return axes
-
-
 def _steady_state(step: _Step, steady: SteadyPlan) -> tuple[EngineResult, list[float], str] | None:
     """The engine's result at the full micro-batch count from short runs a period apart
     (``simtrain.engine.steady``), with each stage's closed-form peak and a note; None when no three of the
@@ -248,27 +233,6 @@ def _steady_state(step: _Step, steady: SteadyPlan) -> tuple[EngineResult, list[f
             out.ops_executed = ops
             return out, closed, steady.note([n for n, _, _ in last], simulated)
     return None
-
-
-def _attach_static_memory(run: RunConfig, lowered: Lowered, context_bytes: float) -> None:
-    shard = run.layout.data_degree
-    if run.layout.fsdp == "hybrid" and run.layout.fsdp_shard_size:
-        shard = run.layout.fsdp_shard_size
-    edp = run.layout.expert_data_degree
-    for s, prog in enumerate(lowered.programs):
-        layer = lowered.stage_layer_params[s]
-        kept = layer if fsdp_keeps_unsharded(run.layout, run.train.stack_spec) else 0.0
-        root = lowered.stage_params[s] + lowered.stage_expert_params[s] - layer
-        prog.static_mem = static_memory(lowered.stage_params[s], lowered.max_layer_params, sum(lowered.layers[s]),
-                                        run.layout, run.train, shard, context_bytes, kept, root)
-        if fp8 := fp8_weight_cache_bytes(layer, run.layout, run.train, shard):
-            prog.static_mem["fp8_weights"] = fp8
-        if lowered.stage_pp_buffers[s]:
-            prog.static_mem["pp_buffers"] = lowered.stage_pp_buffers[s]
-        if lowered.stage_expert_params[s]:
-            experts = expert_static_memory(lowered.stage_expert_params[s], run.layout, run.train, edp)
-            for k, v in experts.items():
-                prog.static_mem[k] += v
 
 
 def _closed_form_peaks(lowered: Lowered) -> list[float]:

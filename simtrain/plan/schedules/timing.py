@@ -3,7 +3,8 @@
 No simpy: each stage runs its list in order, an action starts when its stage is free and its
 cross-stage inputs have arrived, and the result holds each action's start and end, each stage's busy
 and idle (bubble) time. A schedule whose stages wait on each other in a cycle raises
-:class:`ScheduleError`.
+:class:`ScheduleError`. :func:`compile_schedule` resolves a schedule once so that timing it with other
+costs is a single pass (layout search times every layout's pipeline this way, ``simtrain.engine.probe``).
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class _Run:
         self.done: dict[tuple[str, int, int, int], tuple[float, int]] = {}
         self.waiting: dict[tuple[str, int, int, int], list[int]] = {}
         self.stuck: dict[int, tuple[Action, tuple[str, int, int, int]]] = {}
+        self.order: list[tuple[int, int]] = []
+        """(stage, unit) in the order they ran."""
 
     def execute(self) -> None:
         ready = list(range(self.p))
@@ -132,6 +135,7 @@ class _Run:
                 key = (a.kind, a.microbatch, s, a.chunk)
                 self.done[key] = (t + dur, s)
                 woken += self.waiting.pop(key, [])
+            self.order.append((s, self.next_unit[s]))
             self.next_unit[s] += 1
         return woken
 
@@ -179,3 +183,67 @@ def _units(acts: Sequence[Action]) -> list[list[int]]:
         out.append(list(range(n, n + size)))
         n += size
     return out
+
+
+_Part = tuple[str, int, bool]
+"""One action of a unit: (kind, chunk, whether its backward is split)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledSchedule:
+    """A schedule's units (single actions and overlapped pairs) in an order every unit's inputs precede,
+    with their inputs resolved to unit numbers: timing it with other costs is one pass (what
+    :func:`makespan` computes, without re-validating or re-resolving the schedule each time).
+
+    ``units``: per unit, its stage, its inputs as (unit, chunk whose ``p2p_s`` it adds, or -1 when the
+    input is on the same stage) and its actions; ``p``: stages."""
+
+    units: tuple[tuple[int, tuple[tuple[int, int], ...], tuple[_Part, ...]], ...]
+    p: int
+
+    def stage_ends(self, costs: Sequence[Sequence[ActionCosts]]) -> tuple[float, ...]:
+        """When each stage ends its last unit, with ``costs[stage][chunk]`` (as :func:`makespan`)."""
+        end = [0.0] * len(self.units)
+        free = [0.0] * self.p
+        for u, (s, inputs, parts) in enumerate(self.units):
+            t = free[s]
+            row = costs[s]
+            for dep, chunk in inputs:
+                e = end[dep] + (row[chunk].p2p_s if chunk >= 0 else 0.0)
+                if e > t:
+                    t = e
+            if len(parts) == 2 and row[parts[0][1]].fb_s is not None:
+                dur = row[parts[0][1]].fb_s or 0.0
+            else:
+                dur = 0.0
+                for kind, chunk, split in parts:
+                    c = row[chunk]
+                    dur += c.f_s if kind == "F" else c.w_s if kind == "W" else c.b_s if split else c.b_s + c.w_s
+            end[u] = free[s] = t + dur
+        return tuple(free)
+
+
+def compile_schedule(schedule: Sequence[Sequence[Action]], route: Route | None = None) -> CompiledSchedule:
+    """Validate ``schedule`` once and resolve it for :meth:`CompiledSchedule.stage_ends`."""
+    route = route or default_route(schedule)
+    validate_schedule(schedule, route)
+    run = _Run(schedule, lambda stage, chunk: UNIT_COSTS, route)
+    run.execute()
+    number = {key: n for n, key in enumerate(run.order)}
+    unit_of: dict[tuple[str, int, int, int], int] = {}
+    units = []
+    for s, i in run.order:
+        idx = run.units[s][i]
+        inputs: list[tuple[int, int]] = []  # the stage's previous unit is its free time
+        for n in idx:
+            a = schedule[s][n]
+            for key in run._inputs(s, a):
+                src = unit_of[key]
+                inputs.append((src, a.chunk if key[2] != s else -1))
+        parts = tuple((schedule[s][n].kind, schedule[s][n].chunk,
+                       (schedule[s][n].microbatch, schedule[s][n].chunk) in run.splits[s]) for n in idx)
+        for n in idx:
+            a = schedule[s][n]
+            unit_of[(a.kind, a.microbatch, s, a.chunk)] = number[(s, i)]
+        units.append((s, tuple(inputs), parts))
+    return CompiledSchedule(tuple(units), run.p)
