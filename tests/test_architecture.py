@@ -18,10 +18,9 @@ ROOT = Path(simtrain.__file__).resolve().parent
 #: files in and out) reads configs, clusters and schedules and serves only the command line.
 STAGES = ("spec", "hardware", "plan", "lower", "cost", "engine", "studies", "validation", "formats", "cli")
 
-#: Backward imports still allowed, each with who removes it. engine/critical_path imports private helpers of
-#: studies/simulate; the engineer moving search onto the critical-path evaluator (branch h-search) moves
-#: them into engine/ or plan/ and deletes this entry.
-ALLOWED_BACKWARD = frozenset({("simtrain.engine.critical_path", "simtrain.studies.simulate")})
+#: Backward imports still allowed, each with the reason (none left: engine/critical_path's helpers moved to
+#: engine/prepare.py).
+ALLOWED_BACKWARD: frozenset[tuple[str, str]] = frozenset()
 
 
 def _module_name(path: Path, root: Path) -> str:
