@@ -71,7 +71,8 @@ def shipped_range_coverage(rows: list[dict[str, Any]]) -> dict[str, Any]:
         pred, meas = r.get("predicted_step_time_s"), r.get("measured_step_time_s")
         if r.get("status") != "ok" or not pred or not meas:
             continue
-        band = band_for(float(pred), str(r.get("stack")), bool(r.get("moe")), str(r.get("gpu_type")), table)
+        band = band_for(float(pred), str(r.get("stack")), bool(r.get("moe")), str(r.get("gpu_type")), table,
+                        stack_profiled=r.get("stack_profiled") is not False)  # widened for an unknown stack
         if band is None:
             continue
         runs += 1

@@ -93,7 +93,9 @@ BAD_OVERRIDES = [
     (["layout.dp=2"], "layout"),  # world size mismatch
     (["layout.pp=128", "layout.dp=1", "layout.tp=1", "hardware.n_nodes=16"], "layout.pp"),  # pp > layers
     (["layout.vpp=42"], "layout.vpp"),  # 84 chunks for 80 layers
-    (["train.micro_batch_size=3"], "train.global_batch_tokens"),
+    # a batch in sequences is the user's exact count (a token batch is rounded: simtrain.spec.load.round_token_batch)
+    (["train.global_batch_tokens=null", "train.global_batch_seqs=100", "train.micro_batch_size=3"],
+     "train.global_batch_seqs"),
     (["model=no-such-model"], "model"),
     (["hardware.gpu=no-such-gpu"], "hardware.gpu"),
     (["hardware.node=no-such-node"], "hardware.node"),

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 # Count: a whole number, never a boolean (YAML's ``true`` would otherwise read as 1) nor a float with a
 # fraction (simtrain.spec.batch.whole_number)
@@ -330,6 +330,21 @@ class RunConfig(BaseModel):
     """Whole run: token budget, batch-size schedule, price (``simtrain run``; see ``simtrain.spec.batch``)."""
     whatif: WhatIfSpec = WhatIfSpec()
     """Asymmetric perturbations: slow GPUs or nodes, slow or failed links, background traffic (full mode)."""
+    # what load_config filled in or changed (a token batch rounded to whole micro-batches: simtrain.spec.load);
+    # private, so it is no field of a config file and model_dump leaves it out
+    _assumptions: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """What ``load_config`` assumed or changed to make this config valid, one sentence each (``simulate``
+        copies them into ``StepResult.notes``); () for a config taken as given."""
+        return self._assumptions
+
+    def with_assumptions(self, *notes: str) -> RunConfig:
+        """A copy of this config with ``notes`` added to its ``assumptions``."""
+        out = self.model_copy()
+        out._assumptions = (*self._assumptions, *notes)
+        return out
 
     @field_validator("model", mode="before")
     @classmethod

@@ -241,7 +241,8 @@ def batch_whatif(config: RunConfig | dict[str, Any] | str | Path, batch_tokens: 
 
     Each batch is simulated for its step time; steps to the target come from the McCandlish et al.
     2018 model (``simtrain.studies.convergence``), anchored on the config's run (its token budget at
-    ``train``'s batch reaches the target). A batch the layout cannot split becomes a row with its error.
+    ``train``'s batch reaches the target). A batch that is not whole micro-batches per data-parallel rank is
+    rounded to the nearest that is (``simtrain.spec.load.round_token_batch``; the row gives the batch simulated).
 
     Returns:
         (rows, info): one dict per batch with unit-suffixed keys (``time_to_target_s``,
@@ -270,6 +271,7 @@ def batch_whatif(config: RunConfig | dict[str, Any] | str | Path, batch_tokens: 
         try:
             cfg = load_config(run.model_copy(update={"run": None}), [f"train.global_batch_tokens={int(b)}",
                                                                       "train.global_batch_seqs=null"])
+            b = row["train.global_batch_tokens"] = cfg.train.global_batch_tokens or int(b)  # as rounded by load_config
             r = sim(cfg)
         except SimtrainError as exc:
             row["error"] = str(exc)

@@ -145,7 +145,7 @@ def _simulate(run: RunConfig, mode: str | None, trace: bool, error_table: str | 
         notes.append(f"critical role: role {role} (rank {reps[role][0]}'s placement; the representatives of the "
                      f"roles on stage 0 are ranks {', '.join(str(r[0]) for r in reps)})")
     invariants.check(result, gpu, run.train.precision, min(lg.min_total for lg in res.ledgers.values()))
-    result.notes.extend(notes)
+    result.notes.extend([*run.assumptions, *notes])  # run.assumptions: what load_config filled in
     result.error_band = band_for(result.step_time_s, run.train.stack_name, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))
     return result, key_ranks(res)

@@ -24,12 +24,22 @@ lower ``coverage`` that n gives. The band says how well the model has done on su
 more: it moves no prediction, and runs unlike every published one (a new GPU, a new stack) get the
 band of the nearest group, which ``basis`` names.
 
+A run whose framework has no stack profile (a JAX stack such as MaxText; ``simtrain validate`` maps it to
+a fallback preset) is simulated with a stack it does not run, so its band is widened
+(``band_for(..., stack_profiled=False)``): on the ratio scale ln(1 + e), each bound moves out by the
+spread of the model's bias across the profiled stacks, the largest difference between two stacks'
+median ln(1 + e) over the stacks with at least ``SPREAD_MIN_RUNS`` runs of a kind (``stack_spread``):
+an unknown stack's bias relative to the fallback may be as large as the largest seen between two
+profiled stacks, either way [derived: the error table in use; x1.093 in the packaged tables of 2026-12-05,
+between the dense runs of composer-fsdp, median -8.55 %, and megatron-core, 0.00 %].
+
 The packaged tables hold the visible rows of the project's published-runs validation set
 (``simtrain/data/published_errors.csv``: ``simtrain validate validation/published_runs.csv
 --error-table``) and of the out-of-sample runs shipped with the tests
 (``simtrain/data/megatron_bridge_errors.csv``: the same on ``tests/data/megatron_bridge_archive_runs.csv``,
-Megatron-Bridge's archived H100 and Blackwell runs); tests rebuild both from fresh validations (the
-second only with ``SIMTRAIN_VALIDATION=1``, minutes) and fail when the model's errors moved. A user's
+Megatron-Bridge's archived H100 and Blackwell runs); ``python -m simtrain.validation.regenerate`` rebuilds
+both, and tests rebuild them from fresh validations (with ``SIMTRAIN_VALIDATION=1``, minutes; a subset of
+the first in every run) and fail when the model's errors moved. A user's
 own measured runs give their own table the same way (``--error-table`` on validate, then on simulate).
 """
 
@@ -60,6 +70,9 @@ COVERAGE = 0.8
 #: Fewest runs a group needs before a narrower group is preferred to a wider one: the smallest n whose
 #: whole error range covers COVERAGE of new runs ((n - 1) / (n + 1) >= 0.8) [derived].
 MIN_RUNS = 9
+#: Fewest runs of one stack (and kind) whose median error counts in the spread across stacks: the fewest
+#: whose median is a middle value, not an end of the sample, so one outlier cannot set it [convention].
+SPREAD_MIN_RUNS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +85,8 @@ class ErrorRow:
     family: str
     moe: bool
     error_pct: float
+    stack: str = ""
+    """The stack preset the run was simulated with (``megatron-te``); "" when not known."""
 
 
 def stack_family(stack: str) -> str:
@@ -131,7 +146,7 @@ def _error_row(r: dict[str, str], where: str, origin: str) -> ErrorRow:
         raise ConfigError(problem(f"{where}.step_time_error_pct", r["step_time_error_pct"],
                                   f"a signed percentage above -100 ({origin})"))
     return ErrorRow(r["run_id"], r["source"], r["gpu_type"].strip().lower(), stack_family(r["stack"]),
-                    r["moe"].strip().lower() in ("true", "1", "yes"), err)
+                    r["moe"].strip().lower() in ("true", "1", "yes"), err, str(r["stack"]).strip().lower())
 
 
 def _like(rows: list[ErrorRow], family: str, moe: bool, gpu: str) -> tuple[list[ErrorRow], str]:
@@ -158,19 +173,48 @@ def order_statistic_bounds(n: int, coverage: float = COVERAGE) -> tuple[int, int
     return max(1, math.floor(lo)), min(n, math.ceil(hi))
 
 
-def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[ErrorRow]) -> ErrorBand | None:
+def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[ErrorRow],
+             stack_profiled: bool = True) -> ErrorBand | None:
     """The band of a prediction of ``step_time_s`` seconds for a run on ``stack`` / ``gpu`` profile;
-    None when fewer than two runs of its kind (dense or MoE) are known."""
+    None when fewer than two runs of its kind (dense or MoE) are known.
+
+    ``stack_profiled`` False: the run's framework has no stack profile and ``stack`` is the fallback it was
+    simulated with; the band is widened by ``stack_spread`` (module docstring), ``basis`` says by how much,
+    and ``coverage`` stays that of the unwidened band (a lower bound)."""
     chosen, basis = _like(rows, stack_family(stack), moe, str(gpu).strip().lower())
     if len(chosen) < 2 or not step_time_s > 0:
         return None
     errs = sorted(r.error_pct / 100.0 for r in chosen)
     j, k = order_statistic_bounds(len(errs))
     lo, hi = errs[j - 1], errs[k - 1]
+    if not stack_profiled:
+        spread, stacks = stack_spread(rows)
+        lo, hi = (1.0 + lo) * math.exp(-spread) - 1.0, (1.0 + hi) * math.exp(spread) - 1.0
+        basis += (f"; the framework has no stack profile: widened x{math.exp(spread):.3f} either way, the spread of "
+                  f"the model's median error across {stacks} profiled stacks" if stacks >= 2 else
+                  "; the framework has no stack profile, but the table shows no spread across stacks to widen by")
     return ErrorBand(low_s=step_time_s / (1.0 + hi), high_s=step_time_s / (1.0 + lo),
                      error_low_pct=100.0 * lo, error_median_pct=100.0 * float(np.median(errs)),
                      error_high_pct=100.0 * hi, coverage=(k - j) / (len(errs) + 1), runs=len(errs),
                      basis=f"{len(errs)} measured runs ({basis})")
+
+
+def stack_spread(rows: list[ErrorRow]) -> tuple[float, int]:
+    """(spread, stacks): how far the model's bias moves from one profiled stack to another, on the ratio scale.
+
+    For each kind (dense, MoE), the median of ln(1 + e) over each stack preset's runs of that kind with at
+    least ``SPREAD_MIN_RUNS`` of them; ``spread`` is the largest range, max - min, of those medians within a
+    kind (0.0 when no kind has two such stacks), ``stacks`` the number of stacks behind it."""
+    best, count = 0.0, 0
+    for moe in (False, True):
+        groups: dict[str, list[float]] = {}
+        for r in rows:
+            if r.moe == moe and r.stack:
+                groups.setdefault(r.stack, []).append(math.log1p(r.error_pct / 100.0))
+        medians = [float(np.median(v)) for v in groups.values() if len(v) >= SPREAD_MIN_RUNS]
+        if len(medians) >= 2 and max(medians) - min(medians) > best:
+            best, count = max(medians) - min(medians), len(medians)
+    return best, count
 
 
 def leave_one_out(rows: list[ErrorRow]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from simtrain.spec.config import RunConfig
 from simtrain.spec.errors import ConfigError, Problem
-from simtrain.spec.stacks import SoftwareStack, stack_from_text
+from simtrain.spec.stacks import DEFAULT_STACK, SoftwareStack, stack_from_text
 from simtrain.validation.csv_cells import (
     _POSITIVE_COLUMNS,
     NotSimulatable,
@@ -65,6 +65,9 @@ class ParsedRow:
     peak_tflops_used: float | None = None
     flop_convention: str | None = None
     visible: bool = False
+    stack_profiled: bool = True
+    """False when the ``framework`` cell names no framework with a stack profile (or is blank): the run is
+    simulated with the fallback stack, and its likely range is widened (``uncertainty.band_for``)."""
 
 
 # ---- cells --------------------------------------------------------------------------------------
@@ -123,6 +126,14 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
     from simtrain.plan.load import load_config
 
     stack, stack_note = stack_from_text(row.get("framework"), row.get("source"))
+    # stack_from_text returns the default stack with a note only when no pattern matched (a matched
+    # framework comes with no note, or, torchtitan without "eager", with torchtitan-eager's)
+    if stack_note and stack.name == DEFAULT_STACK:
+        out.stack_profiled = False
+        framework = (row.get("framework") or "").strip()
+        stack_note = (f"framework {framework!r} has no stack profile" if framework else "framework not given") + (
+            f"; simulated with stack {stack.name} ({stack.description.split(' (')[0]}), the default; likely "
+            "range widened by the spread of the model's error across profiled stacks")
     if stack_note:
         notes.append(stack_note)
     if out.n_gpus is None:
@@ -137,8 +148,10 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
         train["dropout"] = False
         notes.append("dropout off (MPT and BLOOM train without dropout)")
     hardware = _hardware(row, gpu, node, load_node(node).gpus_per_node, out.n_gpus, notes)
-    return load_config({"name": out.run_id, "model": model, "hardware": hardware, "layout": layout,
-                        "train": train})
+    run = load_config({"name": out.run_id, "model": model, "hardware": hardware, "layout": layout,
+                       "train": train})
+    notes.extend(run.assumptions)
+    return run
 
 
 def _smallest_world(row: dict[str, str], notes: list[str]) -> int:
@@ -319,11 +332,14 @@ def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> 
 def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: int, has_fp8: bool,
            notes: list[str]) -> dict[str, Any]:
     gbs = count(row, "global_batch_seqs", notes)
+    batch: dict[str, int] = {"global_batch_seqs": gbs} if gbs is not None else {}
     if gbs is None:
         tokens = count(row, "global_batch_tokens", notes)
         if tokens is None:
             raise NotSimulatable("global_batch_seqs")
-        gbs = max(tokens // seq, 1)
+        # a batch quoted in tokens ("2M") need not be whole micro-batches: load_config rounds it to the
+        # nearest batch that is (simtrain.spec.load.round_token_batch) and says so in the assumptions
+        batch = {"global_batch_tokens": tokens}
     mbs = count(row, "micro_batch", notes)
     if mbs is None:
         mbs = 1
@@ -335,7 +351,7 @@ def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: 
         mbs //= stages
     precision, recipe, prec_notes = parse_precision(row.get("precision", "") or "", stack, has_fp8)
     notes.extend(prec_notes)
-    train: dict[str, Any] = {"seq_len": seq, "micro_batch_size": mbs, "global_batch_seqs": gbs,
+    train: dict[str, Any] = {"seq_len": seq, "micro_batch_size": mbs, **batch,
                              "precision": precision, "stack": stack.name,
                              "attention_kernel": "unfused" if stack.attention == "unfused" else "flash"}
     if precision == "fp8":

@@ -33,7 +33,7 @@ from simtrain.lower.flops import attention_keys_per_query, model_flops_per_token
 from simtrain.spec.errors import SimtrainError
 from simtrain.spec.model import ModelSpec
 from simtrain.studies.labels import layout_label
-from simtrain.studies.uncertainty import error_rows, leave_one_out
+from simtrain.studies.uncertainty import band_for, error_rows, leave_one_out, read_error_table
 from simtrain.validation.csv_cells import read_rows
 from simtrain.validation.csv_runs import ParsedRow, parse_row
 
@@ -41,8 +41,8 @@ GiB = 1024.0**3
 
 #: Row keys, in output order (the names the issue and README document).
 ROW_KEYS = (
-    "run_id", "source", "gpu_type", "n_gpus", "model", "layout", "stack", "moe", "visible", "status",
-    "predicted_step_time_s", "measured_step_time_s", "step_time_error_pct",
+    "run_id", "source", "gpu_type", "n_gpus", "model", "layout", "stack", "stack_profiled", "moe", "visible", "status",
+    "predicted_step_time_s", "measured_step_time_s", "step_time_error_pct", "likely_low_s", "likely_high_s",
     "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
     "predicted_peak_mem_gib", "measured_peak_mem_gib", "peak_mem_error_pct", "predicted_fits",
     "predicted_compute_s", *(f"predicted_exposed_{a}_s" for a in AXES), "predicted_bubble_s", "predicted_stage_imbalance_s",
@@ -142,24 +142,47 @@ def _source_mfu(p: ParsedRow, conv: str | None) -> float | None:
     return p.source_mfu_pct
 
 
-def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | None = None) -> dict[str, Any]:
-    """Simulate one CSV row and compare it; never raises (failures become the row's ``status``)."""
+def simulate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | None = None
+                 ) -> tuple[ParsedRow, StepResult | None]:
+    """One CSV row parsed (``parse_row``) and simulated: the StepResult (None when the row does not simulate),
+    its ``notes`` led by the row's assumptions, and, for a framework with no stack profile, the likely range
+    widened (``uncertainty.band_for(..., stack_profiled=False)``).
+
+    Raises:
+        SimtrainError: the row's config is valid but cannot be simulated (``evaluate_row`` reports it).
+    """
+    p = parse_row(row)
+    return p, (None if p.run is None else _simulate_parsed(p, simulate_fn))
+
+
+def _simulate_parsed(p: ParsedRow, simulate_fn: Callable[..., StepResult] | None) -> StepResult:
+    """``simulate_row``'s StepResult of a parsed row that has a run."""
     from simtrain.studies.simulate import simulate
 
-    sim = simulate_fn or simulate
+    assert p.run is not None
+    result = (simulate_fn or simulate)(p.run)
+    result.notes[:0] = [a for a in p.assumptions if a not in result.notes]
+    if not p.stack_profiled:
+        result.error_band = band_for(result.step_time_s, p.run.train.stack_name, p.run.model.is_moe, p.gpu_type,
+                                     read_error_table(), stack_profiled=False)
+    return result
+
+
+def evaluate_row(row: dict[str, str], simulate_fn: Callable[..., StepResult] | None = None) -> dict[str, Any]:
+    """Simulate one CSV row and compare it; never raises (failures become the row's ``status``)."""
     p = parse_row(row)
     conv = convention_of(p.flop_convention)
     out: dict[str, Any] = {k: None for k in ROW_KEYS}
     out.update(run_id=p.run_id, source=p.source, gpu_type=p.gpu_type, n_gpus=p.n_gpus, visible=p.visible,
                status=p.status, mfu_convention=conv, source_mfu_pct=_source_mfu(p, conv),
-               stack=p.run.train.stack_name if p.run is not None else None,
+               stack=p.run.train.stack_name if p.run is not None else None, stack_profiled=p.stack_profiled,
                model=p.run.model.name if p.run is not None else (row.get("model") or None),
                layout=_layout_of(p, row),
                moe=p.run.model.is_moe if p.run is not None else None)
     if p.run is not None:
         try:
             out["measured_step_time_s"] = _measured_step_time(p, row, conv)
-            result = sim(p.run)
+            result = _simulate_parsed(p, simulate_fn)
         except SimtrainError as exc:
             out["status"] = f"error: {exc}".splitlines()[0]
         except Exception as exc:  # noqa: BLE001 - a failing row is reported, the table goes on
@@ -198,6 +221,8 @@ def _overflow_note(out: dict[str, Any]) -> list[str]:
 def _fill_prediction(out: dict[str, Any], p: ParsedRow, r: StepResult, conv: str | None) -> None:
     assert p.run is not None
     out["predicted_step_time_s"] = r.step_time_s
+    if r.error_band is not None:
+        out["likely_low_s"], out["likely_high_s"] = r.error_band.low_s, r.error_band.high_s
     out["predicted_tokens_per_s_per_gpu"] = r.tokens_per_s_per_gpu
     out["step_time_error_pct"] = _pct(r.step_time_s, out["measured_step_time_s"])
     if out["measured_tokens_per_s_per_gpu"] is None and out["measured_step_time_s"]:

@@ -77,9 +77,8 @@ def test_mtp_follows_the_model_cell(rows: list[dict[str, str]]) -> None:
 @SLOW
 def test_archive_simulates_every_row_and_its_error_table_is_todays() -> None:
     """Every archived run simulates (status ok), the summary splits the two releases, and the packaged
-    error table behind the likely ranges holds today's errors: after a model change, rebuild it with
-    ``simtrain validate tests/data/megatron_bridge_archive_runs.csv --error-table
-    simtrain/data/megatron_bridge_errors.csv``."""
+    error table behind the likely ranges holds today's errors: after a model change, rebuild both tables with
+    ``python -m simtrain.validation.regenerate``."""
     import pandas as pd
 
     from simtrain.studies.uncertainty import ARCHIVE_TABLE, error_table

@@ -94,8 +94,7 @@ def test_every_visible_row_is_simulated_or_says_why(table: tuple[pd.DataFrame, d
 @SLOW
 def test_packaged_error_table_is_todays(table: tuple[pd.DataFrame, dict[str, Any]]) -> None:
     """simtrain/data/published_errors.csv (behind every prediction's likely range) holds today's errors:
-    after a model change, rebuild it with ``simtrain validate <published_runs.csv> --error-table
-    simtrain/data/published_errors.csv``."""
+    after a model change, rebuild both tables with ``python -m simtrain.validation.regenerate``."""
     from simtrain.studies.uncertainty import PACKAGED_TABLE, error_table
 
     fresh = error_table(table[0])
