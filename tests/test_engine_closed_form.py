@@ -218,8 +218,8 @@ def test_stage_imbalance_is_the_slowest_stage_extra_compute(slow: int | None) ->
 def test_interference_per_link_class() -> None:
     """Collectives hold NCCL's channel SMs (16 for a DGX node's inter-node rings, nccl#689); a
     pipeline send/recv holds one small CTA (nccl#1433), so it slows compute by one SM's share."""
+    from simtrain.engine.axes import _interference
     from simtrain.engine.comm_planner import P2P_CLASS
-    from simtrain.engine.engine import _interference
     from simtrain.hardware.load import load_gpu
 
     for name in ("a100-80gb", "h100-sxm", "h200", "b200"):

@@ -39,8 +39,9 @@ from typing import Any, Protocol
 
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.engine.axes import AXES, _axis
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
-from simtrain.engine.engine import AXES, RECENT_OPS, _axis
+from simtrain.engine.engine import RECENT_OPS
 from simtrain.engine.inline import inline_plan
 from simtrain.engine.network import fluid_duration
 from simtrain.engine.prepare import attach_static_memory, group_axes

@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simtrain.engine.engine import AXES
+from simtrain.engine.axes import AXES
 from simtrain.engine.results import StepResult
 from simtrain.plan.load import load_config
 from simtrain.spec.config import RunConfig

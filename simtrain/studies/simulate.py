@@ -15,8 +15,9 @@ import networkx as nx
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine import invariants
+from simtrain.engine.axes import AXES
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
-from simtrain.engine.engine import AXES, Engine
+from simtrain.engine.engine import Engine
 from simtrain.engine.prepare import attach_static_memory as _attach_static_memory
 from simtrain.engine.prepare import group_axes as _group_axes
 from simtrain.engine.records import EngineResult, RankStats

@@ -1,0 +1,49 @@
+"""Which breakdown axis an op's time counts under, and how much a communication in flight slows the
+compute beside it: the engine's and the critical-path evaluator's shared rules."""
+
+from __future__ import annotations
+
+from simtrain.engine.comm_planner import P2P_CLASS
+from simtrain.hardware.hardware import GpuSpec
+from simtrain.lower.ops import Op
+
+#: The axes ``StepResult.breakdown_s`` lists, besides ``other``.
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+#: Breakdown axis of the group axes that are not their own (``StepResult.breakdown_s`` lists AXES):
+#: the expert-data-parallel gradient reduction is data parallelism, expert TP is tensor parallelism.
+_BREAKDOWN_AXIS = {"edp": "dp", "etp": "tp"}
+
+
+def _axis(op: Op) -> str:
+    """The breakdown axis an op's time counts under (``pp_emb`` -> ``pp``, ``dp_cp`` -> ``dp``, ``edp``
+    -> ``dp``, ``etp`` -> ``tp``; no axis -> ``other``)."""
+    axis: str = getattr(op, "axis", "")  # compute ops have none (hot path: no isinstance chain)
+    if not axis:
+        return "other"
+    axis = axis.split("_")[0]
+    return _BREAKDOWN_AXIS.get(axis, axis)
+
+
+_AXES: dict[str, str] = {}
+"""``_axis`` by an op's own axis name (pure: a process-wide memo)."""
+
+
+def _axis_of(op: Op) -> str:
+    """``_axis(op)``, memoised (the hot path: once or twice per executed op)."""
+    name: str = getattr(op, "axis", "")
+    axis = _AXES.get(name)
+    if axis is None:
+        axis = _AXES[name] = _axis(op)
+    return axis
+
+
+def _interference(gpu: GpuSpec, cls: str) -> float:
+    """Fractional slowdown of compute while a communication of class ``cls`` is in flight on the GPU.
+    A collective's NCCL kernel holds one SM per channel for its whole duration and never shares it
+    with compute (sjeaugey, NVIDIA/nccl#689): the profile's ``comm_interference_*`` per link class.
+    A pipeline send/recv runs one small CTA per peer (NVIDIA/nccl#1433: grid <<<1,1,1>>>): by
+    default one SM's share [derived]."""
+    if cls == P2P_CLASS:
+        return 1.0 / gpu.sm_count if gpu.comm_interference_p2p is None else gpu.comm_interference_p2p
+    return gpu.comm_interference_net if cls == "net" else gpu.comm_interference_nvlink
