@@ -3,6 +3,8 @@ compute beside it: the engine's and the critical-path evaluator's shared rules."
 
 from __future__ import annotations
 
+from collections.abc import Reversible
+
 from simtrain.engine.comm_planner import P2P_CLASS
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.lower.ops import Op
@@ -47,3 +49,25 @@ def _interference(gpu: GpuSpec, cls: str) -> float:
     if cls == P2P_CLASS:
         return 1.0 / gpu.sm_count if gpu.comm_interference_p2p is None else gpu.comm_interference_p2p
     return gpu.comm_interference_net if cls == "net" else gpu.comm_interference_nvlink
+
+
+def charge_stream(recent: Reversible[tuple[float, float, str]], exposed: dict[str, float], ready: float,
+                  start: float, axis: str) -> None:
+    """Charge the compute stream's wait from ``ready`` to ``start`` (seconds) for an op of a comm stream,
+    whose last ops ran as ``recent`` ((start, end, axis), oldest first), to ``exposed`` under the axes of
+    the ops that stream ran meanwhile: an optimizer waiting for the embedding all-reduce queued behind the
+    data-parallel gradient reduction waited for both, each for its own time. The stream's idle time before
+    an op (it waited for the op's inputs) goes to that op; anything left to ``axis``, the awaited op's."""
+    window = []
+    for entry in reversed(recent):
+        if entry[1] <= ready:
+            break
+        window.append(entry)
+    at = ready  # charged forward in time, each instant once
+    for _, e, ax in reversed(window):
+        end = min(e, start)
+        if end > at:  # the op's run, and the stream's wait for it before it started
+            exposed[ax] += end - at
+            at = end
+    if start > at:
+        exposed[axis] += start - at

@@ -25,10 +25,11 @@ from typing import Any, cast
 
 import simpy
 
-from simtrain.engine.axes import _axis, _axis_of, _interference
+from simtrain.engine.axes import _axis, _axis_of, _interference, charge_stream
 from simtrain.engine.comm_planner import CommPlanner
 from simtrain.engine.done import DoneEvents, either
 from simtrain.engine.inline import Guard, Inline, time_bounds
+from simtrain.engine.merge import ClassComm, CommEntry, NotAlike, rank_classes
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
 from simtrain.engine.stage_tables import StageTables
@@ -51,15 +52,17 @@ from simtrain.plan.layout import RankGrid
 
 _UNCOSTED = (ComputeOp, CopyOp)  # as lowering emits them; the cost pass makes the Costed* subclasses
 _FINISHED = object()  # a comm stream with no ops left
-CommEntry = tuple[float, list[list[tuple[Any, ...]]], str, float | None]
 
 
 #: Ops of each comm stream whose times ``Engine._attribute`` keeps to split a wait among their axes.
 RECENT_OPS = 256
 
+#: Full mode without a trace simulates one rank per class of alike ranks (``simtrain.engine.merge``);
+#: False: every rank (the reference the merged runs are checked against).
+MERGE = True
 
 
-class Engine:
+class Engine(ClassComm):
     """Runs stage programs on simulated ranks.
 
     Args:
@@ -72,12 +75,17 @@ class Engine:
             run ahead of the simpy clock (exact: the same times; off only to check that).
         planner: a CommPlanner of the same topology, GPU, grid and mode to reuse (its plans are pure
             memos: the short runs of ``simtrain.engine.steady`` share one); None: a new one.
+        merge: full mode without a trace: simulate one rank per class of alike ranks (exact; falls back
+            to every rank where members turn out to differ); None: ``MERGE``.
     """
 
     def __init__(self, programs: list[Program], grid: RankGrid, topo: Fabric, gpu: GpuSpec,
                  symmetric: bool = True, trace: bool = True, load_factor: dict[int, float] | None = None,
                  fast_paths: bool = True, planner: CommPlanner | None = None,
-                 representatives: list[int] | None = None, speed: dict[int, float] | None = None):
+                 representatives: list[int] | None = None, speed: dict[int, float] | None = None,
+                 merge: bool | None = None):
+        self._args = dict(programs=programs, grid=grid, topo=topo, gpu=gpu, symmetric=symmetric, trace=trace,
+                          load_factor=load_factor, fast_paths=fast_paths, planner=planner, speed=speed)
         self.programs, self.grid, self.gpu = programs, grid, gpu
         self.speed = speed or {}
         """Compute speed factor per rank (``whatif.slow_gpus``): its compute ops take 1/factor as long."""
@@ -90,12 +98,23 @@ class Engine:
         self.symmetric, self.keep_trace = symmetric, trace
         self.env = simpy.Environment()
         self.planner = planner or CommPlanner(topo, gpu, grid, symmetric)
-        self.net = FlowNetwork(self.env, self.planner.capacity)
+        self.classes = None
         if symmetric:
             self.ranks = representatives or [grid.representative(s) for s in range(len(programs))]
         else:
             self.ranks = list(range(grid.world_size))
-        self.stage = {r: grid.stage_of(r) for r in self.ranks}
+            if (MERGE if merge is None else merge) and not trace:
+                classes = rank_classes(grid, programs, self.speed, self.load_factor)
+                if len(classes.members) < grid.world_size:
+                    self.classes, self.ranks = classes, classes.reps
+        self.net = FlowNetwork(self.env, self.planner.capacity, batch_ends=self.classes is not None)
+        self._planned = list(range(grid.world_size)) if self.classes else self.ranks
+        """Ranks whose communication is planned: every rank in full mode (a class carries its members' flows)."""
+        self.stage = {r: grid.stage_of(r) for r in self._planned}
+        self._weight = {r: len(self.classes.members[r]) if self.classes else 1 for r in self.ranks}
+        """Ranks each simulated rank stands for (its class's size; 1 without classes)."""
+        self.notes: list[str] = []
+        self._class_entries = {}
         self.done: dict[int, DoneEvents] = {}
         self._tables: dict[int, StageTables] = {}
         """Per stage: what its ranks share (in-line plan, awaited ops, stream queues, FLOPs, sends)."""
@@ -131,7 +150,8 @@ class Engine:
     def _comm_entry(self, rank: int, op: Op) -> tuple[float, list[list[tuple[Any, ...]]], str]:
         stage = self.stage[rank]
         if isinstance(op, SendOp):
-            return self.planner.send(op, rank, stage, self._remote_rank(rank, op.peer_stage))
+            peer = self._remote_rank(rank, op.peer_stage) if self.symmetric else self._peer(rank, op.peer_stage)
+            return self.planner.send(op, rank, stage, peer)
         return self.planner.collective(cast(CollectiveOp, op), rank, stage)
 
     def _owner(self, rank: int, op: Op) -> tuple[Any, ...]:
@@ -146,7 +166,7 @@ class Engine:
         owners: dict[Any, set[Any]] = defaultdict(set)
         uses: list[tuple[int, list[int], tuple[float, list[list[tuple[Any, ...]]], str], Any]] = []
         sigs: dict[int, dict[tuple[Any, ...], list[int]]] = {}  # per stage: its ranks run one program
-        for r in self.ranks:
+        for r in self._planned:
             ops = self.programs[self.stage[r]].ops
             # ops of one signature share an entry and an owner: plan each signature once per rank
             by_sig = sigs.get(self.stage[r])
@@ -257,16 +277,28 @@ class Engine:
         gc.disable()
         try:
             self.env.run()
+        except NotAlike as e:  # members of a class differ: the merged run proves nothing, so run every rank
+            res = Engine(**self._args, merge=False).run()  # type: ignore[arg-type]
+            res.notes.append(f"full mode simulated every rank: ranks alike in program, speed and groups did not "
+                             f"behave alike on the fabric ({e}), so they could not be simulated once per class")
+            return res
         finally:
             if collect:
                 gc.enable()
         step = max(s.end_s for s in self.stats.values())
-        return EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
-                            self.planner.plans)
+        res = EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
+                           self.planner.plans, self.notes)
+        return self.classes.expand(res) if self.classes else res
 
     def _remote_rank(self, rank: int, stage: int) -> int:
+        """The simulated rank that stands for ``rank``'s peer on pipeline stage ``stage``."""
         if self.symmetric:
             return self.ranks[stage]  # the stage's representative
+        peer = self._peer(rank, stage)
+        return self.classes.rep_of[peer] if self.classes else peer
+
+    def _peer(self, rank: int, stage: int) -> int:
+        """``rank``'s peer on pipeline stage ``stage`` (full mode)."""
         return rank + (stage - self.stage[rank]) * self.grid.stride("pp")
 
     def _comm_stream(self, rank: int, stream: Stream, ops: list[Op]):  # type: ignore[no-untyped-def]
@@ -428,7 +460,7 @@ class Engine:
         if self.keep_trace:
             self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
                                          *self._trace_links(rank, op)))
-        self.executed += 1
+        self.executed += self._weight[rank]
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
@@ -499,7 +531,7 @@ class Engine:
             if op.stream == Stream.COMPUTE:
                 stats.exposed[axis] += start - ready
             else:
-                self._charge_stream(rank, op.stream, ready, start, axis)
+                charge_stream(self._recent[rank][op.stream], stats.exposed, ready, start, axis)
             return
         src, idx = ref
         send_start = self.started.get((src, idx), start)
@@ -507,44 +539,31 @@ class Engine:
         stats.bubble_s += bubble
         stats.exposed["pp"] += (start - ready) - bubble
 
-    def _charge_stream(self, rank: int, stream: Stream, ready: float, start: float, axis: str) -> None:
-        """Charge the compute stream's wait from ``ready`` to ``start`` for an op of comm ``stream``
-        to the axes of the ops that stream ran meanwhile: an optimizer waiting for the embedding
-        all-reduce queued behind the data-parallel gradient reduction waited for both, each for its
-        own time. The stream's idle time before an op (it waited for the op's inputs) goes to that op;
-        anything left to ``axis``, the awaited op's."""
-        window = []
-        for entry in reversed(self._recent[rank][stream]):
-            if entry[1] <= ready:
-                break
-            window.append(entry)
-        exposed = self.stats[rank].exposed
-        at = ready  # charged forward in time, each instant once
-        for _, e, ax in reversed(window):
-            end = min(e, start)
-            if end > at:  # the op's run, and the stream's wait for it before it started
-                exposed[ax] += end - at
-                at = end
-        if start > at:
-            exposed[axis] += start - at
-
     def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);
         ``stretch``: its transfer takes (1 + stretch) x as long (in situ beside compute)."""
-        latency, phases, cls, private = self._comm[rank][self._sig_of[self.stage[rank]][op.idx]]  # type: ignore[misc]
+        sig = self._sig_of[self.stage[rank]][op.idx]
+        latency, phases, cls, private = self._comm[rank][sig]  # type: ignore[misc]
+        if self.classes is not None and op.kind == OpKind.SEND:  # a class's send carries its members' flows
+            yield from self._transfer_class(rank, self._send_entries(rank, sig), stretch)
+            return
         if op.kind == OpKind.SEND or self.symmetric:
             yield from self._transfer(rank, latency, phases, cls, private, stretch)
             return
         op = cast(CollectiveOp, op)
-        group = self.grid.group(op.axis, rank)
+        if self.classes is None:
+            group = self.grid.group(op.axis, rank)
+            gkey, need = group, len(group)
+        else:  # groups made of the same classes meet once each of those classes is here
+            gkey, need = self.classes.rendezvous(op.axis, rank)
         # the embedding all-reduce pairs two stages' programs, whose op indices differ; it runs once a step
-        key = (group, op.name if op.axis == "pp_emb" else op.idx)
+        key = (gkey, op.name if op.axis == "pp_emb" else op.idx)
         count, ev = self.rendezvous.get(key, (0, None))  # type: ignore[assignment]
         if ev is None:
             ev = self.env.event()
         count += 1
         self.rendezvous[key] = (count, ev)
-        if count < len(group):
+        if count < need:
             self.active_comm[rank].append(cls)
             self._comm_changed(rank)
             yield ev
@@ -552,7 +571,10 @@ class Engine:
             self._comm_changed(rank)
             return
         del self.rendezvous[key]
-        yield from self._transfer(rank, latency, phases, cls, private, stretch)
+        if self.classes is None:
+            yield from self._transfer(rank, latency, phases, cls, private, stretch)
+        else:
+            yield from self._transfer_class(rank, self._group_entries(rank, gkey, sig), stretch)
         ev.succeed()
 
     def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str,

@@ -54,12 +54,17 @@ class FlowNetwork:
         capacity: achievable bandwidth of an edge, bytes/s.
     """
 
-    def __init__(self, env: simpy.Environment, capacity: Callable[[Edge], float]):
+    def __init__(self, env: simpy.Environment, capacity: Callable[[Edge], float], batch_ends: bool = False):
         self.env = env
         self._capacity = capacity
         self._cap_cache: dict[Edge, float] = {}
         self._on_edge: dict[Edge, set[_Flow]] = {}
         self._started = 0
+        self._batch_ends = batch_ends
+        """Rebalance once for all flows ending at one instant (full mode by classes: a class's groups'
+        flows end together, and one rebalance per flow costs flows x component); the rates after the
+        instant are the same, max-min over the flows left."""
+        self._dirty: set[_Flow] = set()
 
     def capacity(self, e: Edge) -> float:
         """Cached achievable capacity of edge ``e`` in bytes/s."""
@@ -70,6 +75,26 @@ class FlowNetwork:
 
     def transfer(self, flows: list[tuple[tuple[Edge, ...], tuple[float, ...], float, float]]) -> simpy.Event:
         """Start flows ``(path, weights per edge, bytes, rate cap)``; the event fires when all finish."""
+        new: list[_Flow] = []
+        event = self._start(flows, new)
+        if new:
+            self._rebalance(self._component(new))
+        return event
+
+    def transfer_many(self, batches: list[list[tuple[tuple[Edge, ...], tuple[float, ...], float, float]]]
+                      ) -> list[simpy.Event]:
+        """``transfer`` of several sets of flows at once, with one rate computation for all of them
+        instead of one per set (the rates are the same: max-min over the flows present once all have
+        started); one event per set."""
+        new: list[_Flow] = []
+        events = [self._start(flows, new) for flows in batches]
+        if new:
+            self._rebalance(self._component(new))
+        return events
+
+    def _start(self, flows: list[tuple[tuple[Edge, ...], tuple[float, ...], float, float]],
+               new: list[_Flow]) -> simpy.Event:
+        """Put ``flows`` on their edges (appended to ``new``, rates not yet set); their event."""
         event = self.env.event()
         live = [f for f in flows if f[2] > 0 and f[0]]
         if not live:
@@ -77,14 +102,12 @@ class FlowNetwork:
             return event
         group = _Group(len(live), event)
         now = self.env.now
-        new = []
         for path, weights, nbytes, cap in live:
             fl = _Flow(path, weights, nbytes, cap, now, group, self._started)
             self._started += 1
             for e in path:
                 self._on_edge.setdefault(e, set()).add(fl)
             new.append(fl)
-        self._rebalance(self._component(new))
         return event
 
     def _component(self, seeds: list[_Flow]) -> list[_Flow]:
@@ -131,12 +154,24 @@ class FlowNetwork:
                 neighbours.update(s)
                 if not s:
                     del self._on_edge[e]
-            if neighbours:
+            if neighbours and self._batch_ends:
+                if not self._dirty:  # after the other flows ending now (their timers are already queued)
+                    self.env.timeout(0).callbacks.append(self._rebalance_dirty)
+                self._dirty.update(neighbours)
+            elif neighbours:
                 self._rebalance(self._component(list(neighbours)))
             f.group.left -= 1
             if f.group.left == 0:
                 f.group.event.succeed()
         return done
+
+
+    def _rebalance_dirty(self, _: Any) -> None:
+        """The deferred rebalance of the flows next to those that ended at this instant."""
+        live = [f for f in self._dirty if f.version >= 0]
+        self._dirty = set()
+        if live:
+            self._rebalance(self._component(live))
 
 
 def _start_order(f: _Flow) -> int:

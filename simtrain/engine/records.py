@@ -141,6 +141,8 @@ class EngineResult:
     trace: list[TraceEvent]
     ops_executed: int
     plans: dict[Any, Plan]
+    notes: list[str] = field(default_factory=list)
+    """What the engine did that the result should say (e.g. full mode fell back to every rank)."""
 
     def critical_rank(self) -> int:
         """The rank that finishes last, whose step ``StepResult.breakdown_s`` explains: the lowest such
