@@ -123,7 +123,8 @@ def extrapolate(results: Sequence[EngineResult], k: int) -> EngineResult | None:
                    for r in c.ranks}
         step = _line(a.step_time_s, b.step_time_s, c.step_time_s, k, t_tol)
         out = EngineResult(step, list(c.ranks), stats, ledgers, [],
-                           a.ops_executed + b.ops_executed + c.ops_executed, c.plans)
+                           a.ops_executed + b.ops_executed + c.ops_executed, c.plans,
+                           list(dict.fromkeys(a.notes + b.notes + c.notes)))
         critical = out.critical_rank()
         _check_idle(a.stats[critical], b.stats[critical], c.stats[critical], k, t_tol)
     except _NotSteady:

@@ -139,6 +139,7 @@ def _simulate(run: RunConfig, mode: str | None, trace: bool, error_table: str | 
     else:
         res, closed, note = outcome
         notes.append(note)
+    notes.extend(res.notes)  # the engine's, e.g. full mode fell back to every rank (simtrain.engine.merge)
     result = _result(run, mode, m, res, cluster, grid, closed)
     critical = res.critical_rank()
     if len(reps) > 1:
