@@ -7,9 +7,15 @@ pipeline), 64 and up keep PP8 and raise DP. Every size runs the same micro-batch
 rank executes about the same ops and the time per op shows any cost per event that grows with the
 ranks. Each size runs in its own process, whose peak RSS (``ru_maxrss``) is the memory figure.
 
-    python benchmarks/bench_full_mode.py                    # 8 .. 1,024 GPUs
+Then the what-if full mode is for (issue 28 part 5): one slow GPU (``SLOW``) on 1,024 GPUs, and with
+``--example`` the example as it is (1,024 GPUs, 96 micro-batches) without and with the slow GPU. A what-if
+runs the step twice (unperturbed and perturbed): its times are both runs', its ops the perturbed run's.
+Full mode simulates one rank per class of alike ranks (``simtrain.engine.merge``); the ops counted are
+every rank's, as if each were simulated.
+
+    python benchmarks/bench_full_mode.py                    # 8 .. 1,024 GPUs, and 1,024 with a slow GPU
     python benchmarks/bench_full_mode.py --gpus 64 256      # some sizes
-    python benchmarks/bench_full_mode.py --example          # also the example as it is (1,024 GPUs, 96 micro-batches)
+    python benchmarks/bench_full_mode.py --example          # also the example as it is, and with a slow GPU
 
 Nothing here passes or fails (see tests/ for that); prints a table and exits 0.
 """
@@ -27,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gpt3_175b_a100.yaml"
 SIZES = (8, 64, 128, 256, 512, 1024)
+#: The what-if: one GPU of the second pipeline stage (node 8 onwards) at 85 % speed.
+SLOW = 'whatif.slow_gpus={"node9/gpu5": 0.85}'
 
 
 def overrides(gpus: int, microbatches: int) -> list[str]:
@@ -78,8 +86,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for g in a.gpus:
         run(str(g), overrides(g, a.microbatches))
+    if 1024 in a.gpus:
+        run("1024, one slow GPU (what-if: 2 runs)", [*overrides(1024, a.microbatches), SLOW])
     if a.example:
         run("1024 (example, 96 mb)", [])
+        run("1024 (example, 96 mb), one slow GPU (what-if: 2 runs)", [SLOW])
 
 
 if __name__ == "__main__":

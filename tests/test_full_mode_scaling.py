@@ -40,15 +40,17 @@ def _engines(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> list[Any]:
     return made
 
 
-def test_full_mode_keeps_no_done_event_after_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("merge", [False, True])
+def test_full_mode_keeps_no_done_event_after_the_step(monkeypatch: pytest.MonkeyPatch, merge: bool) -> None:
     """Every awaited op's done event is dropped once simpy has processed it, so memory holds the events
-    in flight, not one per op of every rank (the old engine made all of them up front and kept them)."""
-    made = _engines(monkeypatch)
+    in flight, not one per op of every rank (the old engine made all of them up front and kept them).
+    By classes (``simtrain.engine.merge``) the unperturbed run simulates one rank per stage."""
+    made = _engines(monkeypatch, merge=merge)
     res = simulate(CASE, mode="full")
     (engine,) = made
     fired = [v for r in engine.ranks for v in engine.done[r].values()]
     assert fired and all(v is PROCESSED for v in fired)
-    assert len(engine.ranks) == res.n_gpus == 16
+    assert res.n_gpus == 16 and len(engine.ranks) == (2 if merge else 16)
     # start times are kept only for the sends a receiver reads, never for other ops
     assert engine.started and all(idx in engine._tables[engine.stage[r]].sent for r, idx in engine.started)
 

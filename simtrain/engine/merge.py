@@ -106,8 +106,13 @@ def rank_classes(grid: RankGrid, programs: Sequence[Program], speed: dict[int, f
     color = _ids([(stage[r], speed.get(r, 1.0), load_factor.get(r, 1.0)) for r in range(world)])
     n = len(set(color))
     while True:
-        new = _ids([(color[r], tuple(tuple(sorted(color[m] for m in g)) for g in groups[r]),
-                     tuple(color[p] for p in peers[r])) for r in range(world)])
+        multisets: dict[tuple[int, ...], tuple[int, ...]] = {}  # per group (members share one): its classes
+        for gs in groups:
+            for g in gs:
+                if g not in multisets:
+                    multisets[g] = tuple(sorted(color[m] for m in g))
+        new = _ids([(color[r], tuple(multisets[g] for g in groups[r]), tuple(color[p] for p in peers[r]))
+                    for r in range(world)])
         if len(set(new)) == n:  # no class split: a fixed point (each round refines the last)
             break
         color, n = new, len(set(new))

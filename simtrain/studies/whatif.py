@@ -2,9 +2,11 @@
 
 A perturbation makes ranks of one stage unlike each other (one slow GPU, one slow NIC), which only full
 mode simulates: symmetric mode hands a world of at most ``FULL_MODE_WORLD`` ranks to full mode and says
-so in the notes; a larger one is refused, naming ``sim.mode`` (full mode there is the user's call: it
-simulates every rank). ``simtrain.studies.simulate`` runs the step twice, without and with the
-perturbation, in the same mode, and :func:`summary` is ``StepResult.whatif``: both step times, what the
+so in the notes; a larger one is refused, naming ``sim.mode`` (full mode there is the user's call; it
+simulates one rank per class of alike ranks, ``simtrain.engine.merge``, so a slow GPU among 1,024 takes
+seconds, but a perturbation that makes a class's members differ on the fabric, such as a slow link only
+some of them cross, has it simulate every rank). ``simtrain.studies.simulate`` runs the step twice,
+without and with the perturbation, in the same mode, and :func:`summary` is ``StepResult.whatif``: both step times, what the
 perturbation cost, the critical rank (it ends last) and the bottleneck rank (it computes longest), each
 with its GPU.
 """
@@ -33,7 +35,7 @@ def whatif_mode(spec: WhatIfSpec, mode: str, world_size: int, full_mode_world: i
     raise ConfigError(problem("sim.mode", mode, f"full (--mode full): a whatif makes ranks unlike their peers, which "
                                                 f"only full mode simulates, and symmetric mode hands over to full mode "
                                                 f"only up to {full_mode_world} ranks (this run has {world_size}); "
-                                                "full mode simulates every rank and takes longer"))
+                                                "full mode simulates each class of alike ranks once"))
 
 
 def key_ranks(res: EngineResult) -> tuple[int, int]:
