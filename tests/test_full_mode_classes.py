@@ -15,7 +15,7 @@ from simtrain.engine.merge import rank_classes
 from simtrain.engine.records import EngineResult
 from simtrain.lower.ops import OpKind, Program, Stream
 from simtrain.plan.layout import RankGrid
-from simtrain.spec.collective_kinds import ALL_REDUCE
+from simtrain.spec.collective_kinds import ALL_REDUCE, SEND
 from simtrain.spec.config import LayoutConfig
 from simtrain.studies.simulate import simulate
 
@@ -132,3 +132,35 @@ def test_rank_classes_of_one_slow_gpu_in_data_parallelism() -> None:
     mixed = rank_classes(RankGrid(LayoutConfig(tp=2, dp=4)), [p], {5: 0.9}, {})
     assert sorted(mixed.members.values()) == [[0, 2, 6], [1, 3, 7], [4], [5]]
     assert mixed.rendezvous("dp", 1)[1] == 2 and mixed.rendezvous("tp", 5)[1] == 2  # classes, not ranks
+
+
+def _pipeline_programs(pp: int) -> list[Program]:
+    """Per stage: a TP all-reduce, a send to the next stage, a compute op reading the previous stage's
+    send, the DP all-reduce: the group and pipeline structure classes are made from."""
+    progs = [Program(s) for s in range(pp)]
+    sends = {}
+    for s, p in enumerate(progs):
+        p.add(OpKind.COLLECTIVE, Stream.COMPUTE, "tp", category="comm", coll=ALL_REDUCE, axis="tp", comm_bytes=1e6)
+        if s + 1 < pp:
+            sends[s] = p.add(OpKind.SEND, Stream.PP, "send", category="comm", coll=SEND, axis="pp",
+                             comm_bytes=1e6, peer_stage=s + 1)
+    for s, p in enumerate(progs):
+        if s > 0:
+            p.add(OpKind.COMPUTE, Stream.COMPUTE, "C", duration_s=1e-6, remote=(s - 1, sends[s - 1].idx))
+        p.add(OpKind.COLLECTIVE, Stream.DP, "dp", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=1e6)
+    return progs
+
+
+def test_one_slow_gpu_among_1024_leaves_four_classes_per_stage() -> None:
+    """GPT-3's layout on 1,024 GPUs (TP8 x PP8 x DP16): unperturbed, one class per stage; one slow GPU
+    splits each stage by whether a rank is in the slow GPU's data-parallel replica (its pipeline) and on
+    its TP index (its DP groups and their pipeline peers): 32 simulated ranks instead of 1,024, however
+    large DP grows."""
+    grid = RankGrid(LayoutConfig(tp=8, pp=8, dp=16))
+    progs = _pipeline_programs(8)
+    assert len(rank_classes(grid, progs, {}, {}).members) == 8
+    slow = 8 * 16 * 3 + 8 * 5 + 2  # stage 3, replica 5, TP index 2
+    classes = rank_classes(grid, progs, {slow: 0.85}, {})
+    assert len(classes.members) == 32
+    assert classes.members[slow] == [slow]
+    assert len(rank_classes(RankGrid(LayoutConfig(tp=8, pp=8, dp=128)), progs, {slow: 0.85}, {}).members) == 32
