@@ -14,7 +14,9 @@ stream whose rank is quiet runs ahead of the simpy clock until it must wait or f
 
 Symmetric mode simulates one representative rank per pipeline stage and gives its flows the weight
 of the symmetric copies the other ranks of the stage put on the same links. Full mode simulates
-every rank: collectives rendezvous across their group and every flow is on the network.
+every rank: collectives rendezvous across their group and every flow is on the network; without a trace
+it simulates one rank per class of alike ranks instead, every flow still on the network
+(``simtrain.engine.merge``: exact, and checked as it runs).
 """
 
 from __future__ import annotations
