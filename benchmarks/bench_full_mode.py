@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gpt3_175b_a100.yaml"
 SIZES = (8, 64, 128, 256, 512, 1024)
-#: The what-if: one GPU of the second pipeline stage (node 8 onwards) at 85 % speed.
+#: The what-if: one GPU (rank 77: node 9, GPU 5) at 85 % speed.
 SLOW = 'whatif.slow_gpus={"node9/gpu5": 0.85}'
 
 
