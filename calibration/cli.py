@@ -26,7 +26,6 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from calibration.journal import Journal, JournalMismatch, measurement_key
 from calibration.launch import RankFailed, launch_local
 from calibration.progress import CalibrationProgress
 from calibration.shapes import CPU_DEFAULT_MODEL, Target, parse_layout, resolve_model, target_from_config
-from calibration.timing import DeviceTimer, TimerSettings
+from calibration.timing import Clock, DeviceTimer, TimerSettings
 from calibration.writer import build_profile, write_profile
 from simtrain.hardware.profile import JOURNAL_FILE, profile_folder
 from simtrain.spec.errors import ConfigError
@@ -62,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch-size", type=int, help="sequences per micro-batch (default 1 on cuda, 2 on cpu)")
     p.add_argument("--processes", type=int, help="ranks of the collective part (default: 2 on cpu, the GPUs on cuda)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per process (cpu; default 1)")
+    p.add_argument("--clock", choices=[c.value for c in Clock], default=Clock.WALL.value,
+                   help="cpu: what a kernel's seconds are: wall (elapsed, default) or thread_cpu (the CPU time of "
+                        "the measuring thread: on a machine shared with other processes it leaves out the time "
+                        "they held the core; calibration.timing.Clock)")
     p.add_argument("--no-collectives", action="store_true", help="skip the multi-process part")
     p.add_argument("--quick", action="store_true", help="smaller grids, one round, fewer repetitions and shorter "
                                                         "windows: a smoke run (well under a minute on a 2-core CPU)")
@@ -81,13 +84,13 @@ def _target(args: argparse.Namespace) -> Target:
                   micro_batch_size=args.micro_batch_size or (1 if cuda else 2))
 
 
-def _timer_settings(cuda: bool, quick: bool) -> TimerSettings:
+def _timer_settings(cuda: bool, quick: bool, clock: Clock = Clock.WALL) -> TimerSettings:
     if quick:
         return TimerSettings(warmup=1, min_repeats=3, max_repeats=10, target_s=0.05,
-                             flush_bytes=L2_FLUSH_BYTES if cuda else 0)
+                             flush_bytes=L2_FLUSH_BYTES if cuda else 0, clock=Clock.WALL if cuda else clock)
     if cuda:
         return TimerSettings(warmup=5, min_repeats=10, max_repeats=100, target_s=0.1, flush_bytes=L2_FLUSH_BYTES)
-    return TimerSettings(warmup=1, min_repeats=3, max_repeats=30, target_s=0.1)
+    return TimerSettings(warmup=1, min_repeats=3, max_repeats=30, target_s=0.1, clock=clock)
 
 
 def _collective_args(args: argparse.Namespace, folder: Path, target: Target) -> list[str]:
@@ -156,13 +159,17 @@ def calibrate_summary(args: argparse.Namespace, log: Any = print, progress: Cali
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dtype = "bf16" if cuda else "fp32"
-    timer = _timer_settings(cuda, args.quick)
+    timer = _timer_settings(cuda, args.quick, Clock(args.clock))
     desc = describe(device, dtype, args.threads if not cuda else 1)
     folder = profile_folder(args.out)
     header = {"fingerprint": fingerprint(desc), "device": desc, "software_stack": "eager_hf",
-              "settings": {"timer": asdict(timer), "quick": bool(args.quick)},
+              "settings": {"timer": timer.to_dict(), "quick": bool(args.quick)},
               "calibrated_for": {**target.describe(), "model_spec": target.model.model_dump(mode="json")}}
     journal = Journal(folder / JOURNAL_FILE, header, fresh=args.fresh)
+    resumed_clock = journal.header.get("settings", {}).get("timer", {}).get("clock", Clock.WALL.value)
+    if resumed_clock != timer.clock.value:  # one profile, one clock: its kernels are summed into one step
+        raise JournalMismatch(f"{journal.path} was measured with --clock {resumed_clock}, not {timer.clock.value}; "
+                              "use the same --clock or start over with --fresh")
     plan = compute_plan(target, PlanSettings.for_device(args.device, args.quick))
     log(f"calibrating {desc['name']} ({args.device}, {dtype}) for {target.model.name} "
         f"tp={target.tp} s={target.seq_len} b={target.micro_batch_size}: {len(plan)} compute measurements")

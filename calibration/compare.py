@@ -25,6 +25,7 @@ from typing import Any
 from calibration.launch import RankFailed, launch_local
 from calibration.shapes import read_run
 from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
+from calibration.timing import Clock
 from simtrain import simulate
 
 
@@ -119,9 +120,17 @@ def predict(config: str, profile: str, processes: int) -> float:
     return res.step_time_s
 
 
-def compare(config: str, profile: str, processes: int, measured: list[dict[str, Any]]) -> Comparison:
-    """A Comparison from one or more measurement batches (their step times pooled)."""
-    times = tuple(t for m in measured for t in m["step_times_s"])
+def compare(config: str, profile: str, processes: int, measured: list[dict[str, Any]],
+            clock: Clock = Clock.WALL) -> Comparison:
+    """A Comparison from one or more measurement batches (their step times pooled).
+
+    ``clock``: the profile's (``calibration.timing.Clock``); with ``THREAD_CPU`` a one-process step is
+    compared by its main thread's CPU time, the clock its kernels were measured with. Several processes
+    are compared by wall time (a DDP step waits on its peer and on gloo's threads, which no one
+    thread's CPU time holds).
+    """
+    field = "cpu_step_times_s" if clock is Clock.THREAD_CPU and processes == 1 else "step_times_s"
+    times = tuple(t for m in measured for t in m[field])
     return Comparison(processes, times, predict(config, profile, processes), measured[0]["implementation"])
 
 
@@ -133,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=[c.value for c in Clock], default=Clock.WALL.value,
+                   help="the profile's calibrate --clock: thread_cpu compares one process by its CPU time")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="simtrain-compare-") as tmp:
         for n in args.processes:
             c = compare(args.config, args.profile, n, [measure_steady(args.config, n, args.steps, args.warmup,
-                                                                      args.threads, Path(tmp))])
+                                                                      args.threads, Path(tmp))],
+                        Clock(args.clock))
             print(f"{n} process(es): measured {c.measured_median_s:.3f} s (median of {len(c.measured_s)}), "
                   f"predicted {c.predicted_s:.3f} s, error {100 * c.error:+.1f} % [{c.implementation}]")
     return 0

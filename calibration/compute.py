@@ -176,6 +176,38 @@ def bench_optimizer(ctx: Context, shapes: list[list[int]]) -> Stats:
     return ctx.timer.measure(opt.step)
 
 
+def optimizer_in_situ(target: Target) -> bool:
+    """Whether the optimizer is timed after a training step (``bench_optimizer_after_step``): an
+    ``ops.EagerLlama`` of the target's own parameters (SwiGLU, RMSNorm, untied, one TP rank)."""
+    m = target.model
+    return (target.tp == 1 and m.activation == "swiglu" and m.norm == "rmsnorm" and not m.tied_embeddings
+            and not m.linear_bias)
+
+
+def bench_optimizer_after_step(ctx: Context, target: Target, layers: int) -> Stats:
+    """``AdamW.step()`` over an ``ops.EagerLlama`` with ``layers`` layers at the target's dims, each
+    timed step right after that model's forward and backward (untimed), as a training loop runs it.
+
+    On a CPU the optimizer's temporaries (``exp_avg_sq.sqrt()`` and the like: one parameter-sized
+    tensor each) land on fresh pages after the step's activations were freed (glibc returns freed
+    memory above its trim threshold to the kernel, malloc(3) M_TRIM_THRESHOLD), while ``opt.step()``
+    repeated alone reuses warm memory: measured on this CPU (issue 29 part 5, 2 layers, 1,024 tokens,
+    8K vocabulary, thread CPU time) 72 ms inside the training loop against 44 ms alone, and 54 ms in
+    the loop with glibc told never to trim or map (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_).
+    """
+    m = target.model
+    model = ops.EagerLlama(m.vocab, m.hidden, layers, m.n_heads, m.kv_heads, m.ffn_hidden, m.d_head)
+    model = model.to(device=ctx.device, dtype=ctx.dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, m.vocab, (target.micro_batch_size, target.seq_len), device=ctx.device)
+
+    def forward_backward() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(ids).backward()
+
+    return ctx.timer.measure(opt.step, forward_backward)
+
+
 def bench_copy(ctx: Context, nbytes: int) -> Stats:
     """A device-to-device copy of ``nbytes`` (memory bandwidth: 2 x nbytes moved)."""
     src = torch.randn(nbytes // 4, device=ctx.device)
@@ -245,16 +277,18 @@ class PlanSettings:
     gemm_sizes: tuple[int, ...]
     copy_bytes: tuple[int, ...]
     rounds: int = 1
+    optimizer_after_step: bool = False  # time the optimizer after a forward and backward (CPUs)
 
     @classmethod
     def for_device(cls, kind: str, quick: bool = False) -> PlanSettings:
         """GPUs: 1 MiB .. 1 GiB copies, GEMM grid to 16384, one round (their timings are steady).
-        CPUs: smaller grids and three rounds (shared cores make single windows unreliable)."""
+        CPUs: smaller grids and three rounds (shared cores make single windows unreliable), and the
+        optimizer timed after a training step's forward and backward (``bench_optimizer_after_step``)."""
         if kind == "cuda":
             return cls((256, 1024, 4096) if quick else (256, 1024, 4096, 16384),
                        tuple(MiB * 4**i for i in range(4 if quick else 6)), 1)
         return cls((128, 512) if quick else (128, 512, 2048), tuple(MiB * 4**i for i in range(3 if quick else 4)),
-                   1 if quick else 3)
+                   1 if quick else 3, optimizer_after_step=True)
 
 
 def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
@@ -269,7 +303,7 @@ def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
         exact.append(Measurement("gemm", {**params, "parts": parts} if parts else params, {"flops": 2.0 * m * n * k}))
     exact += [_attention(key) for key in sorted(calls.attention)]
     exact += [Measurement("layer_step", {"pass": p, **target.describe()}) for p in ("fwd", "bwd")]
-    memory = list(_memory_plan(target, calls.memory_bytes))
+    memory = list(_memory_plan(target, calls.memory_bytes, settings.optimizer_after_step))
     exact += [m for m in memory if m.extra["at_target"]]
     grid = [m for m in memory if not m.extra["at_target"]]
     grid += [Measurement("copy", {"bytes": b}, {"moved_bytes": 2 * b}) for b in settings.copy_bytes]
@@ -296,7 +330,7 @@ def _attention(key: tuple[int, int, int, int, int, int, bool, bool]) -> Measurem
     return Measurement("attention", params, {"flops": 2.5 * fwd_flops if bwd else fwd_flops})
 
 
-def _memory_plan(target: Target, sim_bytes: dict[str, float]) -> Iterable[Measurement]:
+def _memory_plan(target: Target, sim_bytes: dict[str, float], in_situ_optimizer: bool) -> Iterable[Measurement]:
     """Memory-bound ops at the target's shape and at other token counts; ``sim_bytes`` is what
     simtrain's kernel moves at the target, so each measurement knows its simtrain byte count."""
     for base, shape in memory_op_shapes(target).items():
@@ -311,9 +345,10 @@ def _memory_plan(target: Target, sim_bytes: dict[str, float]) -> Iterable[Measur
     if "optimizer.step" in sim_bytes:
         full = [list(p) for p in param_shapes(target.model, target.tp)]
         per_param = sim_bytes["optimizer.step"] / elements("optimizer.step", {"params": full})
+        after_step = {"after_step": True} if in_situ_optimizer and optimizer_in_situ(target) else {}
         for layers in sorted({1, target.model.n_layers}):
             shapes = [list(p) for p in param_shapes(target.model, target.tp, layers)]
-            yield Measurement("optimizer", {"layers": layers, "params": shapes},
+            yield Measurement("optimizer", {"layers": layers, "params": shapes, **after_step},
                               {"sim_bytes": per_param * elements("optimizer.step", {"params": shapes}),
                                "at_target": layers == target.model.n_layers})
 
@@ -335,6 +370,8 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
         shape = {k: v for k, v in p.items() if k not in ("op", "round")}
         return bench_memory_op(ctx, p["op"], shape), {}
     if kind == "optimizer":
+        if p.get("after_step"):
+            return bench_optimizer_after_step(ctx, target, p["layers"]), {}
         return bench_optimizer(ctx, p["params"]), {}
     if kind == "layer_step":
         return bench_layer_step(ctx, target, p["pass"] == "bwd"), {}

@@ -5,7 +5,7 @@ launch gaps, allocations (on a CPU, fresh pages), caches holding other data (ref
 "Isolation vs in situ": measure those separately). The calibration times an eager Llama layer of
 the target's shape whole (``compute.bench_layer_step``, forward and backward) and simtrain's own
 lowering prices the same layer's kernels with the fitted functions; their ratio is the profile's
-``summary.in_situ``, which simtrain applies to every kernel but the optimizer step (measured whole).
+``summary.in_situ``, which simtrain applies to the layers' kernels (``simtrain.hardware.calibrated.in_layer``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from typing import Any
 from calibration.shapes import Target, placeholder_gpu
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
-from simtrain.hardware.calibrated import CalibratedCompute
+from simtrain.hardware.calibrated import CalibratedCompute, in_layer
 from simtrain.lower.ops import CostedComputeOp
 
-#: kernels of the embedding, the LM head and the optimizer (simtrain.lower.blocks / lowering names): not the layer's
-NOT_LAYER = ("embedding", "pos_embedding", "final_norm", "lm_head", "cross_entropy", "optimizer")
 
 def layer_kernels_s(target: Target, compute: CalibratedCompute) -> float:
     """Seconds of one layer's forward and backward kernels (one micro-batch) priced by ``compute``."""
@@ -28,7 +26,7 @@ def layer_kernels_s(target: Target, compute: CalibratedCompute) -> float:
     lowered = lower(target.run(), cost)
     total = sum(k.time_s for op in lowered.programs[0].ops
                 if isinstance(op, CostedComputeOp) and op.category in ("fwd", "bwd")
-                for k in op.kernels if not k.name.startswith(NOT_LAYER))
+                for k in op.kernels if in_layer(k.name))
     return total / target.model.n_layers
 
 

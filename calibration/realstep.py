@@ -74,7 +74,7 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, steps: int
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, spec.vocab, (micro_batch_size, seq_len), device=device)
     cuda = device.type == "cuda"
-    times = []
+    times, cpu_times, proc_times = [], [], []
     for i in range(warmup + steps):
         if ddp:
             dist.barrier()
@@ -82,18 +82,28 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, steps: int
             torch.cuda.synchronize()
             if i == warmup:
                 torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         _loss(model, ids).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)
+        proc_times.append(time.process_time() - p0)
     timed = torch.tensor(times[warmup:], dtype=torch.float64, device=device)
+    # the share of the step's wall time this process ran (all threads): below 1 on a CPU shared with other
+    # processes (or waiting on a peer); per step, the lowest over the ranks
+    share = torch.tensor([p / w for p, w in zip(proc_times[warmup:], times[warmup:], strict=True)],
+                         dtype=torch.float64, device=device)
     if ddp:
         dist.all_reduce(timed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(share, op=dist.ReduceOp.MIN)
     step_times = timed.tolist()
     out = {"implementation": impl, "step_times_s": step_times, "median_s": statistics.median(step_times),
+           # the main thread's CPU time per step (calibration.timing.Clock.THREAD_CPU), rank 0's: with one
+           # thread and one process, the step's time without the time other processes held the core
+           "cpu_step_times_s": cpu_times[warmup:], "cpu_share": share.tolist(),
            "params": sum(p.numel() for p in model.parameters()), "world_size": dist.get_world_size() if ddp else 1,
            "threads": torch.get_num_threads()}
     if cuda:

@@ -3,7 +3,9 @@
 Practice from the reference (hardware-collectives-memory.md, Notes 3, "Microbenchmark practices"):
 
 - time on the device: CUDA events recorded on the stream around each repetition, one synchronise
-  at the end (``torch.cuda.Event``); on a CPU, ``time.perf_counter`` around the call;
+  at the end (``torch.cuda.Event``); on a CPU, ``time.perf_counter`` around the call, or with
+  ``Clock.THREAD_CPU`` the CPU time of the calling thread (``time.thread_time``: user + system, so
+  page faults count; the time other processes held the core does not, see :class:`Clock`);
 - warm up first (cuBLAS heuristics, lazy module loading, allocator growth): ``warmup`` calls, whose
   last one also sizes the number of repetitions to about ``target_s`` of timed work;
 - flush the L2 before each repetition on a GPU (a write of ``flush_bytes``, >= 2x the L2; Triton's
@@ -21,12 +23,33 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 
 import torch
 
 
 class OutOfMemory(RuntimeError):
     """The benchmark's tensors did not fit in device memory."""
+
+
+class Clock(StrEnum):
+    """What a CPU benchmark's seconds are.
+
+    ``WALL``: ``time.perf_counter``, elapsed time. ``THREAD_CPU``: ``time.thread_time``
+    (``CLOCK_THREAD_CPUTIME_ID``), the CPU time the calling thread ran, user and system. With one
+    compute thread per process (``torch.set_num_threads(1)``) every kernel runs on the calling thread,
+    so on an otherwise idle core both read the same; on a machine shared with other processes the
+    wall clock also counts the time the scheduler gave the core to them (on this project's 2-vCPU
+    machine, 2/3 of a single-threaded step's wall time with five other users: 0.99 s of CPU in a
+    3.05 s step), while the thread's CPU time does not. GPUs always use CUDA events.
+    """
+
+    WALL = "wall"
+    THREAD_CPU = "thread_cpu"
+
+    def now(self) -> float:
+        """The clock's reading, seconds."""
+        return time.thread_time() if self is Clock.THREAD_CPU else time.perf_counter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +62,7 @@ class TimerSettings:
         target_s: timed work to aim for per measurement, seconds.
         noisy_spread: relative IQR above which the point is re-measured once.
         flush_bytes: bytes written before each repetition to flush the L2 (GPU only; 0 = none).
+        clock: what a CPU repetition's seconds are (:class:`Clock`; GPUs use CUDA events).
     """
 
     warmup: int = 2
@@ -47,6 +71,11 @@ class TimerSettings:
     target_s: float = 0.2
     noisy_spread: float = 0.10
     flush_bytes: int = 0
+    clock: Clock = Clock.WALL
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict (JSON- and YAML-safe) for the journal header."""
+        return {**asdict(self), "clock": self.clock.value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +161,13 @@ class DeviceTimer:
         if self.cuda:
             return self._repeat_cuda(fn, setup, n)
         out = []
+        now = self.settings.clock.now
         for _ in range(n):
             if setup is not None:
                 setup()
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            out.append(time.perf_counter() - t0)
+            out.append(now() - t0)
         return out
 
     def _repeat_cuda(self, fn: Callable[[], object], setup: Callable[[], object] | None, n: int) -> list[float]:

@@ -25,6 +25,7 @@ from simtrain.hardware.calibrated import (
     GemmModel,
     busbw_factor,
     gemm_role,
+    in_layer,
     memory_op_kind,
 )
 from simtrain.hardware.profile import compute_calibration, load_profile, run_cluster
@@ -300,6 +301,24 @@ def test_in_situ_factor_scales_kernels_but_not_the_optimizer(profiles_dir: Path)
     prof = load_profile("situ")
     assert prof.compute.gemm_s("out_proj", 512, 512, 512) == pytest.approx(1.5 * gemm_s(512, 512, 512))
     assert prof.compute.memory_op_s("optimizer.step", 2e8) == pytest.approx(1e-3 + 2e8 / 5e9)
+
+
+@pytest.mark.parametrize("name", ["lm_head", "lm_head.dgrad", "lm_head.wgrad"])
+def test_in_situ_factor_leaves_the_kernels_outside_the_layers_alone(profiles_dir: Path, name: str) -> None:
+    """The in-situ factor is measured on a decoder layer (its small ops between kernels); the LM head's
+    GEMMs, the loss and the embedding run in a real step as long as alone (issue 29 part 5), so a layer's
+    factor does not multiply them; layer kernels with the same shape and kind still get it."""
+    path = make_profile(profiles_dir, "situ-head")
+    data = yaml.safe_load(path.read_text())
+    data["summary"]["in_situ"] = 1.5
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    c = load_profile("situ-head").compute
+    assert c.gemm_s(name, 512, 512, 512) == pytest.approx(gemm_s(512, 512, 512))
+    assert c.gemm_s("mlp_down", 512, 512, 512) == pytest.approx(1.5 * gemm_s(512, 512, 512))
+    assert c.memory_op_s("final_norm", 1e6) == pytest.approx(c.memory_op_s("ln1", 1e6) / 1.5)
+    for kernel in ("cross_entropy", "cross_entropy.bwd", "embedding", "embedding.bwd", "optimizer.step"):
+        assert in_layer(kernel) is False
+    assert all(in_layer(k) for k in ("qkv", "qkv.dgrad", "flash_attn.bwd", "ln2.bwd", "rope", "act", "residual1"))
 
 
 def test_committed_profiles_load() -> None:

@@ -233,3 +233,52 @@ def test_a_window_missed_under_load_still_times_once() -> None:
     assert len(calls) == 1 and t == t and t >= 0
     untimed = _windowed(lambda: None, Ctx(torch.device("cpu"), 0, 1), time.time() + 5, during=lambda: False)
     assert untimed != untimed  # beside a collective that already ended nothing is timed (NaN, as before)
+
+
+def test_thread_cpu_clock_leaves_out_the_time_the_thread_did_not_run() -> None:
+    """``Clock.THREAD_CPU`` times a benchmark by the calling thread's CPU time: a call that sleeps 50 ms
+    (as a process does while the scheduler runs others on its core) reads ~0 on it and >= 50 ms on the
+    wall clock."""
+    from calibration.timing import Clock
+
+    def nap() -> None:
+        time.sleep(0.05)
+
+    settings = dict(warmup=1, min_repeats=3, max_repeats=3, target_s=0.0)
+    wall = DeviceTimer(torch.device("cpu"), TimerSettings(**settings)).measure(nap)  # type: ignore[arg-type]
+    cpu = DeviceTimer(torch.device("cpu"), TimerSettings(**settings, clock=Clock.THREAD_CPU)).measure(nap)  # type: ignore[arg-type]
+    assert wall.median_s >= 0.05 and cpu.median_s < 0.01
+    assert TimerSettings(clock=Clock.THREAD_CPU).to_dict()["clock"] == "thread_cpu"
+
+
+def test_resuming_with_another_clock_is_refused(tmp_path: Path) -> None:
+    """One profile, one clock: its kernel times are summed into one step."""
+    out = tmp_path / "clock"
+    assert calibrate(out, "--no-collectives", "--clock", "thread_cpu").returncode == 0
+    assert '"clock": "thread_cpu"' in (out / "measurements.jsonl").read_text().splitlines()[0]
+    proc = calibrate(out, "--no-collectives")
+    assert proc.returncode == 2 and "--clock" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cpu_plan_times_the_optimizer_after_a_training_step() -> None:
+    """On a CPU the optimizer is timed right after a forward and backward of a model with the target's
+    parameters (the allocator state a training loop leaves it in); GPU plans time it alone as before."""
+    from calibration.compute import bench_optimizer_after_step, optimizer_in_situ
+    from calibration.shapes import param_shapes
+
+    run = read_run(TINY)
+    target = Target(run.model, seq_len=run.train.seq_len, micro_batch_size=run.train.micro_batch_size)
+    cpu = [m for m in compute_plan(target, PlanSettings.for_device("cpu", quick=True)) if m.kind == "optimizer"]
+    gpu = [m for m in compute_plan(target, PlanSettings.for_device("cuda", quick=True)) if m.kind == "optimizer"]
+    assert cpu and all(m.params["after_step"] for m in cpu)
+    assert gpu and not any("after_step" in m.params for m in gpu)
+    assert optimizer_in_situ(target) and not optimizer_in_situ(Target(run.model, tp=2))
+    ctx = Context(torch.device("cpu"), torch.float32,
+                  DeviceTimer(torch.device("cpu"), TimerSettings(warmup=1, min_repeats=3, target_s=0.001)))
+    assert bench_optimizer_after_step(ctx, target, 1).median_s > 0
+    # the model it steps holds exactly the parameters the optimizer benchmark (and simtrain) count
+    from calibration.ops import EagerLlama
+
+    m = run.model
+    model = EagerLlama(m.vocab, m.hidden, 2, m.n_heads, m.kv_heads, m.ffn_hidden, m.d_head)
+    assert sorted(tuple(p.shape) for p in model.parameters()) == sorted(param_shapes(m, 1, 2))
