@@ -24,7 +24,7 @@ BASE = dict(model=TINY, hardware=dict(n_nodes=1), layout=dict(pp=8), train=dict(
 def _costs(schedule: str, stage: int = 1) -> dict[str, float]:
     """Per-micro-batch compute time of F, B (input grads when split) and W on one middle stage."""
     run = load_config(BASE, [f"layout.schedule={schedule}"])
-    low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16"))
+    low = lower(run, ComputeCostModel(load_gpu("h100-sxm"), "bf16", stack=run.train.stack_spec))
     out: dict[str, float] = defaultdict(float)
     for op in low.programs[stage].ops:
         if isinstance(op, CostedComputeOp) and op.kernels and op.microbatch == 3 and op.chunk == 0:

@@ -11,6 +11,12 @@ FlashAttention uses the measured fraction of peak of its forward and backward ke
 papers, Table D); its FLOPs follow the FlashAttention convention (Table E): forward
 4*b*s^2*a*d (halved when causal), backward 2.5x forward (it recomputes Q K^T).
 
+Memory-bound kernels run at ``memory_op_efficiency`` of HBM peak plus ``kernel_launch_s``: a latency +
+bandwidth curve over their size. Checked against a public size sweep (tile-ai/TileOPs#2033, an elementwise
+SiLU on an idle H200, CUPTI kernel time: 4.2M-268M elements, 17 MB-1.07 GB of traffic, 6.1-255 us, which
+fits 2.1 us + bytes / (0.88 x 4.8 TB/s)): this model is the slower at every size measured there, so it
+claims no ramp-up below that; 0.72 stays the rule of thumb for the mix of norms, RoPE and activations.
+
 A software stack (``simtrain.spec.stacks``) scales memory-bound ops by its fusion (HBM traffic and
 kernels launched), floors each kernel at its CPU launch time, and picks FlashAttention-2 or -3.
 FP8 (``dtype="fp8"``) runs the linear-layer GEMMs at the FP8 peak times the FP8 MAMF fraction,

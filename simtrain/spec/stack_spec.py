@@ -27,6 +27,19 @@ inputs and writes its output once (what ``costs.py`` charges for a fused op):
   max (4), subtract the max in place (4+4), exp in place (4+4), sum (4), divide in place to the saved
   softmax (4+4); backward multiplies it in place by the loss gradient (4+4) and casts it to BF16 (4+2):
   52 bytes/elem vs 16 fused (10 + 6), ~3.25x, ~7 kernels (megatron/core/tensor_parallel/cross_entropy.py).
+  Megatron-LM before Megatron-Core (``megatron/model/gpt_model.py``: ``vocab_parallel_cross_entropy(
+  output.float(), labels)``; Megatron-DeepSpeed the same) runs these same ops.
+- Megatron-core's "fused" cross-entropy (``--cross-entropy-loss-fusion`` with the default
+  ``--cross-entropy-fusion-impl native``, which NeMo and Megatron-Bridge recipes set;
+  megatron/core/fusions/fused_cross_entropy.py) ``jit_fuser``-compiles the same steps in a few regions,
+  each still a pass over the fp32 logits: upcast with the max (2+4), exp of the shifted logits in place
+  (4+4), their row sum (4), divide in place to the saved softmax (4+4); backward scales the softmax in place
+  (4+4) and casts it to BF16 (4+2): 40 bytes/elem vs 16, 2.5x, ~5 kernels per direction (forward:
+  max, predicted-logit gather, exp, sum, divide; backward: scatter, scale, cast). Its 2024-2025 form
+  compiled sub/exp/sum and the backward (with its cast) as one region each (>= 32 bytes/elem), but
+  Inductor copies an in-place-mutated input back through a fresh logits-sized buffer when the region also
+  reduces or scatters over it (the file's note: "an extra read/write pass", +8 each: <= 48); 40 is the
+  current file's count and the middle of that range.
 - Residual add: one kernel either way (1x); GELU with bias eager: bias add + gelu = 2 passes (2x).
 - Cross-entropy eager (``logits.float()``, ``log_softmax``, ``nll_loss``): 2+4, 4+4 (two passes
   for max and sum), 4 = 18 bytes/elem vs ~10 for a fused vocab-parallel kernel: ~1.8x.
@@ -551,5 +564,7 @@ EAGER_LOSS = OpFusion(bytes_factor=1.8, kernels=4)
 EAGER_CP_MERGE = OpFusion(bytes_factor=3.4, kernels=5)
 # Megatron-core's unfused vocab-parallel cross-entropy (module docstring): 52 / 16 bytes per element, 7 kernels.
 MEGATRON_UNFUSED_LOSS = OpFusion(bytes_factor=3.25, kernels=7)
+# Megatron-core's jit-fused cross-entropy (native impl; module docstring): 40 / 16 bytes per element, 5 kernels.
+MEGATRON_FUSED_LOSS = OpFusion(bytes_factor=2.5, kernels=5)
 # TorchInductor: one fused Triton kernel per chain, two for reductions (norm, loss) (PyTorch 2 paper sec. 5).
 COMPILED_REDUCTION = OpFusion(bytes_factor=1.0, kernels=2)

@@ -51,6 +51,7 @@ from simtrain.spec.stack_spec import (
     FLAT_FIELDS,
     FUSED,
     GROUPS,
+    MEGATRON_FUSED_LOSS,
     MEGATRON_UNFUSED_LOSS,
     ROW_DEFAULT_FIELDS,
     US,
@@ -191,7 +192,7 @@ def _presets() -> dict[str, SoftwareStack]:
         "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
         "gradient reduction); NeMo performance recipes",
         attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0,
-        tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True))
+        tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True, loss=MEGATRON_FUSED_LOSS))
     add(derive(
         out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
         "Engine, as megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless "
@@ -203,7 +204,8 @@ def _presets() -> dict[str, SoftwareStack]:
     add(derive(
         None, "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
         "scale-mask-softmax, no FlashAttention, no distributed optimizer)",
-        attention="unfused", zero_stage=0, cpu_launch_s=0.0, tp_async_grad_allreduce=True))
+        attention="unfused", zero_stage=0, cpu_launch_s=0.0, tp_async_grad_allreduce=True,
+        loss=MEGATRON_UNFUSED_LOSS))
     add(derive(
         None, "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
         "FlashAttention-2, tensorwise dynamic float8)",
@@ -230,7 +232,8 @@ def _presets() -> dict[str, SoftwareStack]:
         "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
         "fork that trained BLOOM (tr11 launch script) has none)",
         attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False,
-        zero1_grad_all_reduce=True, pp_dp_overlap=False, fp32_grad_accumulation_pass=True))
+        zero1_grad_all_reduce=True, pp_dp_overlap=False, fp32_grad_accumulation_pass=True,
+        loss=MEGATRON_UNFUSED_LOSS))
     add(derive(
         None, "pytorch-eager", "generic eager PyTorch (DDP/FSDP, unfused elementwise ops, SDPA "
         "FlashAttention-2)",

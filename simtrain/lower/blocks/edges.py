@@ -45,6 +45,9 @@ class EdgeKernels(BlockShape):
         """Final norm, LM head GEMM and cross-entropy (vocab-parallel across TP)."""
         h, v = self.model.hidden, self.model.vocab // self.t
         ln = self._norm("final_norm", False)
+        # the loss as one fused kernel (read the bf16 logits, write and re-read an fp32 softmax: 10 bytes per
+        # logit); a stack scales it by the passes its framework makes (``SoftwareStack.fusion.loss``:
+        # Megatron-core's jit-fused path 2.5x, its unfused one 3.25x; derived in ``simtrain.spec.stack_spec``)
         head = (self._gemm_fwd("lm_head", v, h),
                 MemoryBound("cross_entropy", self.T * v * (2.0 + 4.0 + 4.0)))
         if self.t == 1:
