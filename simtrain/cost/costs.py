@@ -124,7 +124,7 @@ class ComputeCostModel:
                                         desc.causal, desc.backward)
         if isinstance(desc, Sliced):
             k, n = self.kernel(desc.of), desc.parts
-            return Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n, launches=k.launches)
+            return Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n, launches=max(1, k.launches // n))
         raise TypeError(f"not a kernel descriptor: {desc!r}")
 
     def kernel_time(self, desc: KernelDesc) -> float:

@@ -20,6 +20,9 @@ until the GPU has drained its queue, so the run-ahead is lost: afterwards the GP
 round trip and for the CPU's issue of the next kernels (backlog -``HOST_SYNC_S``). The step's syncs:
 
 - the step boundary (a program starts with an empty queue);
+- Megatron's NaN/Inf check of each micro-batch's loss before its backward (``rerun_state_machine
+  .validate_result(result=loss, rejection_func=torch.isnan)`` under ``check_for_nan_in_loss_and_grad``,
+  Megatron-LM pretrain_gpt.py ``loss_func``) (``LaunchSpec.loss_check_sync``);
 - Megatron-core's gradient norm before the optimizer update: ``get_grad_norm_fp32`` reduces the norm over
   the model-parallel group and reads it with ``total_norm.item()`` (megatron/core/optimizer/clip_grads.py),
   which clipping needs on the host (``LaunchSpec.grad_norm_sync``);
@@ -62,6 +65,8 @@ GRACE_HOSTED_GPUS = frozenset({"gb200", "gb300"})
 #: Kernels after which dropless MoE synchronises with the host (the forward permutation before the
 #: dispatch, ``simtrain.lower.blocks.moe``).
 MOE_SYNC_KERNELS = frozenset({"moe.permute"})
+#: Kernels after which the loss check synchronises (the forward cross-entropy, ``simtrain.lower.blocks.edges``).
+LOSS_SYNC_KERNELS = frozenset({"cross_entropy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +96,9 @@ def host_model(stack: SoftwareStack | None, gpu_name: str = "") -> HostModel | N
     cpu = 0.0 if launch.cuda_graphs else launch.cpu_launch_s
     if gpu_name.strip().lower() in GRACE_HOSTED_GPUS:
         cpu *= GRACE_HOST_FACTOR
-    return HostModel(cpu, MOE_SYNC_KERNELS if launch.moe_token_count_sync else frozenset(),
-                     launch.grad_norm_sync)
+    syncs = (MOE_SYNC_KERNELS if launch.moe_token_count_sync else frozenset()) | (
+        LOSS_SYNC_KERNELS if launch.loss_check_sync else frozenset())
+    return HostModel(cpu, syncs, launch.grad_norm_sync)
 
 
 def host_model_of(source: object) -> HostModel | None:
@@ -114,15 +120,20 @@ class Segment:
     sync_after: bool
 
 
-def segment(gpu_s: Sequence[float], cpu_s: Sequence[float], sync_after: bool = False) -> Segment:
-    """The ``Segment`` of kernels with GPU times ``gpu_s`` and CPU issue times ``cpu_s`` (seconds)."""
-    g_before = c_through = 0.0
-    lead = 0.0 if not gpu_s else -float("inf")
-    for g, c in zip(gpu_s, cpu_s, strict=True):
-        c_through += c
-        lead = max(lead, c_through - g_before)
+def segment(gpu_s: Sequence[float], cpu_s: Sequence[float], sync_after: bool = False,
+            launches: Sequence[int] | None = None) -> Segment:
+    """The ``Segment`` of kernels with GPU times ``gpu_s`` and CPU issue times ``cpu_s`` (seconds); a kernel
+    of n ``launches`` (an unfused op) is n equal kernels of g/n GPU and c/n CPU seconds."""
+    g_before = c_before = 0.0
+    lead = 0.0
+    for i, (g, c) in enumerate(zip(gpu_s, cpu_s, strict=True)):
+        n = launches[i] if launches is not None else 1
+        # of its n parts, the last leads when each part issues slower than it runs, else the first
+        last = n - 1 if c > g else 0
+        lead = max(lead, c_before + (last + 1) * c / n - g_before - last * g / n)
+        c_before += c
         g_before += g
-    return Segment(g_before, c_through, max(lead, 0.0), sync_after)
+    return Segment(g_before, c_before, lead, sync_after)
 
 
 def run_segment(seg: Segment, backlog_s: float, sync_s: float) -> tuple[float, float]:
@@ -138,14 +149,16 @@ def segments(kernels: Sequence[Kernel], model: HostModel) -> tuple[Segment, ...]
     out: list[Segment] = []
     gpu: list[float] = []
     cpu: list[float] = []
+    launches: list[int] = []
     for k in kernels:
         gpu.append(k.time_s)
         cpu.append(k.launches * model.cpu_launch_s)
+        launches.append(k.launches)
         if k.name in model.sync_after:
-            out.append(segment(gpu, cpu, True))
-            gpu, cpu = [], []
+            out.append(segment(gpu, cpu, True, launches))
+            gpu, cpu, launches = [], [], []
     if gpu or not out:
-        out.append(segment(gpu, cpu))
+        out.append(segment(gpu, cpu, False, launches))
     return tuple(out)
 
 

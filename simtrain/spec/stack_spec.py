@@ -316,6 +316,12 @@ class LaunchSpec(BaseModel):
     (``cuda_sync_point`` "before_ep_alltoall"/"before_finish", megatron/core/transformer/moe/
     token_dispatcher.py) and torchtitan's expert parallelism (``torch.cuda.current_stream().synchronize()``
     before ``all_to_all_single``, "this would incur a device-to-host sync"). False: a fixed, padded capacity."""
+    loss_check_sync: bool = False
+    """Each micro-batch's loss is checked for NaN/Inf on the host before its backward: Megatron's
+    ``loss_func`` calls ``rerun_state_machine.validate_result(result=loss, rejection_func=torch.isnan)``
+    under ``check_for_nan_in_loss_and_grad`` (on unless ``--no-check-for-nan-in-loss-and-grad``;
+    Megatron-LM pretrain_gpt.py; Megatron-Bridge's CUDA-graph guide turns its
+    ``rerun_state_machine.check_for_nan_in_loss`` off because the check syncs)."""
     grad_norm_sync: bool = False
     """The optimizer step reads the gradient norm on the host before updating (Megatron-core
     ``get_grad_norm_fp32``: ``total_norm.item()``, megatron/core/optimizer/clip_grads.py); torch's
@@ -537,6 +543,11 @@ class SoftwareStack(BaseModel):
         return self.launch.moe_token_count_sync
 
     @property
+    def loss_check_sync(self) -> bool:
+        """``launch.loss_check_sync``."""
+        return self.launch.loss_check_sync
+
+    @property
     def grad_norm_sync(self) -> bool:
         """``launch.grad_norm_sync``."""
         return self.launch.grad_norm_sync
@@ -562,6 +573,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "foreach_optimizer": ("dp", "foreach_optimizer"),
     "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),
     "moe_token_count_sync": ("launch", "moe_token_count_sync"), "grad_norm_sync": ("launch", "grad_norm_sync"),
+    "loss_check_sync": ("launch", "loss_check_sync"),
 })  # fmt: skip
 
 #: The run-config field that states each row default itself (``RowDefaults``; ``train.stack`` refuses them).

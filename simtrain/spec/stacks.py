@@ -199,8 +199,9 @@ def _presets() -> dict[str, SoftwareStack]:
         None, "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
         "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
         "gradient reduction); NeMo performance recipes",
-        attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1, cpu_launch_s=MEGATRON_CPU_LAUNCH_S,
-        grad_norm_sync=True, tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True))
+        attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
+        cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True,
+        tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True))
     add(derive(
         out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
         "Engine, as megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless "
@@ -213,7 +214,7 @@ def _presets() -> dict[str, SoftwareStack]:
         None, "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
         "scale-mask-softmax, no FlashAttention, no distributed optimizer)",
         attention="unfused", zero_stage=0, cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True,
-        tp_async_grad_allreduce=True))
+        loss_check_sync=True, tp_async_grad_allreduce=True))
     add(derive(
         None, "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
         "FlashAttention-2, tensorwise dynamic float8)",
