@@ -153,3 +153,17 @@ def test_the_loss_check_costs_each_micro_batch_a_sync_end_to_end() -> None:
     unchecked = simulate(_run({"preset": "megatron-te", "loss_check_sync": False})).step_time_s
     # 32 sequences over dp 8, micro-batch 1: 4 micro-batches, each one sync of at least HOST_SYNC_S
     assert checked - unchecked >= 4 * HOST_SYNC_S * (1 - 1e-9)
+
+
+def test_a_te_grouped_gemm_issues_one_gemm_per_local_expert() -> None:
+    # 16 local experts of 2 us each after the MoE sync, 8 us of CPU per launch: CPU-bound, the GPU waits
+    # for the last expert's issue: D = 16 x 8 - 15 x 2 = 98 us, plus the sync's round trip
+    expert = Kernel("expert.up", 0.0, 0.0, 32 * US, shape=(512, 1024, 2048, 16))
+    te = HostModel(8 * US, frozenset({"moe.permute"}), per_expert_launch=True)
+    one = HostModel(8 * US, frozenset({"moe.permute"}))
+    ops = [_op(0, (_k("router", 1e-3), _k("moe.permute", 20 * US))), _op(1, (expert,))]
+    gap_te = add_host_gaps(list(ops), te)[1].duration_s - ops[1].duration_s  # type: ignore[attr-defined]
+    gap_one = add_host_gaps(list(ops), one)[1].duration_s - ops[1].duration_s  # type: ignore[attr-defined]
+    assert gap_te == pytest.approx(HOST_SYNC_S + 16 * 8 * US - 15 * 2 * US)
+    assert gap_one == pytest.approx(HOST_SYNC_S + 8 * US)
+    assert STACKS["megatron-te"].grouped_gemm_per_expert and not STACKS["torchtitan-compile"].grouped_gemm_per_expert

@@ -34,6 +34,9 @@ round trip and for the CPU's issue of the next kernels (backlog -``HOST_SYNC_S``
   simtrain's MoE lowering has no capacity factor (dropless), so the sync follows the forward permutation
   (kernel ``moe.permute``).
 
+A routed-expert grouped GEMM is one launch per local expert where the stack runs it so
+(``launch.grouped_gemm_per_expert``: Transformer Engine's ``GroupedLinear``), each issued after the MoE sync.
+
 CPU time per kernel: the stack's ``launch.cpu_launch_s`` (eager PyTorch ~5-10 us per op, reference
 hardware-collectives-memory.md sec. 3), times ``GRACE_HOST_FACTOR`` on Grace-hosted GPUs. CUDA graphs
 (``launch.cuda_graphs``: Megatron ``cuda_graph_impl`` "local"/"transformer_engine", TE
@@ -81,6 +84,8 @@ class HostModel:
     """The CPU waits for the GPU before the optimizer update (the gradient norm's ``.item()``)."""
     sync_s: float = HOST_SYNC_S
     """Round trip of one host sync, seconds."""
+    per_expert_launch: bool = False
+    """A routed-expert grouped GEMM (``expert.*`` with a GEMM shape) launches one GEMM per local expert."""
 
     @property
     def active(self) -> bool:
@@ -98,7 +103,7 @@ def host_model(stack: SoftwareStack | None, gpu_name: str = "") -> HostModel | N
         cpu *= GRACE_HOST_FACTOR
     syncs = (MOE_SYNC_KERNELS if launch.moe_token_count_sync else frozenset()) | (
         LOSS_SYNC_KERNELS if launch.loss_check_sync else frozenset())
-    return HostModel(cpu, syncs, launch.grad_norm_sync)
+    return HostModel(cpu, syncs, launch.grad_norm_sync, per_expert_launch=launch.grouped_gemm_per_expert)
 
 
 def host_model_of(source: object) -> HostModel | None:
@@ -144,6 +149,14 @@ def run_segment(seg: Segment, backlog_s: float, sync_s: float) -> tuple[float, f
     return stall, (-sync_s if seg.sync_after else after)
 
 
+def launches_of(kernel: Kernel, model: HostModel) -> int:
+    """Kernels the CPU issues for ``kernel``: its ``launches``, times the local experts (the GEMM's batch) of a
+    routed-expert grouped GEMM that the stack runs as one GEMM per expert."""
+    if model.per_expert_launch and kernel.shape is not None and kernel.name.startswith("expert."):
+        return kernel.launches * kernel.shape[3]
+    return kernel.launches
+
+
 def segments(kernels: Sequence[Kernel], model: HostModel) -> tuple[Segment, ...]:
     """``kernels`` split after each sync kernel of ``model``."""
     out: list[Segment] = []
@@ -151,9 +164,10 @@ def segments(kernels: Sequence[Kernel], model: HostModel) -> tuple[Segment, ...]
     cpu: list[float] = []
     launches: list[int] = []
     for k in kernels:
+        n = launches_of(k, model)
         gpu.append(k.time_s)
-        cpu.append(k.launches * model.cpu_launch_s)
-        launches.append(k.launches)
+        cpu.append(n * model.cpu_launch_s)
+        launches.append(n)
         if k.name in model.sync_after:
             out.append(segment(gpu, cpu, True, launches))
             gpu, cpu, launches = [], [], []

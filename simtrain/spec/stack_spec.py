@@ -316,6 +316,12 @@ class LaunchSpec(BaseModel):
     (``cuda_sync_point`` "before_ep_alltoall"/"before_finish", megatron/core/transformer/moe/
     token_dispatcher.py) and torchtitan's expert parallelism (``torch.cuda.current_stream().synchronize()``
     before ``all_to_all_single``, "this would incur a device-to-host sync"). False: a fixed, padded capacity."""
+    grouped_gemm_per_expert: bool = False
+    """The MoE experts' grouped GEMM is one GEMM launch per local expert: Transformer Engine's
+    ``GroupedLinear`` (Megatron-core ``TEGroupedMLP``) runs ``general_grouped_gemm`` as
+    ``nvte_multi_stream_cublas_gemm``, a cuBLAS GEMM per expert over several streams, with per-expert host
+    work around it (``torch.split``, 2 ``torch.empty`` per GEMM: NVIDIA/TransformerEngine#1499). False: one
+    kernel for all experts (torch ``_grouped_mm``, as torchtitan)."""
     loss_check_sync: bool = False
     """Each micro-batch's loss is checked for NaN/Inf on the host before its backward: Megatron's
     ``loss_func`` calls ``rerun_state_machine.validate_result(result=loss, rejection_func=torch.isnan)``
@@ -543,6 +549,11 @@ class SoftwareStack(BaseModel):
         return self.launch.moe_token_count_sync
 
     @property
+    def grouped_gemm_per_expert(self) -> bool:
+        """``launch.grouped_gemm_per_expert``."""
+        return self.launch.grouped_gemm_per_expert
+
+    @property
     def loss_check_sync(self) -> bool:
         """``launch.loss_check_sync``."""
         return self.launch.loss_check_sync
@@ -573,7 +584,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "foreach_optimizer": ("dp", "foreach_optimizer"),
     "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),
     "moe_token_count_sync": ("launch", "moe_token_count_sync"), "grad_norm_sync": ("launch", "grad_norm_sync"),
-    "loss_check_sync": ("launch", "loss_check_sync"),
+    "loss_check_sync": ("launch", "loss_check_sync"), "grouped_gemm_per_expert": ("launch", "grouped_gemm_per_expert"),
 })  # fmt: skip
 
 #: The run-config field that states each row default itself (``RowDefaults``; ``train.stack`` refuses them).

@@ -200,7 +200,7 @@ def _presets() -> dict[str, SoftwareStack]:
         "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
         "gradient reduction); NeMo performance recipes",
         attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
-        cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True,
+        cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True, grouped_gemm_per_expert=True,
         tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True))
     add(derive(
         out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
