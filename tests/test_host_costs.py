@@ -8,6 +8,7 @@ import pytest
 
 from simtrain.cost.host import (
     GRACE_HOST_FACTOR,
+    GRACE_HOSTED_GPUS,
     HOST_SYNC_S,
     HostModel,
     add_host_gaps,
@@ -16,6 +17,7 @@ from simtrain.cost.host import (
     segment,
     segments,
 )
+from simtrain.hardware.load import load_gpu
 from simtrain.lower.ops import CostedComputeOp, Kernel, Stream
 from simtrain.spec.stacks import MEGATRON_CPU_LAUNCH_S, STACKS
 from simtrain.studies.simulate import simulate
@@ -118,6 +120,8 @@ def test_megatron_issues_kernels_and_syncs_on_the_gradient_norm() -> None:
 
 def test_a_grace_host_issues_slower_and_cuda_graphs_issue_nothing() -> None:
     stack = STACKS["megatron-te"]
+    assert {load_gpu(n).name for n in ("gb200", "gb300")} == GRACE_HOSTED_GPUS
+    assert host_model(stack, load_gpu("b200").name).cpu_launch_s == 8 * US  # type: ignore[union-attr]
     grace = host_model(stack, "gb200")
     assert grace is not None and grace.cpu_launch_s == pytest.approx(8 * US * GRACE_HOST_FACTOR)
     assert pytest.approx((33.17 / 13.48 + 37.08 / 13.48) / 2, abs=0.01) == GRACE_HOST_FACTOR
