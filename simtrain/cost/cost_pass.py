@@ -4,7 +4,7 @@ Lowering (``simtrain.lower.lowering.lower_program``) emits compute ops whose ker
 (``simtrain.lower.kernels``: shapes, FLOPs, bytes, no time) and host copies that carry only their bytes. A
 :class:`CostSource` turns a descriptor into a costed ``Kernel`` and a byte count into a host-copy time;
 ``cost_program`` applies one to every op: a compute op's ``duration_s`` is the sum of its kernels'
-times in kernel order, ``expert_s`` the part in routed-expert kernels (``expert.*``, which the engine
+times in kernel order plus the GPU idle time the host causes (``simtrain.cost.host``), ``expert_s`` the part in routed-expert kernels (``expert.*``, which the engine
 scales by a rank's routed load), a copy's ``duration_s`` the host link's time. Collectives and sends
 are timed by the engine's network model, not here.
 
@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.cost.host import add_host_gaps, host_model_of
 from simtrain.lower.blocks import Comm, Ring
 from simtrain.lower.kernels import KernelDesc
 from simtrain.lower.lowering import Lowered, lower_program
@@ -94,7 +95,7 @@ def cost_program(program: Program, source: CostSource) -> Program:
         elif kind is CostedComputeOp or kind is CostedCopyOp:
             raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
         ops.append(op)
-    return Program(program.stage, ops, dict(program.static_mem))
+    return Program(program.stage, add_host_gaps(ops, host_model_of(source)), dict(program.static_mem))
 
 
 def cost_kernels(kernels: Sequence[KernelDesc], source: CostSource) -> tuple[Kernel, ...]:

@@ -18,7 +18,8 @@ fits 2.1 us + bytes / (0.88 x 4.8 TB/s)): this model is the slower at every size
 claims no ramp-up below that; 0.72 stays the rule of thumb for the mix of norms, RoPE and activations.
 
 A software stack (``simtrain.spec.stacks``) scales memory-bound ops by its fusion (HBM traffic and
-kernels launched), floors each kernel at its CPU launch time, and picks FlashAttention-2 or -3.
+kernels launched) and picks FlashAttention-2 or -3; the CPU's issue of the kernels is the cost
+pass's host model (``simtrain.cost.host``).
 FP8 (``dtype="fp8"``) runs the linear-layer GEMMs at the FP8 peak times the FP8 MAMF fraction,
 plus the quantisation casts of their activation operands (``FP8_CAST_BYTES``); attention, the LM
 head and the router stay BF16 (Transformer Engine and torchtitan float8 convert only the
@@ -129,7 +130,7 @@ class ComputeCostModel:
                                         desc.causal, desc.backward)
         if isinstance(desc, Sliced):
             k, n = self.kernel(desc.of), desc.parts
-            return Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n)
+            return Kernel(k.name, k.flops / n, k.bytes / n, k.time_s / n, launches=max(1, k.launches // n))
         raise TypeError(f"not a kernel descriptor: {desc!r}")
 
     def kernel_time(self, desc: KernelDesc) -> float:
@@ -149,14 +150,13 @@ class ComputeCostModel:
 
     def _roofline(self, name: str, flops: float, nbytes: float, flops_eff: float, mem_eff: float,
                   peak_flops_per_s: float | None = None, kernels: int = 1, extra_s: float = 0.0) -> Kernel:
-        """max(compute, memory) + extra + a GPU launch tail per kernel, floored at the stack's CPU launch time."""
+        """max(compute, memory) + extra + a GPU launch tail per kernel (GPU time; ``kernels`` launches)."""
         peak = self.peak_flops_per_s if peak_flops_per_s is None else peak_flops_per_s
         t_compute = flops / (peak * flops_eff) if flops else 0.0
         t_memory = nbytes / (self.gpu.hbm_Bps * mem_eff) if nbytes else 0.0
         time_s = max(t_compute, t_memory) + extra_s + kernels * self.gpu.kernel_launch_s
-        if self.stack is not None:
-            time_s = max(time_s, kernels * self.stack.cpu_launch_s)
-        return Kernel(name, flops, nbytes, time_s)
+        # the CPU's issue time is the cost pass's host model (simtrain.cost.host), over the whole sequence
+        return Kernel(name, flops, nbytes, time_s, launches=kernels)
 
     def is_fp8_gemm(self, name: str) -> bool:
         """True when GEMM ``name`` runs in FP8 (fp8 runs, linear layers of the transformer blocks)."""
@@ -208,7 +208,7 @@ class ComputeCostModel:
         whole = self._gemm(kernel.name, m, n, k, batch, grouped=False, a_cast_share=1.0, weight_cast=False).time_s
         chunk = self._gemm(kernel.name, -(-m // parts), n, k, batch, grouped=False, a_cast_share=1.0,
                            weight_cast=False).time_s
-        return replace(kernel, time_s=kernel.time_s - whole + parts * chunk)
+        return replace(kernel, time_s=kernel.time_s - whole + parts * chunk, launches=kernel.launches * parts)
 
     def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
                   a_cast_share: float = 1.0, weight_cast: bool = True) -> Kernel:

@@ -65,6 +65,8 @@ class Kernel:
     time_s: float
     shape: tuple[int, int, int, int] | None = None
     """(m, n, k, batch) of a GEMM, for costing it again in row chunks (TP comm overlap); None otherwise."""
+    launches: int = 1
+    """GPU kernels it stands for (an unfused op is several), each issued by the CPU (``simtrain.cost.host``)."""
 
 
 @dataclass(slots=True)

@@ -57,8 +57,8 @@ inputs and writes its output once (what ``costs.py`` charges for a fused op):
 CPU launch cost per kernel: eager PyTorch spends ~5-10 us of CPU per op when CPU-bound (reference
 hardware-collectives-memory.md sec. 3 "Isolation vs in situ"); FSDP2's per-parameter hooks add to
 it. Inductor-compiled regions and CUDA graphs launch far less (CUDA graphs: one launch per graph).
-A kernel costs max(GPU time, CPU launch time): the CPU runs ahead of the GPU until kernels get
-shorter than their launch.
+The CPU runs ahead of the GPU; it stalls the GPU where its cumulative issue time overtakes the
+GPU's busy time and after each host synchronisation (``simtrain.cost.host``).
 
 Attention kernels on Hopper: FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) reaches
 ~309-370 TFLOP/s forward at head dim 128 (31-37 % of the H100 dense peak), FlashAttention-3 and
@@ -92,7 +92,7 @@ class OpFusion(BaseModel):
     """HBM bytes the op moves, as a multiple of one fused kernel that reads its inputs and writes its output
     once (module docstring: eager RMSNorm ~9, RoPE 5, SwiGLU 1.7, cross-entropy 1.8)."""
     kernels: int = Field(1, ge=1, le=1000)
-    """Kernels launched for the op; each costs at least the stack's ``launch.cpu_launch_s`` of CPU time."""
+    """Kernels launched for the op; each costs the stack's ``launch.cpu_launch_s`` of CPU issue time."""
 
     @field_validator("kernels", mode="before")
     @classmethod
@@ -313,10 +313,38 @@ class LaunchSpec(BaseModel):
 
     model_config = _SPEC
     cpu_launch_s: float = Field(0.0, ge=0.0, le=1.0)
-    """CPU time to launch one kernel, seconds (0 = launches never stall the GPU). Eager PyTorch spends
+    """CPU time to issue one kernel, seconds (0 = launches never stall the GPU). Eager PyTorch spends
     ~5-10 us of CPU per op when CPU-bound (reference hardware-collectives-memory.md sec. 3 "Isolation vs in
-    situ"); FSDP2's per-parameter hooks add to it; Inductor-compiled regions and CUDA graphs launch far less.
-    A kernel costs max(GPU time, CPU launch time)."""
+    situ"); FSDP2's per-parameter hooks add to it; Inductor-compiled regions launch far less. The CPU runs
+    ahead of the GPU, so it stalls the GPU only where its cumulative issue time overtakes the GPU's busy
+    time, or after a host sync (``simtrain.cost.host``); x ``GRACE_HOST_FACTOR`` on Grace-hosted GPUs."""
+    cuda_graphs: bool = False
+    """The blocks run as captured CUDA graphs (Megatron ``cuda_graph_impl`` "local" or "transformer_engine"
+    with a ``cuda_graph_scope``, TE ``make_graphed_callables``; NVIDIA Megatron-Bridge docs "CUDA Graphs":
+    replayed "with minimal host overhead"): the kernels cost no CPU issue time; host syncs remain. Off in
+    every preset (Megatron-Bridge's ``cuda_graph_impl`` defaults to "none"; recipes turn it on per model)."""
+    moe_token_count_sync: bool = True
+    """Dropless MoE copies the tokens-per-expert counts to the host once per MoE layer's forward and waits
+    for them (the all-to-all's split sizes are host lists): Megatron-core ``MoEAlltoAllTokenDispatcher``
+    (``cuda_sync_point`` "before_ep_alltoall"/"before_finish", megatron/core/transformer/moe/
+    token_dispatcher.py) and torchtitan's expert parallelism (``torch.cuda.current_stream().synchronize()``
+    before ``all_to_all_single``, "this would incur a device-to-host sync"). False: a fixed, padded capacity."""
+    grouped_gemm_per_expert: bool = False
+    """The MoE experts' grouped GEMM is one GEMM launch per local expert: Transformer Engine's
+    ``GroupedLinear`` (Megatron-core ``TEGroupedMLP``) runs ``general_grouped_gemm`` as
+    ``nvte_multi_stream_cublas_gemm``, a cuBLAS GEMM per expert over several streams, with per-expert host
+    work around it (``torch.split``, 2 ``torch.empty`` per GEMM: NVIDIA/TransformerEngine#1499). False: one
+    kernel for all experts (torch ``_grouped_mm``, as torchtitan)."""
+    loss_check_sync: bool = False
+    """Each micro-batch's loss is checked for NaN/Inf on the host before its backward: Megatron's
+    ``loss_func`` calls ``rerun_state_machine.validate_result(result=loss, rejection_func=torch.isnan)``
+    under ``check_for_nan_in_loss_and_grad`` (on unless ``--no-check-for-nan-in-loss-and-grad``;
+    Megatron-LM pretrain_gpt.py; Megatron-Bridge's CUDA-graph guide turns its
+    ``rerun_state_machine.check_for_nan_in_loss`` off because the check syncs)."""
+    grad_norm_sync: bool = False
+    """The optimizer step reads the gradient norm on the host before updating (Megatron-core
+    ``get_grad_norm_fp32``: ``total_norm.item()``, megatron/core/optimizer/clip_grads.py); torch's
+    ``clip_grad_norm_`` keeps it on the GPU."""
 
 
 class SoftwareStack(BaseModel):
@@ -523,6 +551,31 @@ class SoftwareStack(BaseModel):
         """``launch.cpu_launch_s``."""
         return self.launch.cpu_launch_s
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """``launch.cuda_graphs``."""
+        return self.launch.cuda_graphs
+
+    @property
+    def moe_token_count_sync(self) -> bool:
+        """``launch.moe_token_count_sync``."""
+        return self.launch.moe_token_count_sync
+
+    @property
+    def grouped_gemm_per_expert(self) -> bool:
+        """``launch.grouped_gemm_per_expert``."""
+        return self.launch.grouped_gemm_per_expert
+
+    @property
+    def loss_check_sync(self) -> bool:
+        """``launch.loss_check_sync``."""
+        return self.launch.loss_check_sync
+
+    @property
+    def grad_norm_sync(self) -> bool:
+        """``launch.grad_norm_sync``."""
+        return self.launch.grad_norm_sync
+
 
 #: Each field's flat name -> (group, field): the names the stack had before it was split by concern, read as
 #: attributes (``SoftwareStack.tp_comm_overlap``) and accepted in overrides (``train.stack.tp_comm_overlap``).
@@ -542,7 +595,9 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "zero_stage": ("defaults", "zero_stage"), "zero1_grad_all_reduce": ("dp", "zero1_grad_all_reduce"),
     "grad_dtype": ("dp", "grad_dtype"), "ddp_grad_passes": ("dp", "grad_passes"),
     "foreach_optimizer": ("dp", "foreach_optimizer"),
-    "cpu_launch_s": ("launch", "cpu_launch_s"),
+    "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),
+    "moe_token_count_sync": ("launch", "moe_token_count_sync"), "grad_norm_sync": ("launch", "grad_norm_sync"),
+    "loss_check_sync": ("launch", "loss_check_sync"), "grouped_gemm_per_expert": ("launch", "grouped_gemm_per_expert"),
 })  # fmt: skip
 
 #: The run-config field that states each row default itself (``RowDefaults``; ``train.stack`` refuses them).

@@ -170,6 +170,15 @@ def derive(base: SoftwareStack | None, name: str, description: str, **changes: A
     return SoftwareStack.model_validate(_merge({**start, "name": name, "description": description}, nested))
 
 
+#: CPU issue time per kernel of Megatron-core (with Transformer Engine, apex or DeepSpeed): it runs eager
+#: PyTorch, one Python module call or op per kernel, ~5-10 us per op (reference hardware-collectives-memory.md
+#: sec. 3 "Isolation vs in situ"), as the other eager stacks here; a TE-era torch.nn.Linear forward measured
+#: 13.5 us of CPU on an H100 DGX host (NVIDIA/TransformerEngine#2053) and TE modules are at parity with it
+#: since TE's CPU-overhead work (TransformerEngine#2126) [rule of thumb]. The CPU runs ahead of the GPU, so
+#: it costs only where kernels are shorter than their issue or after a host sync (simtrain.cost.host).
+MEGATRON_CPU_LAUNCH_S = 8 * US
+
+
 # What every torchtitan stack shares: FSDP2 (its copies, stages kept unsharded under PP, fp32 master shards
 # and a root kept gathered), torch pipelining (local batch split into pp micro-batches), DTensor TP with FP8
 # all-gathers, torch ring attention, the foreach AdamW.
@@ -191,7 +200,8 @@ def _presets() -> dict[str, SoftwareStack]:
         None, "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
         "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
         "gradient reduction); NeMo performance recipes",
-        attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1, cpu_launch_s=0.0,
+        attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
+        cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True, grouped_gemm_per_expert=True,
         tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True, loss=MEGATRON_FUSED_LOSS))
     add(derive(
         out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
@@ -204,8 +214,8 @@ def _presets() -> dict[str, SoftwareStack]:
     add(derive(
         None, "megatron-legacy", "Megatron-LM 2021-2022 (apex fused LayerNorm, fused bias-GELU, fused "
         "scale-mask-softmax, no FlashAttention, no distributed optimizer)",
-        attention="unfused", zero_stage=0, cpu_launch_s=0.0, tp_async_grad_allreduce=True,
-        loss=MEGATRON_UNFUSED_LOSS))
+        attention="unfused", zero_stage=0, cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True,
+        loss_check_sync=True, tp_async_grad_allreduce=True, loss=MEGATRON_UNFUSED_LOSS))
     add(derive(
         None, "torchtitan-eager", "torchtitan with FSDP2 in eager mode (unfused RMSNorm/RoPE/SwiGLU, SDPA "
         "FlashAttention-2, tensorwise dynamic float8)",
@@ -231,7 +241,7 @@ def _presets() -> dict[str, SoftwareStack]:
         None, "deepspeed", "Megatron-DeepSpeed (Megatron's fused kernels, no FlashAttention, DeepSpeed ZeRO "
         "and pipeline engine; sequence parallelism is opt-in there (--sequence-parallel), and BigScience's "
         "fork that trained BLOOM (tr11 launch script) has none)",
-        attention="unfused", zero_stage=1, cpu_launch_s=0.0, sequence_parallel=False,
+        attention="unfused", zero_stage=1, cpu_launch_s=MEGATRON_CPU_LAUNCH_S, sequence_parallel=False,
         zero1_grad_all_reduce=True, pp_dp_overlap=False, fp32_grad_accumulation_pass=True,
         loss=MEGATRON_UNFUSED_LOSS))
     add(derive(

@@ -14,7 +14,7 @@ from simtrain.validation.csv_cells import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSTANT_FILES = [*(ROOT / "simtrain" / f for f in ("spec/stacks.py", "spec/stack_spec.py", "lower/stack_rules.py")),
-                  ROOT / "simtrain" / "cost" / "costs.py",
+                  ROOT / "simtrain" / "cost" / "costs.py", ROOT / "simtrain" / "cost" / "host.py",
                   *sorted((ROOT / "simtrain" / "data" / "hardware_profiles").glob("**/*.yaml"))]
 
 

@@ -1,0 +1,201 @@
+"""The host side of a training step: the CPU issuing kernels ahead of the GPU, and host synchronisations.
+
+A framework's Python loop issues every kernel from one CPU thread. A kernel can start on the GPU when the
+GPU has finished the kernels before it *and* the CPU has issued it; the CPU does not wait for the GPU,
+so it runs ahead and the launch queue hides its cost as long as the kernels take longer than their issue.
+Over a sequence of kernels with GPU times g_j and CPU issue times c_j, starting with the GPU B seconds
+behind the CPU (its queued work, the "backlog"), the GPU finishes the sequence at
+max(B + G, max_j (C_j + G_{>=j})) (C_j: CPU time through kernel j, G_{>=j}: GPU time from kernel j on),
+so the GPU idles
+
+    stall = max(0, D - B),  D = max_j (C_j - G_{<j})
+
+seconds more than its busy time G (a single-server queue whose arrivals are the CPU's issue times; the
+Lindley recursion summed over the sequence). The per-kernel max(g, c) of simtrain before this model is
+right only when the CPU never gets ahead; with a backlog the short kernels cost nothing extra, from an
+empty queue even a long one waits for its own launch.
+
+A host synchronisation (``.item()``, a device-to-host copy the CPU needs the value of) makes the CPU wait
+until the GPU has drained its queue, so the run-ahead is lost: afterwards the GPU idles for the sync's
+round trip and for the CPU's issue of the next kernels (backlog -``HOST_SYNC_S``). The step's syncs:
+
+- the step boundary (a program starts with an empty queue);
+- Megatron's NaN/Inf check of each micro-batch's loss before its backward (``rerun_state_machine
+  .validate_result(result=loss, rejection_func=torch.isnan)`` under ``check_for_nan_in_loss_and_grad``,
+  Megatron-LM pretrain_gpt.py ``loss_func``) (``LaunchSpec.loss_check_sync``);
+- Megatron-core's gradient norm before the optimizer update: ``get_grad_norm_fp32`` reduces the norm over
+  the model-parallel group and reads it with ``total_norm.item()`` (megatron/core/optimizer/clip_grads.py),
+  which clipping needs on the host (``LaunchSpec.grad_norm_sync``);
+- dropless MoE: Megatron's all-to-all token dispatcher copies the tokens-per-expert counts to the host and
+  synchronises at ``cuda_sync_point = "before_ep_alltoall"`` when EP > 1 or several local experts (the
+  all-to-all's split sizes and the grouped GEMM's ``m_splits`` are host lists), ``"before_finish"``
+  otherwise; only a fixed, padded expert capacity has no sync (megatron/core/transformer/moe/
+  token_dispatcher.py ``MoEAlltoAllTokenDispatcher.preprocess``) (``LaunchSpec.moe_token_count_sync``).
+  simtrain's MoE lowering has no capacity factor (dropless), so the sync follows the forward permutation
+  (kernel ``moe.permute``).
+
+A routed-expert grouped GEMM is one launch per local expert where the stack runs it so
+(``launch.grouped_gemm_per_expert``: Transformer Engine's ``GroupedLinear``), each issued after the MoE sync.
+
+CPU time per kernel: the stack's ``launch.cpu_launch_s`` (eager PyTorch ~5-10 us per op, reference
+hardware-collectives-memory.md sec. 3), times ``GRACE_HOST_FACTOR`` on Grace-hosted GPUs. CUDA graphs
+(``launch.cuda_graphs``: Megatron ``cuda_graph_impl`` "local"/"transformer_engine", TE
+``make_graphed_callables``) replay a captured sequence with one launch (NVIDIA Megatron-Bridge docs,
+"CUDA Graphs": "replay them with minimal host overhead"), so the per-kernel issue time is taken as 0;
+the syncs stay (a graph cannot capture one; Megatron-Bridge graphs the MoE preprocess separately).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from simtrain.cost.costs import ComputeCostModel
+from simtrain.lower.ops import CostedComputeOp, Kernel, Op, Stream
+from simtrain.spec.stacks import SoftwareStack
+
+#: Round trip of a host synchronisation, seconds: the GPU signals the host, the CPU thread wakes from
+#: ``cudaStreamSynchronize`` and reads the value, then issues the next launch (~one kernel launch floor,
+#: reference hardware-collectives-memory.md Table D "~2-5 us kernel launch/tail floor") [rule of thumb].
+HOST_SYNC_S = 5e-6
+#: CPU time of one PyTorch op on a Grace CPU relative to an x86 host: ``torch.nn.Linear`` forward (one
+#: cuBLAS GEMM through one module call) took 33.17 us of CPU on GH200 and 37.08 us on GB200 against
+#: 13.48 us on an H100 DGX (Xeon Platinum 8480C), BF16, hidden 2048, 8192 tokens (NVIDIA/TransformerEngine
+#: issue #2053, "High CPU overhead on Grace systems", 2025): 2.46 and 2.75, mean 2.6 [obs].
+GRACE_HOST_FACTOR = 2.6
+#: GPUs whose host CPU is a Grace (Grace-Blackwell superchips: GB200, GB300) [spec].
+GRACE_HOSTED_GPUS = frozenset({"gb200", "gb300"})
+#: Kernels after which dropless MoE synchronises with the host (the forward permutation before the
+#: dispatch, ``simtrain.lower.blocks.moe``).
+MOE_SYNC_KERNELS = frozenset({"moe.permute"})
+#: Kernels after which the loss check synchronises (the forward cross-entropy, ``simtrain.lower.blocks.edges``).
+LOSS_SYNC_KERNELS = frozenset({"cross_entropy"})
+
+
+@dataclass(frozen=True, slots=True)
+class HostModel:
+    """How the host issues a program's kernels: CPU seconds per launch and where it synchronises."""
+
+    cpu_launch_s: float
+    """CPU time to issue one kernel, seconds."""
+    sync_after: frozenset[str] = frozenset()
+    """Kernel names after which the CPU waits for the GPU to drain (host syncs inside a block)."""
+    sync_before_optimizer: bool = False
+    """The CPU waits for the GPU before the optimizer update (the gradient norm's ``.item()``)."""
+    sync_s: float = HOST_SYNC_S
+    """Round trip of one host sync, seconds."""
+    per_expert_launch: bool = False
+    """A routed-expert grouped GEMM (``expert.*`` with a GEMM shape) launches one GEMM per local expert."""
+
+    @property
+    def active(self) -> bool:
+        """True when the host can stall the GPU at all."""
+        return self.cpu_launch_s > 0 or bool(self.sync_after) or self.sync_before_optimizer
+
+
+def host_model(stack: SoftwareStack | None, gpu_name: str = "") -> HostModel | None:
+    """The host model of ``stack`` on GPU ``gpu_name`` (None: no stack, kernels carry their own times)."""
+    if stack is None:
+        return None
+    launch = stack.launch
+    cpu = 0.0 if launch.cuda_graphs else launch.cpu_launch_s
+    if gpu_name.strip().lower() in GRACE_HOSTED_GPUS:
+        cpu *= GRACE_HOST_FACTOR
+    syncs = (MOE_SYNC_KERNELS if launch.moe_token_count_sync else frozenset()) | (
+        LOSS_SYNC_KERNELS if launch.loss_check_sync else frozenset())
+    return HostModel(cpu, syncs, launch.grad_norm_sync, per_expert_launch=launch.grouped_gemm_per_expert)
+
+
+def host_model_of(source: object) -> HostModel | None:
+    """The host model of a cost source: a roofline ``ComputeCostModel``'s stack on its GPU; None for a
+    calibrated profile (its kernel times were measured through the host's own issue loop) or another source."""
+    if not isinstance(source, ComputeCostModel) or source.calibration is not None:
+        return None
+    return host_model(source.stack, source.gpu.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of kernels between host syncs: GPU time ``gpu_s``, CPU issue time ``cpu_s``, and ``lead_s``
+    = max_j (C_j - G_{<j}), the stall it causes from an empty queue (module docstring)."""
+
+    gpu_s: float
+    cpu_s: float
+    lead_s: float
+    sync_after: bool
+
+
+def segment(gpu_s: Sequence[float], cpu_s: Sequence[float], sync_after: bool = False,
+            launches: Sequence[int] | None = None) -> Segment:
+    """The ``Segment`` of kernels with GPU times ``gpu_s`` and CPU issue times ``cpu_s`` (seconds); a kernel
+    of n ``launches`` (an unfused op) is n equal kernels of g/n GPU and c/n CPU seconds."""
+    g_before = c_before = 0.0
+    lead = 0.0
+    for i, (g, c) in enumerate(zip(gpu_s, cpu_s, strict=True)):
+        n = launches[i] if launches is not None else 1
+        # of its n parts, the last leads when each part issues slower than it runs, else the first
+        last = n - 1 if c > g else 0
+        lead = max(lead, c_before + (last + 1) * c / n - g_before - last * g / n)
+        c_before += c
+        g_before += g
+    return Segment(g_before, c_before, lead, sync_after)
+
+
+def run_segment(seg: Segment, backlog_s: float, sync_s: float) -> tuple[float, float]:
+    """(GPU idle seconds, backlog after) of issuing ``seg`` with the GPU ``backlog_s`` behind the CPU; a
+    segment ending in a sync leaves the backlog at ``-sync_s`` (the queue drained, then the round trip)."""
+    stall = max(0.0, seg.lead_s - backlog_s)
+    after = backlog_s + seg.gpu_s + stall - seg.cpu_s
+    return stall, (-sync_s if seg.sync_after else after)
+
+
+def launches_of(kernel: Kernel, model: HostModel) -> int:
+    """Kernels the CPU issues for ``kernel``: its ``launches``, times the local experts (the GEMM's batch) of a
+    routed-expert grouped GEMM that the stack runs as one GEMM per expert."""
+    if model.per_expert_launch and kernel.shape is not None and kernel.name.startswith("expert."):
+        return kernel.launches * kernel.shape[3]
+    return kernel.launches
+
+
+def segments(kernels: Sequence[Kernel], model: HostModel) -> tuple[Segment, ...]:
+    """``kernels`` split after each sync kernel of ``model``."""
+    out: list[Segment] = []
+    gpu: list[float] = []
+    cpu: list[float] = []
+    launches: list[int] = []
+    for k in kernels:
+        n = launches_of(k, model)
+        gpu.append(k.time_s)
+        cpu.append(n * model.cpu_launch_s)
+        launches.append(n)
+        if k.name in model.sync_after:
+            out.append(segment(gpu, cpu, True, launches))
+            gpu, cpu, launches = [], [], []
+    if gpu or not out:
+        out.append(segment(gpu, cpu, False, launches))
+    return tuple(out)
+
+
+def add_host_gaps(ops: list[Op], model: HostModel | None) -> list[Op]:
+    """``ops`` (one rank's costed program, in issue order) with each compute-stream op's duration grown by
+    the GPU idle time the host causes (module docstring). The queue starts empty (a step boundary)."""
+    if model is None or not model.active:
+        return ops
+    memo: dict[int, tuple[tuple[Kernel, ...], tuple[Segment, ...]]] = {}
+    backlog = 0.0
+    out: list[Op] = []
+    for op in ops:
+        if type(op) is CostedComputeOp and op.stream == Stream.COMPUTE and op.kernels:
+            if model.sync_before_optimizer and op.category == "optimizer":
+                backlog = -model.sync_s  # the CPU waits for the queue to drain, then the round trip
+            hit = memo.get(id(op.kernels))
+            if hit is None or hit[0] is not op.kernels:
+                hit = memo[id(op.kernels)] = (op.kernels, segments(op.kernels, model))
+            stall = 0.0
+            for seg in hit[1]:
+                s, backlog = run_segment(seg, backlog, model.sync_s)
+                stall += s
+            if stall > 0.0:
+                op = replace(op, duration_s=op.duration_s + stall)
+        out.append(op)
+    return out

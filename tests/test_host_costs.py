@@ -1,0 +1,173 @@
+"""The host side of a step (simtrain.cost.host): the CPU running ahead of the GPU, host syncs, CUDA graphs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from simtrain.cost.host import (
+    GRACE_HOST_FACTOR,
+    GRACE_HOSTED_GPUS,
+    HOST_SYNC_S,
+    HostModel,
+    add_host_gaps,
+    host_model,
+    run_segment,
+    segment,
+    segments,
+)
+from simtrain.hardware.load import load_gpu
+from simtrain.lower.ops import CostedComputeOp, Kernel, Stream
+from simtrain.spec.stacks import MEGATRON_CPU_LAUNCH_S, STACKS
+from simtrain.studies.simulate import simulate
+
+US = 1e-6
+
+
+def _op(idx: int, kernels: tuple[Kernel, ...], category: str = "fwd") -> CostedComputeOp:
+    total = sum(k.time_s for k in kernels)
+    return CostedComputeOp(idx, Stream.COMPUTE, f"op{idx}", category, kernels=kernels, duration_s=total)
+
+
+def _k(name: str, time_s: float, launches: int = 1) -> Kernel:
+    return Kernel(name, 0.0, 0.0, time_s, launches=launches)
+
+
+# -- closed forms -------------------------------------------------------------------------------------
+
+def test_one_kernel_from_an_empty_queue_waits_for_its_own_issue() -> None:
+    # the GPU can start it only once the CPU has issued it: c + g, not max(c, g)
+    stall, backlog = run_segment(segment([100 * US], [8 * US]), 0.0, HOST_SYNC_S)
+    assert stall == pytest.approx(8 * US)
+    assert backlog == pytest.approx(100 * US)  # the GPU ends 100 us after the CPU has issued it
+
+
+def test_the_cpu_running_ahead_hides_short_kernels_behind_a_long_one() -> None:
+    # one 100 us GEMM then ten 2 us kernels at 8 us of CPU each: D = max_j (C_j - G_<j) = 8 us (the first);
+    # kernel j >= 2 is issued at 8 j us and the GPU reaches it at 8 + 100 + 2 (j - 2) us: never starved
+    seg = segment([100 * US] + [2 * US] * 10, [8 * US] * 11)
+    assert seg.lead_s == pytest.approx(8 * US)
+    assert run_segment(seg, 0.0, 0.0)[0] == pytest.approx(8 * US)
+    # the per-kernel floor max(g, c) would have charged 10 x (8 - 2) = 60 us more
+    assert run_segment(seg, 50 * US, 0.0)[0] == 0.0
+
+
+def test_a_cpu_bound_sequence_runs_at_the_cpu_rate() -> None:
+    # n kernels of 2 us GPU and 8 us CPU each, empty queue: the GPU ends at 8 n + 2, idle 8 n + 2 - 2 n
+    n = 20
+    stall, _ = run_segment(segment([2 * US] * n, [8 * US] * n), 0.0, 0.0)
+    assert stall == pytest.approx((8 * n + 2 - 2 * n) * US)
+
+
+def test_a_backlog_absorbs_the_issue_time() -> None:
+    seg = segment([2 * US] * 20, [8 * US] * 20)
+    stalls = [run_segment(seg, b * US, 0.0)[0] for b in (0, 10, 50, 200)]
+    assert stalls == sorted(stalls, reverse=True)  # monotone in the backlog
+    assert stalls[-1] == 0.0  # 200 us of queued GPU work covers 160 us of issue
+    assert stalls[0] - stalls[1] == pytest.approx(10 * US)
+
+
+def test_a_sync_drains_the_queue_and_the_next_kernel_waits_for_the_round_trip() -> None:
+    model = HostModel(8 * US, frozenset({"moe.permute"}))
+    ops = [_op(0, (_k("a", 1e-3),) * 3), _op(1, (_k("router", 50 * US), _k("moe.permute", 20 * US))),
+           _op(2, (_k("expert.up", 1e-3),))]
+    out = add_host_gaps(list(ops), model)
+    gaps = [o.duration_s - i.duration_s for o, i in zip(out, ops, strict=True)]  # type: ignore[attr-defined]
+    assert gaps[0] == pytest.approx(8 * US)  # step start: the first kernel waits for its issue
+    assert gaps[1] == 0.0  # ~3 ms of queued work hides the router's issue
+    assert gaps[2] == pytest.approx(HOST_SYNC_S + 8 * US)  # after the sync: round trip + issue
+
+
+def test_the_optimizer_waits_for_the_gradient_norm() -> None:
+    # four multi-tensor launches of 75 us each: the first waits for the round trip and its own issue
+    ops = [_op(0, (_k("a", 1e-3),) * 3), _op(1, (_k("adam", 300 * US, launches=4),), "optimizer")]
+    synced = add_host_gaps(list(ops), HostModel(8 * US, sync_before_optimizer=True))
+    free = add_host_gaps(list(ops), HostModel(8 * US))
+    assert synced[1].duration_s - ops[1].duration_s == pytest.approx(HOST_SYNC_S + 8 * US)  # type: ignore[attr-defined]
+    assert free[1].duration_s == ops[1].duration_s  # type: ignore[attr-defined]
+
+
+def test_segments_split_after_each_sync_kernel_and_count_launches() -> None:
+    model = HostModel(4 * US, frozenset({"moe.permute"}))
+    # an unfused norm: 7 kernels of 10/7 us GPU, 4 us CPU each: CPU-bound, its last part leads
+    # (C = 28 us, G before it = 60/7 us); then the permute: C = 32 us, G before = 10 us
+    segs = segments((_k("norm", 10 * US, launches=7), _k("moe.permute", 5 * US), _k("x", 1 * US)), model)
+    assert [s.sync_after for s in segs] == [True, False]
+    assert segs[0].cpu_s == pytest.approx(8 * 4 * US) and segs[0].gpu_s == pytest.approx(15 * US)
+    assert segs[0].lead_s == pytest.approx(max(28 * US - 60 / 7 * US, 32 * US - 10 * US))
+    # the same 7 kernels one by one give the same lead
+    assert segment([10 / 7 * US] * 7, [4 * US] * 7).lead_s == pytest.approx(28 * US - 60 / 7 * US)
+
+
+def test_without_cpu_cost_or_syncs_nothing_moves() -> None:
+    ops = [_op(0, (_k("a", 1 * US),) * 5)]
+    assert add_host_gaps(list(ops), HostModel(0.0)) == ops
+    assert add_host_gaps(list(ops), None) == ops
+
+
+# -- the stacks' values ----------------------------------------------------------------------------------
+
+def test_megatron_issues_kernels_and_syncs_on_the_gradient_norm() -> None:
+    for name in ("megatron-te", "megatron-core", "megatron-legacy"):
+        model = host_model(STACKS[name], "h100")
+        assert model is not None
+        assert model.cpu_launch_s == MEGATRON_CPU_LAUNCH_S == 8 * US
+        assert model.sync_before_optimizer and model.sync_after == frozenset({"moe.permute", "cross_entropy"})
+    titan = host_model(STACKS["torchtitan-compile"], "h100")
+    assert titan is not None and not titan.sync_before_optimizer
+
+
+def test_a_grace_host_issues_slower_and_cuda_graphs_issue_nothing() -> None:
+    stack = STACKS["megatron-te"]
+    assert {load_gpu(n).name for n in ("gb200", "gb300")} == GRACE_HOSTED_GPUS
+    assert host_model(stack, load_gpu("b200").name).cpu_launch_s == 8 * US  # type: ignore[union-attr]
+    grace = host_model(stack, "gb200")
+    assert grace is not None and grace.cpu_launch_s == pytest.approx(8 * US * GRACE_HOST_FACTOR)
+    assert pytest.approx((33.17 / 13.48 + 37.08 / 13.48) / 2, abs=0.01) == GRACE_HOST_FACTOR
+    graphed = host_model(stack.model_copy(update={"launch": stack.launch.model_copy(update={"cuda_graphs": True})}))
+    assert graphed is not None and graphed.cpu_launch_s == 0.0 and graphed.sync_before_optimizer
+
+
+# -- end to end ------------------------------------------------------------------------------------------
+
+MOE_TINY = dict(name="moe-tiny", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=8, ffn_hidden=2816,
+                activation="swiglu", norm="rmsnorm", position="rope", vocab=8192, tied_embeddings=False,
+                linear_bias=False, moe=dict(n_experts=8, top_k=2, ffn_hidden=1024))
+
+
+def _run(stack: Any, model: dict[str, Any] | None = None, seq: int = 512) -> dict[str, Any]:
+    return dict(name="host", model=model or {k: v for k, v in MOE_TINY.items() if k != "moe"},
+                hardware=dict(node="dgx-h100", n_nodes=1), layout=dict(tp=1, dp=8, ep=8 if model else 1),
+                train=dict(seq_len=seq, global_batch_seqs=32, micro_batch_size=1, stack=stack))
+
+
+def test_cuda_graphs_and_no_syncs_make_a_small_model_faster_end_to_end() -> None:
+    eager = simulate(_run("megatron-te")).step_time_s
+    graphed = simulate(_run({"preset": "megatron-te", "cuda_graphs": True})).step_time_s
+    assert graphed < eager
+    moe = simulate(_run("megatron-te", MOE_TINY)).step_time_s
+    padded = simulate(_run({"preset": "megatron-te", "moe_token_count_sync": False}, MOE_TINY)).step_time_s
+    assert padded < moe
+
+
+def test_the_loss_check_costs_each_micro_batch_a_sync_end_to_end() -> None:
+    base = _run("megatron-te")
+    checked = simulate(base).step_time_s
+    unchecked = simulate(_run({"preset": "megatron-te", "loss_check_sync": False})).step_time_s
+    # 32 sequences over dp 8, micro-batch 1: 4 micro-batches, each one sync of at least HOST_SYNC_S
+    assert checked - unchecked >= 4 * HOST_SYNC_S * (1 - 1e-9)
+
+
+def test_a_te_grouped_gemm_issues_one_gemm_per_local_expert() -> None:
+    # 16 local experts of 2 us each after the MoE sync, 8 us of CPU per launch: CPU-bound, the GPU waits
+    # for the last expert's issue: D = 16 x 8 - 15 x 2 = 98 us, plus the sync's round trip
+    expert = Kernel("expert.up", 0.0, 0.0, 32 * US, shape=(512, 1024, 2048, 16))
+    te = HostModel(8 * US, frozenset({"moe.permute"}), per_expert_launch=True)
+    one = HostModel(8 * US, frozenset({"moe.permute"}))
+    ops = [_op(0, (_k("router", 1e-3), _k("moe.permute", 20 * US))), _op(1, (expert,))]
+    gap_te = add_host_gaps(list(ops), te)[1].duration_s - ops[1].duration_s  # type: ignore[attr-defined]
+    gap_one = add_host_gaps(list(ops), one)[1].duration_s - ops[1].duration_s  # type: ignore[attr-defined]
+    assert gap_te == pytest.approx(HOST_SYNC_S + 16 * 8 * US - 15 * 2 * US)
+    assert gap_one == pytest.approx(HOST_SYNC_S + 8 * US)
+    assert STACKS["megatron-te"].grouped_gemm_per_expert and not STACKS["torchtitan-compile"].grouped_gemm_per_expert
