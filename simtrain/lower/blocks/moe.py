@@ -1,6 +1,9 @@
 """Kernels of a mixture-of-experts MLP on one rank, read from the layer description
-(``simtrain.spec.layer_desc.MoE``: experts, top-k, widths, shared experts): router, permutation, dispatch and
-combine all-to-alls over the EP group, the local experts as grouped GEMMs, the shared experts.
+(``simtrain.spec.layer_desc.MoE``: experts, top-k, widths, shared experts): router (gating GEMM and the
+fused router's top-k and load-balancing kernels), permutation (its index maps and the copy), dispatch and
+combine all-to-alls over the EP group, the sort by local expert, Transformer Engine's FP8 row-alignment
+copies, the local experts as grouped GEMMs (their per-expert tiles: ``simtrain.cost.grouped``), the shared
+experts.
 """
 
 from __future__ import annotations
