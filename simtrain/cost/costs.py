@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from simtrain.cost.grouped import routed_tile_factor
 from simtrain.hardware.calibrated import CalibratedCompute
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
@@ -194,7 +195,9 @@ class ComputeCostModel:
             return Kernel(name, flops, nbytes, measured)
         if self.is_fp8_gemm(name):
             return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share, weight_cast)
-        return self._roofline(name, flops, nbytes, self.gemm_efficiency(m, n, k, batch if grouped else 1),
+        # routed experts: each expert's uneven rows pad to whole tiles (simtrain.cost.grouped)
+        eff = self.gemm_efficiency(m, n, k, batch if grouped else 1) * routed_tile_factor(name, m, grouped, TILE_M)
+        return self._roofline(name, flops, nbytes, eff,
                               self.gpu.hbm_efficiency, peak_flops_per_s=self.gpu.bf16_flops_per_s)
 
     def row_chunked(self, kernel: Kernel, parts: int) -> Kernel:
@@ -226,7 +229,8 @@ class ComputeCostModel:
             cast_elems += k * n
         cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (
             self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
-        eff = self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True)
+        eff = (self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True)
+               * routed_tile_factor(name, m, grouped, TILE_M))
         if name.endswith((".dgrad", ".wgrad")) and self.fp8_recipe in SPLIT_ACCUMULATION_RECIPES:
             eff /= self.gpu.fp8_split_accumulation_slowdown
         return self._roofline(name, flops, nbytes, eff, self.gpu.hbm_efficiency, extra_s=cast_s)

@@ -1,6 +1,9 @@
 """Kernels of a mixture-of-experts MLP on one rank, read from the layer description
-(``simtrain.spec.layer_desc.MoE``: experts, top-k, widths, shared experts): router, permutation, dispatch and
-combine all-to-alls over the EP group, the local experts as grouped GEMMs, the shared experts.
+(``simtrain.spec.layer_desc.MoE``: experts, top-k, widths, shared experts): router (gating GEMM and the
+fused router's top-k and load-balancing kernels), permutation (its index maps and the copy), dispatch and
+combine all-to-alls over the EP group, the sort by local expert, Transformer Engine's FP8 row-alignment
+copies, the local experts as grouped GEMMs (their per-expert tiles: ``simtrain.cost.grouped``), the shared
+experts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ from simtrain.spec.collective_kinds import (
     NodeLimited,
 )
 from simtrain.spec.layer_desc import MoE
+
+#: Bytes per element of the router's scores and probabilities: fp32 (Megatron-core computes the
+#: top-k and the aux loss in fp32, ``torch.softmax(..., dtype=torch.float32)``; TE's fused router too) [src].
+ROUTER_BYTES = 4.0
+#: Bytes per entry of the permutation's row maps (int32 row indices) [src].
+SORT_MAP_BYTES = 4.0
 
 
 class MoEKernels(BlockShape):
@@ -53,6 +62,22 @@ class MoEKernels(BlockShape):
                 Gemm("expert.up.dgrad", m_e, h, n_up * f_e, local, grouped=True),
                 Gemm("expert.up.wgrad", h, n_up * f_e, m_e, local, grouped=True))
 
+    def _padded_experts(self, c: MoE, backward: bool) -> tuple[KernelDesc, ...]:
+        """The local experts' grouped GEMMs, between Transformer Engine's FP8 row-alignment copies when
+        ``fp8_expert_padding``: forward, the input into the padded buffer (the dispatch's precision) and
+        the BF16 output out of it (``Fp8Padding`` / ``Fp8Unpadding``: ``fused_multi_row_padding`` /
+        ``fused_multi_row_unpadding``, one read and one write of every routed copy); backward, their
+        mirror images on the BF16 gradients."""
+        experts = self._experts(c, backward)
+        if not self.fp8_expert_padding:
+            return experts
+        _, _, local, m_e, _, _ = self._moe_dims(c)
+        copies = float(m_e * local * c.hidden)
+        first = 2.0 if backward else self.dispatch_bytes_per_elem
+        pad = MemoryBound("expert.fp8_pad" + (".bwd" if backward else ""), 2 * first * copies)
+        unpad = MemoryBound("expert.fp8_unpad" + (".bwd" if backward else ""), 2 * 2.0 * copies)
+        return (unpad, *experts, pad) if backward else (pad, *experts, unpad)
+
     def _sorted_experts(self, c: MoE, backward: bool) -> tuple[KernelDesc, ...]:
         """The local experts between Megatron's second permutation and its inverse: with several local
         experts, the all-to-all dispatcher sorts the received tokens by local expert and unsorts the
@@ -60,7 +85,7 @@ class MoEKernels(BlockShape):
         ``moe_permute_fusion``: one read and one write of the k x tokens copies; megatron/core/transformer/
         moe/token_dispatcher.py ``dispatch_postprocess`` / ``combine_preprocess``). DeepEP dispatches
         straight to its permuted layout, which the permute before dispatch already stands for."""
-        experts = self._experts(c, backward)
+        experts = self._padded_experts(c, backward)
         _, _, local, m_e, _, _ = self._moe_dims(c)
         if self.ep == 1 or local == 1 or self.ep_dedup:
             return experts
@@ -70,7 +95,46 @@ class MoEKernels(BlockShape):
         first = 2.0 if backward else self.dispatch_bytes_per_elem
         sort = MemoryBound("expert.sort_chunks" + (".bwd" if backward else ""), 2 * first * copies)
         unsort = MemoryBound("expert.unsort_chunks" + (".bwd" if backward else ""), 2 * 2.0 * copies)
-        return (unsort, *experts, sort) if backward else (sort, *experts, unsort)
+        if backward:  # the backward reuses the forward's maps (TE _moe_chunk_sort saves row_id_map)
+            return (unsort, *experts, sort)
+        # forward: each sort first builds its row map, one int32 per received copy (TE
+        # ``make_chunk_sort_map``: _make_chunk_sort_map_kernel, then _sort_chunks_by_map_kernel)
+        sort_map = MemoryBound("expert.sort_map", SORT_MAP_BYTES * m_e * local)
+        return (sort_map, sort, *experts, sort_map, unsort)
+
+    def _routing(self, c: MoE, backward: bool) -> tuple[KernelDesc, ...]:
+        """The router's kernels after its gating GEMM, as Megatron-core's ``TopKRouter`` runs them with
+        Transformer Engine's fused router (``--moe-router-fusion``, which NeMo's performance recipes set;
+        megatron/core/transformer/moe/router.py ``routing`` / ``_apply_aux_loss``, moe_utils.py): top-k
+        with the score function (``fused_topk_with_score_function``: read the fp32 logits, write probs
+        and routing map), the load-balancing loss's own scores (``fused_compute_score_for_moe_aux_loss``),
+        the tokens per expert (``routing_map.sum(dim=0)``) and the loss (``fused_moe_aux_loss``: a
+        reduction of the scores over tokens). Backward: the loss's gradient broadcast to every (token,
+        expert), the scores' and the top-k's backward, and the sum of the logits' two gradients. Each
+        moves T x E fp32 elements (``ROUTER_BYTES``); at training sizes they are short kernels whose
+        launch tails dominate."""
+        te = float(self._moe_tokens * c.n_experts)
+        if not backward:
+            return (MemoryBound("router.topk", 3 * ROUTER_BYTES * te),
+                    MemoryBound("router.aux_scores", 2 * ROUTER_BYTES * te),
+                    MemoryBound("router.tokens_per_expert", te),
+                    MemoryBound("router.aux_loss", ROUTER_BYTES * te))
+        return (MemoryBound("router.aux_loss.bwd", ROUTER_BYTES * te),
+                MemoryBound("router.aux_scores.bwd", 3 * ROUTER_BYTES * te),
+                MemoryBound("router.topk.bwd", 3 * ROUTER_BYTES * te),
+                MemoryBound("router.grad_sum", 3 * ROUTER_BYTES * te))
+
+    def _permute_maps(self, c: MoE) -> tuple[KernelDesc, ...]:
+        """The index kernels before the permutation (Megatron-core ``MoEAlltoAllTokenDispatcher``
+        ``preprocess``: ``routing_map.sum(dim=0)``; ``--moe-permute-fusion``: Transformer Engine's
+        ``moe_permute_with_probs`` builds its row map in three passes over the T x E routing map,
+        transformer_engine/common/triton/permutation.py ``_row_id_map_pass_1/2/3_kernel``: block cumsum,
+        global offsets, per-token compaction into int32 rows); the backward reuses the map."""
+        te = float(self._moe_tokens * c.n_experts)
+        return (MemoryBound("moe.tokens_per_expert", te),
+                MemoryBound("moe.row_id_map", te + SORT_MAP_BYTES * te),
+                MemoryBound("moe.row_id_map", 2 * SORT_MAP_BYTES * te),
+                MemoryBound("moe.row_id_map", 2 * SORT_MAP_BYTES * te))
 
     def _shared(self, c: MoE, backward: bool) -> tuple[KernelDesc, ...]:
         h, n_up = c.hidden, c.n_up
@@ -110,9 +174,8 @@ class MoEKernels(BlockShape):
         """
         h = c.hidden
         tokens, k, _, _, _, _ = self._moe_dims(c)
-        router = (Gemm("router", tokens, c.n_experts, h),
-                  MemoryBound("router.topk", 3 * 4.0 * tokens * c.n_experts),
-                  MemoryBound("moe.permute", 2 * 2.0 * tokens * k * h))
+        router = (Gemm("router", tokens, c.n_experts, h), *self._routing(c, False),
+                  *self._permute_maps(c), MemoryBound("moe.permute", 2 * 2.0 * tokens * k * h))
         dispatch, combine, gathered = self._moe_comms(c)
         experts: list[Segment] = [self._sorted_experts(c, False)]
         if self.etp > 1:
@@ -132,8 +195,7 @@ class MoEKernels(BlockShape):
         experts: list[Segment] = [self._sorted_experts(c, True)]
         if self.etp > 1:
             experts = [Comm(ALL_GATHER, gathered, "etp"), *experts, Comm(REDUCE_SCATTER, gathered, "etp")]
-        router = (MemoryBound("moe.permute.bwd", 2 * 2.0 * tokens * k * h),
-                  MemoryBound("router.topk.bwd", 3 * 4.0 * tokens * c.n_experts),
+        router = (MemoryBound("moe.permute.bwd", 2 * 2.0 * tokens * k * h), *self._routing(c, True),
                   Gemm("router.dgrad", tokens, h, c.n_experts), Gemm("router.wgrad", h, c.n_experts, tokens))
         grad_combine = Comm(combine.coll, combine.size_bytes, "ep")
         grad_dispatch = Comm(combine.coll, combine.size_bytes, "ep")  # gradients travel in BF16

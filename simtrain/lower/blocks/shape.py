@@ -59,6 +59,13 @@ class BlockShape:
     ep_dedup: bool = False
     """Dispatch crosses the network once per remote node a token is routed to (DeepEP/HybridEP,
     ``layout.ep_dispatcher``), not once per expert copy."""
+    fp8_expert_padding: bool = False
+    """FP8 grouped GEMMs need every expert's rows a multiple of 16 (32 for MXFP8): Transformer Engine's
+    ``Fp8Padding`` / ``Fp8Unpadding`` copy the experts' input and output into padded buffers (and back in
+    backward) unless every split is already aligned (Megatron-core ``TEGroupedMLP.forward`` under
+    ``config.fp8``; te.pytorch.module.fp8_padding: ``if m_splits == padded_m_splits: return inp``), which
+    uneven routing never is. Megatron's ``--moe-router-padding-for-fp8`` pads the routing map instead
+    (no copies); it is off by default."""
     expert_load: float = 1.0
     """Routed token copies the busiest EP rank receives, as a multiple of balanced routing
     (``simtrain.plan.routing.worst_rank_load``): every all-to-all lasts until its link has moved them."""

@@ -1,0 +1,148 @@
+"""MoE costs beyond the expert GEMMs' FLOPs: per-expert tile quantisation of uneven routed rows
+(simtrain.cost.grouped), Transformer Engine's FP8 row-alignment copies, the fused router's kernels and the
+permutation's index kernels (simtrain.lower.blocks.moe)."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import pytest
+
+from simtrain.cost.costs import TILE_M, ComputeCostModel
+from simtrain.cost.grouped import expected_tiles, routed_tile_factor
+from simtrain.hardware.load import load_gpu
+from simtrain.lower.blocks.moe import ROUTER_BYTES, SORT_MAP_BYTES
+from simtrain.lower.kernels import KernelDesc, MemoryBound
+from simtrain.lower.layer_plan import build_block
+from simtrain.plan.load import load_config
+from simtrain.studies.simulate import simulate
+
+SMALL_MOE = dict(name="moe-small", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=2048,
+                 activation="swiglu", norm="rmsnorm", position="rope", vocab=4096, tied_embeddings=False,
+                 linear_bias=False, moe=dict(n_experts=8, top_k=2, ffn_hidden=2048))
+BASE = dict(model=SMALL_MOE, hardware=dict(n_nodes=1), layout=dict(dp=8, ep=8),
+            train=dict(seq_len=2048, global_batch_seqs=16))
+
+
+def _tiles_by_normal_dist(mean: float, tile: int) -> float:
+    """E[ceil(X / tile)] for X ~ Normal(mean, sqrt(mean)), summed with the standard library's CDF."""
+    x = NormalDist(mean, math.sqrt(mean))
+    return sum(1.0 - x.cdf(j * tile) for j in range(int((mean + 10 * math.sqrt(mean)) / tile) + 2))
+
+
+@pytest.mark.parametrize("mean", [3.0, 100.0, 128.0, 700.0, 2048.0, 4096.0, 30000.0])
+def test_expected_tiles_match_an_independent_sum(mean: float) -> None:
+    assert expected_tiles(mean, TILE_M) == pytest.approx(_tiles_by_normal_dist(mean, TILE_M), rel=1e-9, abs=1e-9)
+
+
+def test_expected_tiles_closed_forms() -> None:
+    """A mean on a tile boundary is exceeded half the time: 1.5 tiles at 128 rows; far from small, the
+    expected padding tends to half a tile (64 rows)."""
+    assert expected_tiles(128.0, 128) == pytest.approx(1.5, abs=1e-12)
+    assert expected_tiles(0.0, 128) == 0.0
+    m = 100_003.0
+    assert expected_tiles(m, 128) * 128 - m == pytest.approx(64.0, abs=0.5)
+
+
+def test_routed_tile_factor_only_on_routed_rows() -> None:
+    """Forward and dgrad grouped GEMMs pad each expert's routed rows; wgrad's rows are the weight's; a
+    plain GEMM is not routed."""
+    m = 4096
+    assert routed_tile_factor("expert.up", m, True, 128) == pytest.approx(32 / expected_tiles(m, 128))
+    assert routed_tile_factor("expert.down.dgrad", m, True, 128) < 1.0
+    assert routed_tile_factor("expert.up.wgrad", m, True, 128) == 1.0
+    assert routed_tile_factor("mlp_up", m, False, 128) == 1.0
+
+
+def test_grouped_gemm_time_by_hand() -> None:
+    """One grouped expert GEMM on H100 BF16: 2mnk x groups FLOPs at peak x gemm_efficiency x the routed
+    tile factor, plus one launch tail (it is compute-bound at this size)."""
+    gpu = load_gpu("h100-sxm")
+    cost = ComputeCostModel(gpu, "bf16")
+    m, n, k, g = 2048, 1536, 2048, 16
+    eff = cost.gemm_efficiency(m, n, k, g) * math.ceil(m / 128) / expected_tiles(m, 128)
+    want = 2.0 * m * n * k * g / (gpu.bf16_flops_per_s * eff) + gpu.kernel_launch_s
+    assert cost.gemm("expert.up", m, n, k, g, grouped=True).time_s == pytest.approx(want, rel=1e-12)
+    # never faster than the balanced shape when the mean fills whole tiles (the padding only adds)
+    balanced = 2.0 * m * n * k * g / (gpu.bf16_flops_per_s * cost.gemm_efficiency(m, n, k, g)) + gpu.kernel_launch_s
+    assert cost.gemm("expert.up", m, n, k, g, grouped=True).time_s > balanced
+
+
+def _kernels(run_overrides: list[str], backward: bool) -> list[KernelDesc]:
+    run = load_config(BASE, run_overrides)
+    b = build_block(run.model, run.layout, run.train)
+    moe = run.model.moe_component()
+    segs = b.moe_backward(moe) if backward else b.moe_forward(moe)
+    return [k for s in segs if isinstance(s, tuple) for k in s]
+
+
+def _by_name(ks: list[KernelDesc]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for k in ks:
+        if isinstance(k, MemoryBound):
+            out.setdefault(k.name, []).append(k.bytes)
+    return out
+
+
+def test_fp8_alignment_copies_on_transformer_engine_only() -> None:
+    """FP8 on a Transformer Engine stack: each routed copy is read and written into the padded buffer
+    before the grouped GEMMs and out of it after (and their gradients in backward); BF16 and torchtitan
+    (which pads inside its permutation indices) have none."""
+    fp8 = ["train.precision=fp8", "train.fp8_recipe=delayed", "train.stack=megatron-te"]
+    run = load_config(BASE, fp8)
+    b = build_block(run.model, run.layout, run.train)
+    copies = b.T * 2 * run.model.hidden  # top-2 of 8 experts over 8 ranks: k x T copies arrive per rank
+    fwd, bwd = _by_name(_kernels(fp8, False)), _by_name(_kernels(fp8, True))
+    assert fwd["expert.fp8_pad"] == [pytest.approx(2 * 2.0 * copies)]
+    assert fwd["expert.fp8_unpad"] == [pytest.approx(2 * 2.0 * copies)]
+    assert bwd["expert.fp8_pad.bwd"] == bwd["expert.fp8_unpad.bwd"] == [pytest.approx(2 * 2.0 * copies)]
+    for other in (["train.stack=megatron-te"], ["train.precision=fp8", "train.stack=torchtitan-compile"]):
+        assert not any("fp8_pad" in n or "fp8_unpad" in n for n in _by_name(_kernels(other, False)))
+
+
+def test_fp8_alignment_copies_slow_the_step() -> None:
+    """End to end: the same FP8 run with TE's padding copies takes longer than without them (the stack's
+    other FP8 switch, the weight cache, changes nothing else under delayed scaling)."""
+    train = dict(BASE["train"], precision="fp8", fp8_recipe="delayed")
+    with_pad = simulate(load_config(dict(BASE, train=dict(train, stack="megatron-te"))))
+    without = simulate(load_config(dict(BASE, train=dict(train, stack=dict(preset="megatron-te",
+                                                                           fp8_weight_cache=False)))))
+    assert with_pad.step_time_s > without.step_time_s
+
+
+def test_router_and_permutation_index_kernels() -> None:
+    """Fused router (TE): top-k, the aux loss's scores, tokens per expert and the loss in forward; four
+    kernels in backward; the permutation's row map in three passes plus the tokens-per-expert count;
+    the second permutation's sort maps in forward only. Bytes in closed form from T x E."""
+    run = load_config(BASE)
+    b = build_block(run.model, run.layout, run.train)
+    te = b.T * 8
+    fwd, bwd = _by_name(_kernels([], False)), _by_name(_kernels([], True))
+    assert fwd["router.topk"] == [3 * ROUTER_BYTES * te]
+    assert fwd["router.aux_scores"] == [2 * ROUTER_BYTES * te]
+    assert fwd["router.tokens_per_expert"] == [te]
+    assert fwd["router.aux_loss"] == [ROUTER_BYTES * te]
+    assert fwd["moe.tokens_per_expert"] == [te]
+    assert fwd["moe.row_id_map"] == [te + SORT_MAP_BYTES * te, 2 * SORT_MAP_BYTES * te, 2 * SORT_MAP_BYTES * te]
+    assert "expert.sort_map" not in fwd  # one local expert: nothing to sort
+    qwen = ["model=qwen3-30b-a3b", "layout.ep=8"]  # 16 local experts, top-8
+    run = load_config(BASE, qwen)
+    t = build_block(run.model, run.layout, run.train).T
+    # one int32 per received copy (k x T), for the sort and the unsort
+    assert _by_name(_kernels(qwen, False))["expert.sort_map"] == [SORT_MAP_BYTES * t * 8] * 2
+    assert {n for n in bwd if n.startswith("router.")} == {"router.aux_loss.bwd", "router.aux_scores.bwd",
+                                                          "router.topk.bwd", "router.grad_sum"}
+    assert "expert.sort_map" not in bwd and "moe.row_id_map" not in bwd
+
+
+def test_one_router_kernel_costed_by_hand() -> None:
+    """A router kernel is memory-bound: its bytes at the HBM rate a memory op reaches, plus the launch
+    tail (fused: one kernel under the Megatron stack)."""
+    run = load_config(BASE, ["train.stack=megatron-te"])
+    gpu = load_gpu("h100-sxm")
+    cost = ComputeCostModel(gpu, "bf16", stack=run.train.stack_spec)
+    te = 4096.0 * 128
+    got = cost.kernel(MemoryBound("router.aux_scores", 2 * ROUTER_BYTES * te)).time_s
+    assert got == pytest.approx(2 * ROUTER_BYTES * te / (gpu.hbm_Bps * gpu.memory_op_efficiency)
+                                + gpu.kernel_launch_s, rel=1e-12)
