@@ -89,7 +89,8 @@ def test_fp8_alignment_copies_on_transformer_engine_only() -> None:
     """FP8 on a Transformer Engine stack: each routed copy is read and written into the padded buffer
     before the grouped GEMMs and out of it after (and their gradients in backward); BF16 and torchtitan
     (which pads inside its permutation indices) have none."""
-    fp8 = ["train.precision=fp8", "train.fp8_recipe=delayed", "train.stack=megatron-te"]
+    fp8 = ["train.precision=fp8", "train.fp8_recipe=delayed",
+           'train.stack={"preset": "megatron-te", "fp8_expert_padding_copies": true}']
     run = load_config(BASE, fp8)
     b = build_block(run.model, run.layout, run.train)
     copies = b.T * 2 * run.model.hidden  # top-2 of 8 experts over 8 ranks: k x T copies arrive per rank
@@ -97,17 +98,19 @@ def test_fp8_alignment_copies_on_transformer_engine_only() -> None:
     assert fwd["expert.fp8_pad"] == [pytest.approx(2 * 2.0 * copies)]
     assert fwd["expert.fp8_unpad"] == [pytest.approx(2 * 2.0 * copies)]
     assert bwd["expert.fp8_pad.bwd"] == bwd["expert.fp8_unpad.bwd"] == [pytest.approx(2 * 2.0 * copies)]
-    for other in (["train.stack=megatron-te"], ["train.precision=fp8", "train.stack=torchtitan-compile"]):
+    # BF16; torchtitan (pads inside its permutation indices); and the presets, whose recipes pad in the router
+    for other in (["train.stack=megatron-te"], ["train.precision=fp8", "train.stack=torchtitan-compile"],
+                  ["train.precision=fp8", "train.fp8_recipe=delayed", "train.stack=megatron-te"]):
         assert not any("fp8_pad" in n or "fp8_unpad" in n for n in _by_name(_kernels(other, False)))
 
 
 def test_fp8_alignment_copies_slow_the_step() -> None:
-    """End to end: the same FP8 run with TE's padding copies takes longer than without them (the stack's
-    other FP8 switch, the weight cache, changes nothing else under delayed scaling)."""
+    """End to end: the same FP8 run with TE's padding copies (``fp8_expert_padding_copies``, off in the
+    presets) takes longer than without them."""
     train = dict(BASE["train"], precision="fp8", fp8_recipe="delayed")
-    with_pad = simulate(load_config(dict(BASE, train=dict(train, stack="megatron-te"))))
-    without = simulate(load_config(dict(BASE, train=dict(train, stack=dict(preset="megatron-te",
-                                                                           fp8_weight_cache=False)))))
+    with_pad = simulate(load_config(dict(BASE, train=dict(train, stack=dict(preset="megatron-te",
+                                                                            fp8_expert_padding_copies=True)))))
+    without = simulate(load_config(dict(BASE, train=dict(train, stack="megatron-te"))))
     assert with_pad.step_time_s > without.step_time_s
 
 

@@ -281,7 +281,7 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig) -> Bloc
                         expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce,
                         ep_dedup=ep_dedup(model, lay),
                         # TE's grouped linear pads FP8 experts by copies; fp8.weight_cache marks the TE stacks
-                        fp8_expert_padding=train.precision == "fp8" and stack.fp8_weight_cache)
+                        fp8_expert_padding=train.precision == "fp8" and stack.fp8_expert_padding_copies)
 
 
 def ep_dedup(model: ModelSpec, lay: LayoutConfig) -> bool:

@@ -166,6 +166,13 @@ class Fp8Spec(BaseModel):
     tp_gather: bool = False
     """Tensorwise FP8 casts a column-parallel layer's input on its sequence shard and all-gathers it in
     FP8 (``BlockBuilder.fp8_tp_gather``; torchao Float8ColwiseParallel, the torchtitan default)."""
+    expert_padding_copies: bool = False
+    """FP8 MoE on Transformer Engine copies each local expert's rows into a buffer padded to the FP8 GEMM's
+    row alignment and back out (Megatron-core ``TEGroupedMLP`` with ``Fp8Padding``/``Fp8Unpadding``) unless the
+    router already pads the routing map (``moe_router_padding_for_fp8``, Megatron-core ``TransformerConfig``).
+    False in every preset: Megatron-Bridge's performance recipes set that router padding (e.g. its DeepSeek-V3
+    performance config, ``cfg.model.moe_router_padding_for_fp8 = True``), and which other recipes set it is not
+    known per run; True charges the copies (``lower.blocks.moe``) for runs known to leave it off."""
 
 
 class TensorParallelSpec(BaseModel):
@@ -462,6 +469,11 @@ class SoftwareStack(BaseModel):
         return self.fp8.tp_gather
 
     @property
+    def fp8_expert_padding_copies(self) -> bool:
+        """``fp8.expert_padding_copies``."""
+        return self.fp8.expert_padding_copies
+
+    @property
     def tp_comm_overlap(self) -> bool:
         """``defaults.tp_comm_overlap``."""
         return self.defaults.tp_comm_overlap
@@ -585,6 +597,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "eager_loss": ("fusion", "eager_loss"), "compiled_blocks": ("fusion", "compiled_blocks"),
     "attention": ("attn", "kernel"), "torch_cp": ("attn", "torch_ring"),
     "fp8_recipe": ("defaults", "fp8_recipe"), "fp8_weight_cache": ("fp8", "weight_cache"), "fp8_tp_gather": ("fp8", "tp_gather"),
+    "fp8_expert_padding_copies": ("fp8", "expert_padding_copies"),
     "tp_comm_overlap": ("defaults", "tp_comm_overlap"), "sequence_parallel": ("defaults", "sequence_parallel"),
     "dtensor_tp": ("tp", "dtensor"), "tp_async_grad_allreduce": ("tp", "async_grad_allreduce"),
     "fsdp_reshard_under_pp": ("fsdp", "reshard_under_pp"), "fsdp_param_copies": ("fsdp", "param_copies"),
