@@ -170,9 +170,9 @@ class Fp8Spec(BaseModel):
     """FP8 MoE on Transformer Engine copies each local expert's rows into a buffer padded to the FP8 GEMM's
     row alignment and back out (Megatron-core ``TEGroupedMLP`` with ``Fp8Padding``/``Fp8Unpadding``) unless the
     router already pads the routing map (``moe_router_padding_for_fp8``, Megatron-core ``TransformerConfig``).
-    False in every preset: Megatron-Bridge's performance recipes set that router padding (e.g. its DeepSeek-V3
-    performance config, ``cfg.model.moe_router_padding_for_fp8 = True``), and which other recipes set it is not
-    known per run; True charges the copies (``lower.blocks.moe``) for runs known to leave it off."""
+    False in every preset: Megatron-Bridge's MoE performance recipes set that router padding
+    (``cfg.model.moe_router_padding_for_fp8 = True``), and which other recipes set it is not known per run;
+    True charges the copies (``lower.blocks.moe``) for runs known to leave it off."""
 
 
 class TensorParallelSpec(BaseModel):
