@@ -64,6 +64,7 @@ def head_dim_factor(kernel: str, d: int) -> float:
 
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
+# (``GpuSpec.gemm_tile_m/n`` default; Blackwell profiles give their own tile, see ``gemm_efficiency``)
 #: Reduction depth (BF16 elements) whose main-loop time equals an output tile's fixed cost (filling the
 #: operand pipeline, then storing the tile): a GEMM of depth K runs at K / (K + K_FIXED) of the
 #: long-K rate. 128 fits XLA's measured sm_90 BF16 table (openxla/xla
@@ -165,11 +166,17 @@ class ComputeCostModel:
 
     def gemm_efficiency(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> float:
         """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: profile rate x tile x wave x depth.
-        ``groups``: GEMMs launched as one grouped GEMM (MoE experts), whose tiles fill waves together."""
-        tiles_m, tiles_n = math.ceil(m / TILE_M), math.ceil(n / TILE_N)
-        tile_q = (m * n) / (tiles_m * TILE_M * tiles_n * TILE_N)
+        ``groups``: GEMMs launched as one grouped GEMM (MoE experts), whose tiles fill waves together.
+
+        The output tile and the tiles in flight at once are the GPU's (``GpuSpec.gemm_tile_m/n``,
+        ``gemm_tile_slots``): 128x128 per SM on Ampere/Hopper; on Blackwell a 256x128 tile per pair of
+        SMs (tcgen05 ``cta_group::2`` kernels). Routed experts pad their rows to 128-row tiles (``TILE_M``):
+        the uneven per-expert row counts of a grouped GEMM are costed at the 1-SM tile on every GPU."""
+        tm, tn = self.gpu.gemm_tile_m, self.gpu.gemm_tile_n
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        tile_q = (m * n) / (tiles_m * tm * tiles_n * tn)
         tiles = tiles_m * tiles_n * groups
-        slots = self.gpu.sm_count
+        slots = self.gpu.gemm_tile_slots
         wave_q = tiles / (math.ceil(tiles / slots) * slots)
         best = self.gpu.gemm_efficiency
         if fp8 and self.gpu.fp8_gemm_efficiency > 0:  # FP8 MAMF differs from BF16's (Table D)

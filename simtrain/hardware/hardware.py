@@ -63,6 +63,14 @@ class GpuSpec(BaseModel):
     """Time of an FP8 GEMM that promotes its partial sums to FP32 (cuBLASLt without
     ``CUBLASLT_MATMUL_DESC_FAST_ACCUM``) over the same GEMM with fast accumulation; 1.0 where the FP8
     tensor cores accumulate in full FP32 (everything but Hopper)."""
+    gemm_tile_m: int = Field(default=128, gt=0)
+    """Output rows of one GEMM tile (the cuBLAS/CUTLASS tile a GEMM's output is cut into): 128 on
+    Ampere and Hopper; 256 on Blackwell, whose tcgen05 MMAs run as CTA pairs over two SMs."""
+    gemm_tile_n: int = Field(default=128, gt=0)
+    """Output columns of one GEMM tile (as ``gemm_tile_m``)."""
+    gemm_tile_sms: int = Field(default=1, ge=1)
+    """SMs that compute one output tile together: 1, or 2 for Blackwell's 2-SM (``cta_group::2``)
+    kernels; the GPU runs ``sm_count // gemm_tile_sms`` tiles at once (``gemm_tile_slots``)."""
     attention_fwd_efficiency: float = Field(gt=0, le=1)
     attention_bwd_efficiency: float = Field(gt=0, le=1)
     hbm_efficiency: float = Field(gt=0, le=1)
@@ -89,6 +97,11 @@ class GpuSpec(BaseModel):
     def has_fp8(self) -> bool:
         """True when the GPU has FP8 tensor cores."""
         return self.fp8_flops_per_s > 0
+
+    @property
+    def gemm_tile_slots(self) -> int:
+        """GEMM output tiles the GPU computes at once (one wave): ``sm_count // gemm_tile_sms``."""
+        return max(1, self.sm_count // self.gemm_tile_sms)
 
     @property
     def has_nvls(self) -> bool:
