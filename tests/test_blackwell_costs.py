@@ -6,6 +6,7 @@ Closed forms from the cited numbers; Hopper must not move."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_hopper_gemm_rate_unchanged() -> None:
 
 
 def test_gemm_tile_fields_are_validated(tmp_path) -> None:
-    text = open(str(resolve(ProfileKind.GPUS, "b200", "hardware.gpu")), encoding="utf-8").read()
+    text = Path(str(resolve(ProfileKind.GPUS, "b200", "hardware.gpu"))).read_text(encoding="utf-8")
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("gemm_tile_sms: 2", "gemm_tile_sms: 0"), encoding="utf-8")
     with pytest.raises(ConfigError) as err:
