@@ -4,6 +4,7 @@ steps, compare with simtrain's prediction, and write the table (issue 29 part 5)
     python benchmarks/cpu_loop_grid.py                                  # every grid config, 1 and 2 processes
     python benchmarks/cpu_loop_grid.py --processes 1 --configs tests/calibration/data/grid/l2-s512-v16k.yaml
     python benchmarks/cpu_loop_grid.py --clock wall                     # elapsed time (a quiet machine)
+    python benchmarks/cpu_loop_grid.py --processes 1 --ddp-configs l8-s128-v4k   # DDP on some configs only
 
 For each config (``tests/calibration/data/grid/*.yaml``: sequence lengths 128-1,024, vocabularies
 4K-32K, 2-8 layers, 1-8 query heads per KV head) the real step is measured (``calibration.compare.
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/cpu_loop_grid.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="+", default=sorted(str(f) for f in GRID.glob("*.yaml")))
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--ddp-configs", nargs="*", default=[], metavar="STEM",
+                   help="configs (file stems) that also run on 2 processes when --processes is 1 alone")
     p.add_argument("--clock", choices=[c.value for c in Clock], default=Clock.THREAD_CPU.value)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
@@ -133,18 +136,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", help="keep the profiles and real-step results in this folder (default: a temporary one)")
     args = p.parse_args(argv)
     clock = Clock(args.clock)
-    results = []
+    results: list[dict[str, Any]] = []
+    text = ""
     with tempfile.TemporaryDirectory(prefix="simtrain-grid-") as tmp:
         work = Path(args.work or tmp)
         (work / "profiles" / "calibrated").mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "SIMTRAIN_PROFILES_DIR": str(work / "profiles")}
         for config in args.configs:
-            res = one_config(config, args.processes, clock, args.steps, args.warmup, work, env)
+            procs = sorted({*args.processes, 2}) if Path(config).stem in args.ddp_configs else args.processes
+            res = one_config(config, procs, clock, args.steps, args.warmup, work, env)
             for r in res["rows"]:
                 print(f"{r['config']}: {r['processes']} process(es) measured {r['measured_s']:.3f} s, predicted "
                       f"{r['predicted_s']:.3f} s, error {100 * r['error']:+.1f} %", flush=True)
             results.append(res)
-    rows = [r for res in results for r in res["rows"]]
+            text = write_tables([r for res in results for r in res["rows"]], clock, args)  # after each config
+    print(text)
+    return 0
+
+
+def write_tables(rows: list[dict[str, Any]], clock: Clock, args: argparse.Namespace) -> str:
+    """Write OUT.json and OUT.md of the rows so far (atomically); returns the markdown."""
     summ = summary(rows)
     meta = {"date": time.strftime("%Y-%m-%d"), "clock": clock.value, "steps": args.steps, "warmup": args.warmup}
     out = Path(args.out)
@@ -152,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(out.with_suffix(".json"), json.dumps({**meta, "summary": summ, "rows": rows}, indent=2))
     text = markdown(rows, summ, meta)
     write_atomic(out.with_suffix(".md"), text)
-    print(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from calibration import ops
+from calibration.instep import in_step_applies
+from calibration.instep_measure import in_fresh_process
 from calibration.journal import Journal, measurement_key
 from calibration.saved import SavedTensorCounter
 from calibration.shapes import (
@@ -277,13 +279,14 @@ class PlanSettings:
     gemm_sizes: tuple[int, ...]
     copy_bytes: tuple[int, ...]
     rounds: int = 1
-    optimizer_after_step: bool = False  # time the optimizer after a forward and backward (CPUs)
+    optimizer_after_step: bool = False  # time the optimizer, LM head, loss and embedding in a training step (CPUs)
 
     @classmethod
     def for_device(cls, kind: str, quick: bool = False) -> PlanSettings:
         """GPUs: 1 MiB .. 1 GiB copies, GEMM grid to 16384, one round (their timings are steady).
-        CPUs: smaller grids and three rounds (shared cores make single windows unreliable), and the
-        optimizer timed after a training step's forward and backward (``bench_optimizer_after_step``)."""
+        CPUs: smaller grids and three rounds (shared cores make single windows unreliable), the
+        optimizer timed after a training step's forward and backward (``bench_optimizer_after_step``)
+        and the LM head, loss and embedding inside training steps (``calibration.instep``)."""
         if kind == "cuda":
             return cls((256, 1024, 4096) if quick else (256, 1024, 4096, 16384),
                        tuple(MiB * 4**i for i in range(4 if quick else 6)), 1)
@@ -303,7 +306,10 @@ def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
         exact.append(Measurement("gemm", {**params, "parts": parts} if parts else params, {"flops": 2.0 * m * n * k}))
     exact += [_attention(key) for key in sorted(calls.attention)]
     exact += [Measurement("layer_step", {"pass": p, **target.describe()}) for p in ("fwd", "bwd")]
-    memory = list(_memory_plan(target, calls.memory_bytes, settings.optimizer_after_step))
+    in_step = settings.optimizer_after_step and in_step_applies(target)
+    if in_step:
+        exact.append(Measurement("in_step", target.describe()))
+    memory = list(_memory_plan(target, calls.memory_bytes, settings.optimizer_after_step, in_step))
     exact += [m for m in memory if m.extra["at_target"]]
     grid = [m for m in memory if not m.extra["at_target"]]
     grid += [Measurement("copy", {"bytes": b}, {"moved_bytes": 2 * b}) for b in settings.copy_bytes]
@@ -330,9 +336,11 @@ def _attention(key: tuple[int, int, int, int, int, int, bool, bool]) -> Measurem
     return Measurement("attention", params, {"flops": 2.5 * fwd_flops if bwd else fwd_flops})
 
 
-def _memory_plan(target: Target, sim_bytes: dict[str, float], in_situ_optimizer: bool) -> Iterable[Measurement]:
+def _memory_plan(target: Target, sim_bytes: dict[str, float], in_situ_optimizer: bool,
+                 in_step: bool = False) -> Iterable[Measurement]:
     """Memory-bound ops at the target's shape and at other token counts; ``sim_bytes`` is what
-    simtrain's kernel moves at the target, so each measurement knows its simtrain byte count."""
+    simtrain's kernel moves at the target, so each measurement knows its simtrain byte count. With
+    ``in_step`` the optimizer of the whole model is timed by the ``in_step`` measurement instead."""
     for base, shape in memory_op_shapes(target).items():
         for kind in (base, f"{base}.bwd"):
             if kind not in sim_bytes:
@@ -346,7 +354,7 @@ def _memory_plan(target: Target, sim_bytes: dict[str, float], in_situ_optimizer:
         full = [list(p) for p in param_shapes(target.model, target.tp)]
         per_param = sim_bytes["optimizer.step"] / elements("optimizer.step", {"params": full})
         after_step = {"after_step": True} if in_situ_optimizer and optimizer_in_situ(target) else {}
-        for layers in sorted({1, target.model.n_layers}):
+        for layers in sorted({1} if in_step else {1, target.model.n_layers}):
             shapes = [list(p) for p in param_shapes(target.model, target.tp, layers)]
             yield Measurement("optimizer", {"layers": layers, "params": shapes, **after_step},
                               {"sim_bytes": per_param * elements("optimizer.step", {"params": shapes}),
@@ -375,6 +383,9 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
         return bench_optimizer(ctx, p["params"]), {}
     if kind == "layer_step":
         return bench_layer_step(ctx, target, p["pass"] == "bwd"), {}
+    if kind == "in_step":
+        return None, {"kernels": in_fresh_process(target, _DTYPE_NAMES[ctx.dtype], ctx.timer.settings.clock,
+                                                  torch.get_num_threads())}
     if kind == "layer_memory":
         return None, layer_memory(ctx, target)
     raise ValueError(f"unknown measurement kind {kind!r}")
@@ -424,6 +435,10 @@ def _run_one(ctx: Context, meas: Measurement, target: Target, journal: Journal, 
     return "ok"
 
 
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
 def dtype_of(name: str) -> torch.dtype:
     """torch dtype of "fp32", "bf16" or "fp16"."""
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    return _DTYPES[name]

@@ -114,7 +114,8 @@ class EagerLlamaLayer(nn.Module):
 
 
 class EagerLlama(nn.Module):
-    """A Llama causal LM from ``EagerLlamaLayer`` (untied embeddings); ``forward`` returns the loss."""
+    """A Llama causal LM from ``EagerLlamaLayer`` (untied embeddings); ``forward`` returns the mean token
+    cross-entropy (the last position of each sequence has no label, as in HF)."""
 
     def __init__(self, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int,
                  head_dim: int | None = None):
@@ -131,4 +132,7 @@ class EagerLlama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.head(rms_norm(x, self.norm))
-        return cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        # the labels shifted as HF's ForCausalLMLoss does (transformers/loss/loss_utils.py): padded with
+        # the ignore index and sliced, so the loss runs on every position's logits, without a copy of them
+        labels = F.pad(ids, (0, 1), value=-100)[..., 1:].contiguous()
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)

@@ -18,7 +18,8 @@ import yaml
 
 from calibration.fit import fit_curve, fit_gemm
 from calibration.insitu import in_situ_factor
-from calibration.shapes import Target
+from calibration.instep import expand
+from calibration.shapes import Target, kernel_calls
 from simtrain.engine.trace import write_atomic
 from simtrain.hardware.calibrated import busbw_factor
 from simtrain.hardware.profile import PROFILE_FILE, SCHEMA, SCHEMA_VERSION, parse_profile
@@ -109,10 +110,13 @@ def _fits(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if any(curves.values()):
         fits["attention"] = {d: fit_curve(*zip(*pts, strict=True)) for d, pts in curves.items() if pts}
     ops: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in _ok(by_kind.get("memory_op", [])):
-        ops[r["params"]["op"]].append((r["sim_bytes"], r["stats"]["median_s"]))
-    for r in _ok(by_kind.get("optimizer", [])):
-        ops["optimizer.step"].append((r["sim_bytes"], r["stats"]["median_s"]))
+    memory = [(r["params"]["op"], r) for r in _ok(by_kind.get("memory_op", []))]
+    memory += [("optimizer.step", r) for r in _ok(by_kind.get("optimizer", []))]
+    # a kernel timed inside training steps (calibration.instep) replaces its other timings at that size
+    in_step = {(op, r["sim_bytes"]) for op, r in memory if r["params"].get("in_step")}
+    for op, r in memory:
+        if r["params"].get("in_step") or (op, r["sim_bytes"]) not in in_step:
+            ops[op].append((r["sim_bytes"], r["stats"]["median_s"]))
     for r in _ok(by_kind.get("copy", [])):
         ops["copy"].append((r["moved_bytes"], r["stats"]["median_s"]))
     fits["memory_ops"] = {op: fit_curve(*zip(*pts, strict=True)) for op, pts in sorted(ops.items())}
@@ -175,8 +179,13 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
 def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
     """The profile (see ``simtrain/hardware/profile.py``) from a journal's header and records."""
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    target = Target.from_header(header.get("calibrated_for") or {})
     for r in records:
-        by_kind[r["kind"]].append(r)
+        if r["kind"] == "in_step" and r["status"] == "ok" and target is not None:
+            for e in expand(r, target, kernel_calls(target).memory_bytes):
+                by_kind[e["kind"]].append(e)
+        else:
+            by_kind[r["kind"]].append(r)
     summary = _summary(by_kind, header)  # figures not measured (e.g. a collectives-only run) are null
     profile = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "name": name,
@@ -186,7 +195,7 @@ def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any
         "summary": summary, "fits": _fits(by_kind), "measurements": _tables(by_kind), "end_of_profile": True,
     }
     compute = parse_profile(profile, f"{name} (being written)").compute
-    situ = in_situ_factor(Target.from_header(header.get("calibrated_for") or {}), records, compute)
+    situ = in_situ_factor(target, records, compute)
     if situ is not None:
         summary["in_situ"] = situ["factor"]
         profile["measurements"]["layer_step"] = {"columns": ["measured_s", "kernels_s", "factor"],

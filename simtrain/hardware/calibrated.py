@@ -212,10 +212,10 @@ class CalibratedCompute:
             (launch and dispatch gaps, allocations, the small ops between kernels: what isolated
             timings miss, reference Notes 3 "Isolation vs in situ"); multiplies the kernels of the
             decoder layers (``in_layer``), where it was measured. Not the embedding, LM head, loss
-            or optimizer: each is one large kernel timed alone as the step runs it (measured on this
-            CPU with torch.profiler: the LM head's GEMMs, the loss and the embedding's backward take
-            0.95-1.07x their isolated time inside a real transformers step, issue 29 part 5), so a
-            layer's per-kernel overheads scaled onto them were counted where they do not occur.
+            or optimizer: each is a few large kernels with no small ops between them, so a layer's
+            per-kernel overheads scaled onto them would be counted where they do not occur; on a CPU
+            the calibration times them inside training steps instead (``calibration.instep``: their
+            outputs land on fresh pages there, issue 29 part 5) and the profile holds those times.
     """
 
     gemm: GemmModel | None

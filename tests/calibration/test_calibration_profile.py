@@ -330,3 +330,70 @@ def test_committed_profiles_load() -> None:
         assert load_profile(name).name == name
     r = simulate(CPU_CONFIG, ["hardware.profile=example-cpu", "layout.dp=2", "train.global_batch_seqs=4"])
     assert 0.1 < r.step_time_s < 10.0
+
+
+# -- kernels timed inside training steps (calibration.instep) ---------------------------------------
+
+
+@pytest.mark.parametrize(("phase", "shapes", "kernel"), [
+    ("fwd", [(256, 64), (64, 4096)], "lm_head"),  # logits: tokens x hidden @ hidden x vocab
+    ("bwd", [(256, 4096), (4096, 64)], "lm_head.dgrad"),  # inner dimension the vocabulary
+    ("bwd", [(4096, 256), (256, 64)], "lm_head.wgrad"),  # dW as autograd computes it for a transposed weight
+    ("bwd", [(64, 256), (256, 4096)], "lm_head.wgrad"),  # dW^T
+    ("fwd", [(256, 256), (256, 4096)], "lm_head"),  # tokens == hidden: the phase tells fwd from wgrad
+    ("bwd", [(256, 256), (256, 4096)], "lm_head.wgrad"),
+    ("fwd", [(256, 64), (64, 176)], None),  # a layer's GEMM
+    ("bwd", [(256, 176), (176, 64)], None),
+    ("fwd", [(256, 4096)], None),  # not an mm
+    ("fwd", [], None),
+])
+def test_in_step_books_the_lm_heads_gemms_by_shape_and_phase(phase: str, shapes: list[tuple[int, ...]],
+                                                              kernel: str | None) -> None:
+    from calibration.instep import book
+
+    assert book(phase, "mm", shapes, 4096) == kernel
+
+
+def test_in_step_books_the_loss_and_the_embedding() -> None:
+    from calibration.instep import book
+
+    assert book("fwd", "_log_softmax", [(256, 4096)], 4096) == "cross_entropy"
+    assert book("fwd", "nll_loss_forward", [(256, 4096), (256,)], 4096) == "cross_entropy"
+    assert book("bwd", "_log_softmax_backward_data", [(256, 4096)] * 2, 4096) == "cross_entropy.bwd"
+    assert book("bwd", "nll_loss_backward", [(), (256, 4096), (256,)], 4096) == "cross_entropy.bwd"
+    assert book("fwd", "embedding", [(4096, 64), (2, 128)], 4096) == "embedding"
+    assert book("bwd", "embedding_dense_backward", [(2, 128, 64), (2, 128)], 4096) == "embedding.bwd"
+    assert book("bwd", "_log_softmax", [(256, 4096)], 4096) is None  # a forward op seen in the backward
+    assert book("opt", "sqrt", [(4096, 64)], 4096) is None
+
+
+def test_kernels_timed_in_a_step_replace_their_isolated_times_at_the_target(profiles_dir: Path) -> None:
+    """An ``in_step`` record (the LM head, loss, embedding and optimizer timed inside training steps)
+    becomes the LM head's GEMM points under the kernel name ``lm_head`` and the target's point of the
+    loss, embedding and optimizer curves, replacing the other timings at that size; other sizes keep theirs."""
+    from calibration.instep import lm_head_shapes
+    from calibration.shapes import Target, kernel_calls, read_run
+
+    run = read_run(CPU_CONFIG)
+    target = Target(run.model, seq_len=run.train.seq_len, micro_batch_size=run.train.micro_batch_size)
+    sim_bytes = kernel_calls(target).memory_bytes
+    ce = sim_bytes["cross_entropy"]
+    hdr = {**header(), "calibrated_for": {**target.describe(), "model_spec": run.model.model_dump()}}
+    isolated = [rec("memory_op", {"op": "cross_entropy", "rows": r}, 1e-3 * f, sim_bytes=ce * f)
+                for r, f in ((1, 0.25), (2, 1.0), (3, 4.0))]
+    isolated.append(rec("optimizer", {"layers": 9, "params": [[4, 4]]}, 0.01, sim_bytes=sim_bytes["optimizer.step"]))
+    kernels = {"lm_head": 0.05, "lm_head.dgrad": 0.04, "lm_head.wgrad": 0.06, "cross_entropy": 0.03,
+               "cross_entropy.bwd": 0.02, "embedding": 1e-4, "embedding.bwd": 0.004, "optimizer.step": 0.07}
+    steps = [{"key": f"in_step|{i}", "kind": "in_step", "params": {**target.describe(), "round": i}, "status": "ok",
+              "stats": {}, "result": {"kernels": {k: {"median_s": v * (1 + 0.1 * i)} for k, v in kernels.items()}}}
+             for i in range(3)]  # three rounds: the median is the middle one
+    folder = profiles_dir / "calibrated" / "instep"
+    write_profile(folder, build_profile("instep", hdr, records() + isolated + steps))
+    c = load_profile("instep").compute
+    for name, (m, n, k) in lm_head_shapes(target).items():
+        assert c.gemm_s(name, m, n, k) == pytest.approx(1.1 * kernels[name])
+        assert c.gemm is not None and c.gemm.time_s(gemm_role(name), m, n, k) != pytest.approx(1.1 * kernels[name])
+    for name in ("cross_entropy", "cross_entropy.bwd", "embedding.bwd", "optimizer.step"):
+        assert c.memory_op_s(name, sim_bytes[name]) == pytest.approx(1.1 * kernels[name])
+    assert c.memory_op_s("cross_entropy", 4 * ce) == pytest.approx(4e-3)  # isolated at another size
+    assert c.memory_op_s("lm_head_is_not_a_memory_op", ce) == c.memory_op_s("copy", ce)

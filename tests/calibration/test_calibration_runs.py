@@ -282,3 +282,25 @@ def test_cpu_plan_times_the_optimizer_after_a_training_step() -> None:
     m = run.model
     model = EagerLlama(m.vocab, m.hidden, 2, m.n_heads, m.kv_heads, m.ffn_hidden, m.d_head)
     assert sorted(tuple(p.shape) for p in model.parameters()) == sorted(param_shapes(m, 1, 2))
+
+
+def test_cpu_plan_times_the_head_loss_and_optimizer_inside_training_steps() -> None:
+    """On a CPU the LM head, the loss, the embedding and the optimizer of the whole model are timed inside
+    training steps of a model with the target's dimensions, in a new process (the allocator state of a
+    training process, ``calibration.instep_measure``); GPU plans and targets ``EagerLlama`` does not
+    run (TP shards) do without it."""
+    from calibration.instep import IN_STEP_GEMMS, IN_STEP_MEMORY_OPS, in_step_applies
+    from calibration.instep_measure import in_fresh_process
+    from calibration.timing import Clock
+
+    run = read_run(TINY)
+    target = Target(run.model, seq_len=run.train.seq_len, micro_batch_size=run.train.micro_batch_size)
+    cpu = compute_plan(target, PlanSettings.for_device("cpu", quick=True))
+    gpu = compute_plan(target, PlanSettings.for_device("cuda", quick=True))
+    assert [m.kind for m in cpu].count("in_step") == 1 and "in_step" not in [m.kind for m in gpu]
+    # the whole model's optimizer comes from the in-step measurement, not a second after-step benchmark
+    assert [m.params["layers"] for m in cpu if m.kind == "optimizer"] == [1]
+    assert in_step_applies(target) and not in_step_applies(Target(run.model, tp=2))
+    kernels = in_fresh_process(target, "fp32", Clock.THREAD_CPU, 1)
+    assert set(kernels) == set(IN_STEP_GEMMS) | set(IN_STEP_MEMORY_OPS)
+    assert all(k["median_s"] > 0 and k["repeats"] == 5 for k in kernels.values())
