@@ -12,7 +12,8 @@ import pytest
 
 import simtrain.validation.fidelity as fidelity
 from simtrain.validation.fidelity import validate_runs, work_estimate
-from tests.validation.conftest import SMALL_ROWS, write_csv
+
+from .conftest import SMALL_ROWS, write_csv
 
 
 def _row(run_id: str, **cells: str) -> dict[str, str]:
