@@ -308,10 +308,6 @@ class Engine(ClassComm):
         """One communication stream of ``rank``: ops in issue order, each once its deps are done."""
         env, done, ledger, need = self.env, self.done[rank], self.ledgers[rank], self._tables[self.stage[rank]].need
         waiting, finished = self._waiting[rank], self._finished[rank]
-        # symmetric mode: ``_communicate`` goes straight to ``_transfer``; its private branch (a plain
-        # timeout) runs here in line: the same events in the same order, two generator frames fewer per resume
-        direct = self.symmetric and self.classes is None
-        comm, sig_of, active = self._comm[rank], self._sig_of[self.stage[rank]], self.active_comm[rank]
         for op in ops:
             for d in op.deps:
                 ev = done[d]
@@ -327,20 +323,7 @@ class Engine(ClassComm):
             else:
                 # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
                 stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
-                if not direct:
-                    yield from self._communicate(rank, op, stretch)
-                else:
-                    latency, phases, cls, private = comm[sig_of[op.idx]]  # type: ignore[misc]
-                    if private is None:
-                        yield from self._transfer(rank, latency, phases, cls, private, stretch)
-                    else:  # ``_transfer``'s private branch
-                        active.append(cls)
-                        self._comm_changed(rank)
-                        yield env.timeout(private)
-                        if stretch > 0:  # the links are free again; the endpoints are still busy
-                            yield env.timeout(stretch * (env.now - start))
-                        active.remove(cls)
-                        self._comm_changed(rank)
+                yield from self._communicate(rank, op, stretch)
             end = env.now
             finished[stream] += 1
             self._ended(rank, op, start, end)
