@@ -5,6 +5,7 @@ is reported.
 
     python benchmarks/bench_simulate.py            # all cases
     python benchmarks/bench_simulate.py --quick    # only (a), the 405B example
+    python benchmarks/bench_simulate.py --examples # CPU seconds of each examples/*.yaml, once each
 
 Cases:
   (a) examples/llama3_405b_h100.yaml in symmetric mode: 16,384 GPUs, TP8 x PP16 x DP128, 16 micro-batches.
@@ -79,11 +80,29 @@ def row(label: str, seconds: float, r: StepResult) -> str:
             f"{seconds:>11.3f}{r.step_time_s:>12.3f}")
 
 
+def examples_cpu() -> None:
+    """Each example simulated once (as ``simtrain simulate X.yaml``): its CPU seconds (``time.process_time``:
+    on a shared machine wall time counts the other processes too)."""
+    total = 0.0
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        t0 = time.process_time()
+        r = simulate(path)
+        dt = time.process_time() - t0
+        total += dt
+        print(f"{path.stem:<34}{r.n_gpus:>7}{r.mode:>11}{r.ops_executed:>11,}{dt:>11.2f}")
+    print(f"{'all examples':<34}{'':>29}{total:>11.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="run only case (a)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (default 3)")
+    ap.add_argument("--examples", action="store_true", help="only the CPU seconds of each example, once each")
     args = ap.parse_args(argv)
+    if args.examples:
+        print(f"{'example':<34}{'GPUs':>7}{'mode':>11}{'ops':>11}{'CPU (s)':>11}")
+        examples_cpu()
+        return 0
 
     print(f"{'case':<34}{'GPUs':>7}{'mode':>11}{'mbs':>6}{'ops':>11}{'wall (s)':>11}{'step (s)':>12}")
     t_big, r_big = time_it(lambda: simulate(EXAMPLE_405B, mode="symmetric"), args.repeats)

@@ -18,18 +18,21 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import math
 import re
 import statistics
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from simtrain.engine.results import AXES, StepResult
+from simtrain.engine.steady import plan
 from simtrain.lower.flops import attention_keys_per_query, model_flops_per_token
+from simtrain.lower.layer_plan import microbatches
 from simtrain.spec.errors import SimtrainError
 from simtrain.spec.model import ModelSpec
 from simtrain.studies.labels import layout_label
@@ -287,6 +290,25 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def work_estimate(row: dict[str, str]) -> float:
+    """A row's relative simulation cost, to start the costly rows first (``validate_runs``): the
+    micro-batches the engine runs (the steady state's three short runs when it applies,
+    ``simtrain.engine.steady``) x layers, x 8 for MoE (its layers run several times the ops). Only an
+    order: 0 for a row that does not parse to a run."""
+    try:
+        p = parse_row(row)
+        if p.run is None:
+            return 0.0
+        run = p.run
+        m = max(microbatches(run), 1)
+        steady = plan(run.layout.resolved_schedule, run.layout.pp, m) if run.sim.steady_state else None
+        if steady is not None:
+            m = sum(itertools.islice(steady.counts(), 3))
+        return float(m * run.model.n_layers * (8 if run.model.is_moe else 1))
+    except Exception:  # noqa: BLE001 - an estimate only; evaluate_row reports the row's problem
+        return 0.0
+
+
 def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None,
                   workers: int | None = 1, progress: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every row of a runs CSV; return (one row per run with ``ROW_KEYS``, summary dict).
@@ -310,10 +332,15 @@ def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | Non
                 rows.append(evaluate_row(r, simulate_fn))
                 advance(1)
         else:
+            # the costliest rows first (longest processing time first): the last rows to finish are then
+            # short ones, instead of one worker simulating a big row while the others idle; the table
+            # keeps the file's order (each row is simulated on its own, so its numbers do not depend on it)
+            order = sorted(range(len(cells)), key=lambda i: -work_estimate(cells[i]))
             with ProcessPoolExecutor(max_workers=n) as pool:
-                for row in pool.map(evaluate_row, cells):  # in the file's order, as each is done
-                    rows.append(row)
+                futures = {i: pool.submit(evaluate_row, cells[i]) for i in order}
+                for _ in as_completed(futures.values()):
                     advance(1)
+                rows = [futures[i].result() for i in range(len(cells))]
     frame = pd.DataFrame(rows, columns=list(ROW_KEYS))
     return frame, summarize(frame)
 
