@@ -31,7 +31,6 @@ from simtrain.engine.axes import _axis, _axis_of, _interference, charge_stream
 from simtrain.engine.comm_planner import CommPlanner
 from simtrain.engine.done import DoneEvents, either
 from simtrain.engine.inline import Guard, Inline, time_bounds
-from simtrain.engine.loop import drain
 from simtrain.engine.merge import ClassComm, CommEntry, NotAlike, rank_classes
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
@@ -279,7 +278,7 @@ class Engine(ClassComm):
         collect = gc.isenabled()
         gc.disable()
         try:
-            drain(self.env)  # env.run(), its step in line (simtrain.engine.loop)
+            self.env.run()
         except NotAlike as e:  # members of a class differ: the merged run proves nothing, so run every rank
             res = Engine(**self._args, merge=False).run()  # type: ignore[arg-type]
             res.notes.append(f"full mode simulated every rank: ranks alike in program, speed and groups did not "
