@@ -80,6 +80,19 @@ def test_blackwell_rates_are_mamf_times_the_b200_sustained_ratio(name: str) -> N
     assert gpu.gemm_efficiency * gpu.bf16_flops_per_s / 1e12 < bf16 * 0.948
 
 
+@pytest.mark.parametrize("name", BLACKWELL)
+def test_blackwell_attention_runs_at_cudnns_b200_rate_times_the_sustained_ratio(name: str) -> None:
+    """Attention feeds the same tensor cores at the same power-limited clock as the GEMMs: cuDNN's B200
+    forward (FlashAttention-4, arXiv 2603.05451: 1613 TF, up to 1.3x cuDNN, so ~1240 TF = 0.551 of 2250)
+    x B200's sustained/MAMF ratio 1420 / 1745 (was x A100's 0.948: 0.5); the backward keeps its assumed
+    0.8 of the forward."""
+    gpu = load_gpu(name)
+    fwd = 1613.0 / 1.3 / 2250.0 * (1420.0 / 1745.0)
+    assert gpu.attention_fwd_efficiency == pytest.approx(fwd, abs=0.005)
+    assert gpu.attention_bwd_efficiency == pytest.approx(0.8 * gpu.attention_fwd_efficiency, rel=1e-9)
+    assert gpu.attention_fwd_efficiency < 0.5  # slower than the A100-ratio rate it replaces
+
+
 def test_hopper_gemm_rate_unchanged() -> None:
     gpu = load_gpu("h100-sxm")
     assert (gpu.gemm_efficiency, gpu.fp8_gemm_efficiency) == (0.762, 0.672)
