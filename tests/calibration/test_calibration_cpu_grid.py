@@ -1,12 +1,13 @@
-"""The CPU loop beyond its one config: two configurations of the grid (``data/grid``), each calibrated
-(``--quick``) and compared with real transformers Llama steps within 10 % (the issue's target is 5 %:
-not met on every grid config yet, see below).
+"""The CPU loop beyond its one config: a configuration of the grid (``data/grid``), calibrated (``--quick``)
+and compared with real transformers Llama steps within 10 % (the issue's target is 5 %: not met on every grid
+config yet, see below).
 
 ``test_calibration_cpu_loop.py`` checks one config within 20 % (one process and DDP, wall clock).
-This test checks the generalisation target of issue 29 part 5 on two grid configurations that differ
-from it and from each other on the axes the grid spans (8 layers, 128-token sequences, 4K vocabulary,
-8 query heads per KV head, 4 sequences; 3 layers, 768 tokens, 4K vocabulary, head dim 32, GQA 8, one
-sequence), chosen for their cheap steps (CI's timing stage).
+This test checks the generalisation target of issue 29 part 5 on a grid configuration that differs from
+it on the axes the grid spans (3 layers, 768-token sequences, head dim 32, 8 query heads per KV head, one
+sequence), chosen for its cheap step (CI's timing stage). CI keeps one configuration (two took 83 s of
+the 15 minutes CI has; one, about half); the whole grid (7 configs) is ``benchmarks/cpu_loop_grid.py``,
+its last table ``benchmarks/results/cpu_loop_grid.md``.
 
 One process, one thread, timed by the thread's CPU time (``calibrate --clock thread_cpu`` and
 ``compare(..., Clock.THREAD_CPU)``): on the shared 2-vCPU machines this runs on, the wall time of a
@@ -14,7 +15,7 @@ single-threaded step includes the time other processes held the core (a 1.0 s st
 of wall time with five other users), which no tolerance of 5 % survives. The noise handling is the
 CPU loop's: real steps measured before and after the calibration and pooled, a batch during which
 the hypervisor stole more than 2 % of the CPU measured again, and a second round (fresh calibration,
-fresh measurements) when the first misses the bound on any config; a systematic error fails both.
+fresh measurements) when the first misses the bound; a systematic error fails both.
 DDP over gloo is wall time by nature (a rank waits on its peer and on gloo's threads) and stays with
 the 20 % test; the grid benchmark (``benchmarks/cpu_loop_grid.py``) reports both.
 
@@ -45,7 +46,7 @@ from calibration.timing import Clock  # noqa: E402
 pytestmark = pytest.mark.timing
 
 GRID = Path(__file__).parent / "data" / "grid"
-CONFIGS = [str(GRID / "l8-s128-v4k.yaml"), str(GRID / "l3-s768-v4k.yaml")]
+CONFIGS = [str(GRID / "l3-s768-v4k.yaml")]
 TOLERANCE = 0.10  # issue 29 part 5 asks 5 %; see the module docstring for why 10 % today
 STEPS, WARMUP = 4, 2
 ROUNDS = 2
