@@ -88,9 +88,21 @@ def test_a_failing_rank_ends_the_run_with_a_clear_message(tmp_path: Path) -> Non
     assert time.monotonic() - t0 < 120  # stopped, not hung until a timeout
 
 
-def test_resuming_on_another_setup_is_refused(tmp_path: Path) -> None:
-    out = tmp_path / "mismatch"
-    assert calibrate(out, "--no-collectives").returncode == 0
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One finished quick calibration (no collectives, the wall clock, ``--json``) by name into a
+    $SIMTRAIN_PROFILES_DIR: (that folder, the command's outcome). The tests below read it or try to resume
+    it; a refused resume writes nothing, so they can share it (one calibration, not three: CI time)."""
+    root = tmp_path_factory.mktemp("profiles")
+    proc = calibrate(Path("json-smoke"), "--no-collectives", "--json",
+                     env={"SIMTRAIN_PROFILES_DIR": str(root)})
+    return root, proc
+
+
+def test_resuming_on_another_setup_is_refused(finished: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    root, first = finished
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = root / "calibrated" / "json-smoke"
     proc = calibrate(out, "--no-collectives", "--threads", "2")
     assert proc.returncode == 2 and "--fresh" in proc.stderr
 
@@ -177,10 +189,10 @@ def test_measure_keeps_a_result_written_before_a_rank_died_in_teardown(tmp_path:
         compare.measure(TINY, 2, 1, 0, 1, tmp_path)
 
 
-def test_json_summary_is_quiet_and_names_go_to_the_user_dir(tmp_path: Path) -> None:
+def test_json_summary_is_quiet_and_names_go_to_the_user_dir(finished: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """``--out NAME`` writes under $SIMTRAIN_PROFILES_DIR/calibrated/NAME (never into the checkout), and
     ``--json`` prints one JSON object to stdout and no progress or log."""
-    proc = calibrate(Path("json-smoke"), "--no-collectives", "--json", env={"SIMTRAIN_PROFILES_DIR": str(tmp_path)})
+    tmp_path, proc = finished
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""
     summary = json.loads(proc.stdout)
@@ -251,12 +263,13 @@ def test_thread_cpu_clock_leaves_out_the_time_the_thread_did_not_run() -> None:
     assert TimerSettings(clock=Clock.THREAD_CPU).to_dict()["clock"] == "thread_cpu"
 
 
-def test_resuming_with_another_clock_is_refused(tmp_path: Path) -> None:
+def test_resuming_with_another_clock_is_refused(finished: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """One profile, one clock: its kernel times are summed into one step."""
-    out = tmp_path / "clock"
-    assert calibrate(out, "--no-collectives", "--clock", "thread_cpu").returncode == 0
-    assert '"clock": "thread_cpu"' in (out / "measurements.jsonl").read_text().splitlines()[0]
-    proc = calibrate(out, "--no-collectives")
+    root, first = finished
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = root / "calibrated" / "json-smoke"
+    assert '"clock": "wall"' in (out / "measurements.jsonl").read_text().splitlines()[0]
+    proc = calibrate(out, "--no-collectives", "--clock", "thread_cpu")
     assert proc.returncode == 2 and "--clock" in proc.stderr and "Traceback" not in proc.stderr
 
 
