@@ -12,7 +12,7 @@ from simtrain.cost.costs import K_FIXED, K_REFERENCE, ComputeCostModel
 from simtrain.engine.invariants import peak_ratio
 from simtrain.formats.megatron import read_megatron
 from simtrain.formats.megatron_export import write_megatron
-from simtrain.hardware.load import load_gpu
+from simtrain.hardware.load import gpu_table, load_gpu
 from simtrain.lower.memory import fp8_weight_cache_bytes
 from simtrain.lower.nvfp4 import (
     NVFP4_CAST_BYTES_RHT,
@@ -168,3 +168,8 @@ def test_megatron_fp4_flags_round_trip() -> None:
     assert "--fp4-format e2m1" in text and "--fp4-recipe nvfp4" in text
     back = read_megatron(text, base={"hardware": run.hardware.model_dump()})
     assert back.config.train.precision == "fp4"
+
+
+def test_hardware_table_lists_the_fp4_peak() -> None:
+    rows = {r["name"]: r for r in gpu_table()}
+    assert rows["b200"]["fp4_tflops"] == 9000.0 and rows["h100-sxm"]["fp4_tflops"] is None

@@ -290,6 +290,7 @@ def gpu_table() -> list[dict[str, Any]]:
                 "name": name,
                 "bf16_tflops": g.bf16_flops_per_s / TFLOPS,
                 "fp8_tflops": g.fp8_flops_per_s / TFLOPS if g.has_fp8 else None,
+                "fp4_tflops": g.fp4_flops_per_s / TFLOPS if g.has_fp4 else None,
                 "hbm_GiB": g.hbm_bytes / GiB,
                 "hbm_TBps": g.hbm_Bps / TB,
                 "nvlink_GBps": g.nvlink_Bps / GB,
