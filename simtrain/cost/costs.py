@@ -24,6 +24,10 @@ FP8 (``dtype="fp8"``) runs the linear-layer GEMMs at the FP8 peak times the FP8 
 plus the quantisation casts of their activation operands (``FP8_CAST_BYTES``); attention, the LM
 head and the router stay BF16 (Transformer Engine and torchtitan float8 convert only the
 transformer blocks' linear layers).
+FP4 (``dtype="fp4"``, NVFP4: Transformer Engine's ``NVFP4BlockScaling``) runs the same GEMMs at the FP4 peak
+times its sustained fraction (``GpuSpec.fp4_gemm_efficiency``), with NVFP4 operand bytes and the recipe's
+quantisation kernels (``simtrain.lower.nvfp4``: row-wise and column-wise copies, the random Hadamard
+transform's extra read on activations and gradients).
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ from simtrain.cost.grouped import routed_tile_factor
 from simtrain.hardware.calibrated import CalibratedCompute
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.lower.kernels import Attention, Gemm, KernelDesc, MemoryBound, Sliced
+from simtrain.lower.nvfp4 import (
+    FP4_DEPTH_FACTOR,
+    NVFP4_CAST_BYTES_RHT,
+    NVFP4_CAST_BYTES_WEIGHT,
+    nvfp4_gemm_bytes,
+)
 from simtrain.lower.offload import copy_s
 from simtrain.lower.ops import Kernel
 from simtrain.spec.stacks import FA2_ON_HOPPER, SoftwareStack
@@ -168,7 +178,12 @@ class ComputeCostModel:
         """True when GEMM ``name`` runs in FP8 (fp8 runs, linear layers of the transformer blocks)."""
         return self.dtype == "fp8" and not name.startswith(BF16_GEMM_PREFIXES)
 
-    def gemm_efficiency(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> float:
+    def is_fp4_gemm(self, name: str) -> bool:
+        """True when GEMM ``name`` runs in NVFP4 (fp4 runs: the same linear layers as FP8 runs convert)."""
+        return self.dtype == "fp4" and not name.startswith(BF16_GEMM_PREFIXES)
+
+    def gemm_efficiency(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False,
+                        fp4: bool = False) -> float:
         """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: profile rate x tile x wave x depth.
         ``groups``: GEMMs launched as one grouped GEMM (MoE experts), whose tiles fill waves together.
 
@@ -183,9 +198,12 @@ class ComputeCostModel:
         slots = self.gpu.gemm_tile_slots
         wave_q = tiles / (math.ceil(tiles / slots) * slots)
         best = self.gpu.gemm_efficiency
-        if fp8 and self.gpu.fp8_gemm_efficiency > 0:  # FP8 MAMF differs from BF16's (Table D)
+        if (fp8 or fp4) and self.gpu.fp8_gemm_efficiency > 0:  # FP8 MAMF differs from BF16's (Table D)
             best = self.gpu.fp8_gemm_efficiency
-        return best * tile_q * wave_q * depth_factor(k, 2 * K_FIXED if fp8 else K_FIXED)
+        if fp4 and self.gpu.fp4_gemm_efficiency > 0:  # the FP4 GEMM's own measured rate where given
+            best = self.gpu.fp4_gemm_efficiency
+        k_fixed = FP4_DEPTH_FACTOR * K_FIXED if fp4 else 2 * K_FIXED if fp8 else K_FIXED
+        return best * tile_q * wave_q * depth_factor(k, k_fixed)
 
     def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1, grouped: bool = False,
              a_cast_share: float = 1.0) -> Kernel:
@@ -201,9 +219,11 @@ class ComputeCostModel:
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
         # calibrated GEMMs were measured in the profile's dtype (BF16 on GPUs): FP8 GEMMs keep the model
         measured = (self.calibration.gemm_s(name, m, n, k, batch)
-                    if self.calibration and not self.is_fp8_gemm(name) else None)
+                    if self.calibration and not self.is_fp8_gemm(name) and not self.is_fp4_gemm(name) else None)
         if measured is not None:
             return Kernel(name, flops, nbytes, measured)
+        if self.is_fp4_gemm(name):
+            return self._fp4_gemm(name, m, n, k, batch, grouped, a_cast_share, weight_cast)
         if self.is_fp8_gemm(name):
             return self._fp8_gemm(name, m, n, k, batch, grouped, a_cast_share, weight_cast)
         # routed experts: each expert's uneven rows pad to whole tiles (simtrain.cost.grouped)
@@ -244,6 +264,26 @@ class ComputeCostModel:
                * routed_tile_factor(name, m, grouped, TILE_M))
         if name.endswith((".dgrad", ".wgrad")) and self.fp8_recipe in SPLIT_ACCUMULATION_RECIPES:
             eff /= self.gpu.fp8_split_accumulation_slowdown
+        return self._roofline(name, flops, nbytes, eff, self.gpu.hbm_efficiency, extra_s=cast_s)
+
+    def _fp4_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
+                  a_cast_share: float = 1.0, weight_cast: bool = True) -> Kernel:
+        """An NVFP4 GEMM: FP4 peak x FP4 sustained fraction x quantisation, on NVFP4 operands (0.5625 B per
+        element with scales, ``nvfp4_gemm_bytes``), plus the cast of its A operand (the activation in
+        forward, the output gradient in dgrad: ``NVFP4_CAST_BYTES_RHT`` per element, both copies at once;
+        wgrad reuses the column-wise copies) and, in forward, of the weight (``NVFP4_CAST_BYTES_WEIGHT``)
+        unless the stack caches quantised weights across the step's micro-batches
+        (``SoftwareStack.fp8_weight_cache``; NVFP4 needs a fresh per-tensor amax at every quantisation, as
+        FP8 current scaling does)."""
+        flops = 2.0 * m * n * k * batch
+        nbytes = nvfp4_gemm_bytes(m, n, k) * batch
+        cast_bytes = 0.0 if name.endswith(".wgrad") else NVFP4_CAST_BYTES_RHT * m * k * a_cast_share
+        cached = self.stack is not None and self.stack.fp8_weight_cache
+        if weight_cast and not cached and not name.endswith((".wgrad", ".dgrad")):
+            cast_bytes += NVFP4_CAST_BYTES_WEIGHT * k * n
+        cast_s = cast_bytes * batch / (self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
+        eff = (self.gemm_efficiency(m, n, k, batch if grouped else 1, fp4=True)
+               * routed_tile_factor(name, m, grouped, TILE_M))
         return self._roofline(name, flops, nbytes, eff, self.gpu.hbm_efficiency, extra_s=cast_s)
 
     def flash_attention(self, name: str, b: int, s_q: int, s_kv: int, heads: int, kv_heads: int, d: int,

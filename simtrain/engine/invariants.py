@@ -4,7 +4,7 @@
 ``SimulationInvariantError`` naming the config and the numbers:
 
 - MFU within (0, peak ratio]: model FLOP/s per GPU cannot beat the GPU's peak for the run's precision
-  (MFU is against the dense BF16 peak, so FP8 runs may reach the FP8/BF16 peak ratio);
+  (MFU is against the dense BF16 peak, so FP8 and FP4 runs may reach their peak's ratio to it);
 - HFU at least MFU: the kernels execute every model FLOP (recompute only adds), up to ``HFU_REL_TOL``;
 - the breakdown adds up to the step time (``BREAKDOWN_REL_TOL``) with no negative part;
 - memory never negative: peaks, components, the ledger's lowest total;
@@ -45,6 +45,8 @@ def peak_ratio(gpu: GpuSpec, precision: str) -> float:
     """Highest MFU a run can reach: its precision's dense peak over the BF16 peak MFU is measured against."""
     if precision == "fp8" and gpu.fp8_flops_per_s > 0:
         return max(gpu.fp8_flops_per_s / gpu.bf16_flops_per_s, 1.0)
+    if precision == "fp4" and gpu.fp4_flops_per_s > 0:
+        return max(gpu.fp4_flops_per_s / gpu.bf16_flops_per_s, 1.0)
     return 1.0
 
 

@@ -352,6 +352,11 @@ def _train(args: _Args, dp: int) -> dict[str, Any]:
                                                                  "not modelled)"))  # fmt: skip
         else:
             train["fp8_recipe"] = recipes[recipe]
+    if args.text("--fp4-format") is not None:  # arguments.py: --fp4-format e2m1, --fp4-recipe nvfp4 (default)
+        train["precision"] = "fp4"
+        if (args.text("--fp4-recipe") or "nvfp4") != "nvfp4":
+            args.problems.append(problem("--fp4-recipe", args.text("--fp4-recipe"), "nvfp4 (the one FP4 recipe "
+                                                                                    "modelled)"))
     dropouts = [args.num(f, float) for f in ("--attention-dropout", "--hidden-dropout")]
     # arguments.py: both default to 0.1, so dropout is on unless both are given as 0.
     train["dropout"] = any(d is None or d > 0 for d in dropouts)

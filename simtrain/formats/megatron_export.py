@@ -133,6 +133,8 @@ def _train_flags(run: RunConfig, out: list[tuple[str, Any]], skipped: list[str])
     if tr.precision == "fp8":
         recipe = {"delayed": "delayed", "current": "tensorwise", "blockwise": "blockwise"}[tr.fp8_recipe]
         out += [("--fp8-format", "hybrid"), ("--fp8-recipe", recipe)]
+    elif tr.precision == "fp4":
+        out += [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
     if tr.grad_bytes == 2.0:
         out.append(("--grad-reduce-in-bf16", None))
     if tr.stack_name == "megatron-te":

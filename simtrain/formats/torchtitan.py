@@ -317,6 +317,8 @@ def write_torchtitan(run: RunConfig) -> tuple[str, list[str]]:
             skipped.append(f"train.fp8_recipe {tr.fp8_recipe}: torchtitan scales tensorwise")
     elif tr.precision == "fp16":
         skipped.append("train.precision fp16: torchtitan trains in bfloat16")
+    elif tr.precision == "fp4":
+        skipped.append("train.precision fp4: no torchtitan NVFP4 training converter is modelled")
     shard, replicate = (lay.dp, 1) if lay.fsdp == "full" else (1, lay.dp)
     if lay.fsdp == "hybrid":
         shard = lay.fsdp_shard_size or lay.dp

@@ -33,7 +33,8 @@ _Frozen = ConfigDict(frozen=True, extra="forbid")
 class GpuSpec(BaseModel):
     """One accelerator, in SI units.
 
-    Peaks are dense (no sparsity) FLOP/s; ``fp8_flops_per_s`` is 0.0 when the GPU has no FP8.
+    Peaks are dense (no sparsity) FLOP/s; ``fp8_flops_per_s`` is 0.0 when the GPU has no FP8, and
+    ``fp4_flops_per_s`` 0.0 when it has no FP4 tensor cores (everything before Blackwell).
     ``hbm_bytes`` in bytes, ``hbm_Bps`` / ``nvlink_Bps`` / ``nvls_algbw_Bps`` in bytes/s
     (``nvlink_Bps`` per GPU per direction, aggregated over all its links; ``nvls_algbw_Bps`` is the
     NVLS AllReduce *algorithm* bandwidth, 0.0 when the GPU has no NVLS). ``l2_bytes`` in bytes
@@ -48,6 +49,8 @@ class GpuSpec(BaseModel):
     name: str
     bf16_flops_per_s: float = Field(gt=0)
     fp8_flops_per_s: float = Field(ge=0)
+    fp4_flops_per_s: float = Field(default=0.0, ge=0)
+    """Dense NVFP4 (E2M1 with E4M3 block scales) tensor-core peak, FLOP/s; 0.0 = no FP4 tensor cores."""
     tf32_flops_per_s: float = Field(gt=0)
     fp32_flops_per_s: float = Field(gt=0)
     hbm_bytes: float = Field(gt=0)
@@ -59,6 +62,9 @@ class GpuSpec(BaseModel):
     gemm_efficiency: float = Field(gt=0, le=1)
     fp8_gemm_efficiency: float = Field(default=0.0, ge=0, le=1)
     """Best-shape FP8 GEMM fraction of the FP8 peak (MAMF); 0.0 = not given, use ``gemm_efficiency``."""
+    fp4_gemm_efficiency: float = Field(default=0.0, ge=0, le=1)
+    """Sustained NVFP4 GEMM fraction of the FP4 peak on a large back-to-back GEMM; 0.0 = not given, use
+    ``fp8_gemm_efficiency`` (then ``gemm_efficiency``)."""
     fp8_split_accumulation_slowdown: float = Field(default=1.0, ge=1)
     """Time of an FP8 GEMM that promotes its partial sums to FP32 (cuBLASLt without
     ``CUBLASLT_MATMUL_DESC_FAST_ACCUM``) over the same GEMM with fast accumulation; 1.0 where the FP8
@@ -99,6 +105,11 @@ class GpuSpec(BaseModel):
         return self.fp8_flops_per_s > 0
 
     @property
+    def has_fp4(self) -> bool:
+        """True when the GPU has FP4 tensor cores (Blackwell and later)."""
+        return self.fp4_flops_per_s > 0
+
+    @property
     def gemm_tile_slots(self) -> int:
         """GEMM output tiles the GPU computes at once (one wave): ``sm_count // gemm_tile_sms``."""
         return max(1, self.sm_count // self.gemm_tile_sms)
@@ -109,9 +120,9 @@ class GpuSpec(BaseModel):
         return self.nvls_algbw_Bps > 0
 
     def peak_flops_per_s(self, dtype: str) -> float:
-        """Dense peak FLOP/s for ``dtype`` in {"bf16", "fp16", "fp8", "tf32", "fp32"}.
+        """Dense peak FLOP/s for ``dtype`` in {"bf16", "fp16", "fp8", "fp4", "tf32", "fp32"}.
 
-        Raises ConfigError for an unknown dtype or for fp8 on a GPU without FP8.
+        Raises ConfigError for an unknown dtype, for fp8 on a GPU without FP8 or fp4 on one without FP4.
         """
         key = dtype.lower()
         if key in ("bf16", "fp16"):
@@ -120,11 +131,17 @@ class GpuSpec(BaseModel):
             if self.fp8_flops_per_s <= 0:
                 raise ConfigError(problem("train.precision", dtype, f"{self.name} has no FP8; use bf16"))
             return self.fp8_flops_per_s
+        if key == "fp4":
+            if self.fp4_flops_per_s <= 0:
+                valid = "bf16, fp16 or fp8" if self.has_fp8 else "bf16 or fp16"
+                raise ConfigError(problem("train.precision", dtype,
+                                          f"{self.name} has no FP4 tensor cores (Blackwell and later); use {valid}"))
+            return self.fp4_flops_per_s
         if key == "tf32":
             return self.tf32_flops_per_s
         if key == "fp32":
             return self.fp32_flops_per_s
-        raise ConfigError(problem("train.precision", dtype, "valid dtypes: bf16, fp16, fp8, tf32, fp32"))
+        raise ConfigError(problem("train.precision", dtype, "valid dtypes: bf16, fp16, fp8, fp4, tf32, fp32"))
 
 
 class NodeSpec(BaseModel):

@@ -24,6 +24,7 @@ from simtrain.spec.units import GB, TB, TFLOPS, US, GiB, MiB, gbps_to_Bps
 _GPU_KEYS: dict[str, tuple[str, float, str]] = {
     "bf16_tflops": ("bf16_flops_per_s", TFLOPS, "f"),
     "fp8_tflops": ("fp8_flops_per_s", TFLOPS, "f0"),
+    "fp4_tflops": ("fp4_flops_per_s", TFLOPS, "f0"),
     "tf32_tflops": ("tf32_flops_per_s", TFLOPS, "f"),
     "fp32_tflops": ("fp32_flops_per_s", TFLOPS, "f"),
     "hbm_GiB": ("hbm_bytes", GiB, "f"),
@@ -36,6 +37,7 @@ _GPU_KEYS: dict[str, tuple[str, float, str]] = {
     "nvlink_domain": ("nvlink_domain", 1, "i"),
     "gemm_efficiency": ("gemm_efficiency", 1.0, "f"),
     "fp8_gemm_efficiency": ("fp8_gemm_efficiency", 1.0, "f0"),
+    "fp4_gemm_efficiency": ("fp4_gemm_efficiency", 1.0, "f0"),
     "fp8_split_accumulation_slowdown": ("fp8_split_accumulation_slowdown", 1.0, "f"),
     "gemm_tile_m": ("gemm_tile_m", 1, "i"),
     "gemm_tile_n": ("gemm_tile_n", 1, "i"),
@@ -288,6 +290,7 @@ def gpu_table() -> list[dict[str, Any]]:
                 "name": name,
                 "bf16_tflops": g.bf16_flops_per_s / TFLOPS,
                 "fp8_tflops": g.fp8_flops_per_s / TFLOPS if g.has_fp8 else None,
+                "fp4_tflops": g.fp4_flops_per_s / TFLOPS if g.has_fp4 else None,
                 "hbm_GiB": g.hbm_bytes / GiB,
                 "hbm_TBps": g.hbm_Bps / TB,
                 "nvlink_GBps": g.nvlink_Bps / GB,

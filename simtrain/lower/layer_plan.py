@@ -25,6 +25,7 @@ from simtrain.lower.memory import (
     torch_cp_backward_transient_bytes,
     weight_grad_input_bytes,
 )
+from simtrain.lower.nvfp4 import NVFP4_SAVED_INPUT_SHARE
 from simtrain.lower.offload import sync_layers
 from simtrain.lower.stack_rules import (
     fp8_amax_casts,
@@ -131,6 +132,9 @@ def _layer_plan(run: RunConfig, block: BlockBuilder, layer: int) -> LayerPlan:
         # linear-layer inputs are saved as their FP8 casts for backward (Transformer Engine saves the
         # quantised input; DeepSeek-V3 sec. 3.3.3 caches activations in FP8): half of their BF16 bytes
         act, w_in = act - 0.5 * w_in, 0.5 * w_in
+    elif run.train.precision == "fp4":
+        # NVFP4: TE keeps only the input's column-wise NVFP4 copy (the wgrad operand) (simtrain.lower.nvfp4)
+        act, w_in = act - (1.0 - NVFP4_SAVED_INPUT_SHARE) * w_in, NVFP4_SAVED_INPUT_SHARE * w_in
     bwd = block.layer_backward(layer)
     bwd_input = [seg if not isinstance(seg, tuple) else tuple(k for k in seg if not k.name.endswith(".wgrad"))
                  for seg in bwd]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
+from simtrain.lower.nvfp4 import NVFP4_WEIGHT_CACHE_BYTES
 from simtrain.plan.routing import worst_rank_load
 from simtrain.plan.schedules import Action, split_backward_keys
 from simtrain.spec.config import LayoutConfig, TrainConfig
@@ -340,13 +341,15 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
 
 
 def fp8_weight_cache_bytes(layer_params: float, layout: LayoutConfig, train: TrainConfig, shard: int) -> float:
-    """FP8 copies of a stage's linear weights and their transposes (1 + 1 B per parameter) that a stack
-    keeps for the whole step (``SoftwareStack.fp8_weight_cache``: Transformer Engine caches both for fprop
-    and dgrad), sharded with the weights under ZeRO-3/FSDP. A stack that re-quantises each weight at every
-    use (torchao ``Float8Linear``) holds only the computing layer's casts, transiently: 0."""
-    if train.precision != "fp8" or not train.stack_spec.fp8_weight_cache:
+    """FP8 copies of a stage's linear weights and their transposes (1 + 1 B per parameter; NVFP4 row-wise and
+    column-wise copies: 0.5625 + 0.5625, ``simtrain.lower.nvfp4``) that a stack keeps for the whole step
+    (``SoftwareStack.fp8_weight_cache``: Transformer Engine caches both for fprop and dgrad), sharded with
+    the weights under ZeRO-3/FSDP. A stack that re-quantises each weight at every use (torchao
+    ``Float8Linear``) holds only the computing layer's casts, transiently: 0."""
+    if train.precision not in ("fp8", "fp4") or not train.stack_spec.fp8_weight_cache:
         return 0.0
-    return 2.0 * layer_params / (shard if layout.shard_stage >= 3 else 1)
+    per_param = NVFP4_WEIGHT_CACHE_BYTES if train.precision == "fp4" else 2.0  # NVFP4: 2 x (0.5 + 1/16) B
+    return per_param * layer_params / (shard if layout.shard_stage >= 3 else 1)
 
 
 def expert_static_memory(params: float, layout: LayoutConfig, train: TrainConfig, shard: int) -> dict[str, float]:

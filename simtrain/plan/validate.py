@@ -228,6 +228,10 @@ def _hardware_problems(run: RunConfig) -> list[Problem]:
     if run.train.precision == "fp8" and cluster.gpu.fp8_flops_per_s <= 0:
         return [Problem("train.precision", f"'fp8' is not valid on {cluster.gpu.name}, which has no FP8 tensor "
                                            "cores; use bf16 or fp16")]
+    if run.train.precision == "fp4" and not cluster.gpu.has_fp4:
+        valid = "bf16, fp16 or fp8" if cluster.gpu.has_fp8 else "bf16 or fp16"
+        return [Problem("train.precision", f"'fp4' is not valid on {cluster.gpu.name}, which has no FP4 tensor "
+                                           f"cores (NVFP4 needs Blackwell or later); use {valid}")]
     world = run.layout.world_size
     if world != cluster.n_gpus:
         lay = run.layout

@@ -218,8 +218,11 @@ class TrainConfig(BaseModel):
     """Sequences per optimizer step (give this or ``global_batch_tokens``)."""
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     """Optimizer, for its state memory and step time (Adam/AdamW: two fp32 moments per parameter)."""
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
-    """Dtype of the linear-layer GEMMs; ``fp8`` keeps attention, norms and the optimizer in BF16."""
+    precision: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
+    """Dtype of the linear-layer GEMMs; ``fp8`` keeps attention, norms and the optimizer in BF16. ``fp4`` is
+    NVFP4 training (Transformer Engine ``NVFP4BlockScaling``, Megatron ``--fp4-format e2m1 --fp4-recipe
+    nvfp4``; Blackwell and later): the transformer blocks' linear-layer GEMMs (fprop, dgrad, wgrad) in FP4
+    with E4M3 scales per 16 elements, the rest as with ``fp8``."""
     fp8_recipe: Literal["delayed", "current", "blockwise"] = "delayed"
     """FP8 scaling (with precision=fp8): per-tensor delayed or current scaling (Transformer Engine), or
     DeepSeek-V3's block-wise scaling (1x128 activation tiles, 128x128 weight blocks)."""

@@ -227,19 +227,28 @@ def parse_gpu(cell: str) -> tuple[str, str, str | None]:
     return DEFAULT_GPU[0], DEFAULT_GPU[1], f"{what}: nearest default {DEFAULT_GPU[0]} ({DEFAULT_GPU[1]} node)"
 
 
-def parse_precision(cell: str, stack: SoftwareStack, has_fp8: bool) -> tuple[str, str, list[str]]:
-    """(precision, fp8 recipe, assumptions) for a free-text ``precision`` cell."""
+def parse_precision(cell: str, stack: SoftwareStack, has_fp8: bool,
+                    has_fp4: bool = False) -> tuple[str, str, list[str]]:
+    """(precision, fp8 recipe, assumptions) for a free-text ``precision`` cell; ``has_fp8`` / ``has_fp4``:
+    whether the row's GPU has FP8 / FP4 tensor cores."""
     low = cell.strip().lower()
     notes: list[str] = []
     if not low:
         return "bf16", stack.fp8_recipe, ["precision not given: bf16 assumed"]
     if re.search(r"fp4|float4", low):
+        if has_fp4:
+            # NVFP4 (Transformer Engine NVFP4BlockScaling, the recipe Megatron-Bridge's "nvfp4" compute dtype
+            # selects) is modelled as such; MXFP4 (32-element blocks, E8M0 scales) runs on the same FP4
+            # tensor cores with a scale byte per 32 elements instead of 16
+            if "mxfp4" in low:
+                return "fp4", stack.fp8_recipe, [f"precision {cell!r}: MXFP4 simulated as NVFP4 (16-element "
+                                                 "blocks: 1/32 B more scale traffic per element)"]
+            return "fp4", stack.fp8_recipe, notes
         if not has_fp8:
             return "bf16", stack.fp8_recipe, [f"precision {cell!r} on a GPU without FP8 or FP4: bf16 simulated"]
-        # NVFP4 recipes (Megatron-Bridge / Transformer Engine) quantise in 16-element blocks; the nearest
-        # modelled precision is block-scaled FP8, which misses FP4's doubled tensor-core rate
-        return "fp8", "blockwise", [f"precision {cell!r}: FP4 simulated as block-scaled FP8 (FP4 tensor-core "
-                                    "rate not modelled: expect the prediction to be too slow)"]
+        # a GPU without FP4 tensor cores cannot run the row as stated; the nearest it can run is block-scaled FP8
+        return "fp8", "blockwise", [f"precision {cell!r} on a GPU without FP4 tensor cores: block-scaled FP8 "
+                                    "simulated"]
     if "fp8" in low or "float8" in low or "mxfp8" in low:
         if not has_fp8:
             return "bf16", stack.fp8_recipe, [f"precision {cell!r} on a GPU without FP8: bf16 simulated"]

@@ -143,7 +143,7 @@ def _run_config(row: dict[str, str], out: ParsedRow, gpu: str, node: str, notes:
         raise NotSimulatable("seq_len")
     model = build_model(row, seq, notes)
     layout = _layout(row, stack, out.n_gpus, notes)
-    train = _train(row, stack, layout, seq, load_gpu(gpu).has_fp8, notes)
+    train = _train(row, stack, layout, seq, load_gpu(gpu).has_fp8, notes, has_fp4=load_gpu(gpu).has_fp4)
     if model.activation == "gelu" and re.search(r"mpt|bloom", (row.get("model") or "").lower()):
         train["dropout"] = False
         notes.append("dropout off (MPT and BLOOM train without dropout)")
@@ -330,7 +330,7 @@ def _tp_overlap(row: dict[str, str], stack: SoftwareStack, notes: list[str]) -> 
 
 
 def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: int, has_fp8: bool,
-           notes: list[str]) -> dict[str, Any]:
+           notes: list[str], has_fp4: bool = False) -> dict[str, Any]:
     gbs = count(row, "global_batch_seqs", notes)
     batch: dict[str, int] = {"global_batch_seqs": gbs} if gbs is not None else {}
     if gbs is None:
@@ -349,7 +349,7 @@ def _train(row: dict[str, str], stack: SoftwareStack, lay: dict[str, Any], seq: 
         notes.append(f"micro_batch {mbs} is the local batch; split into {stages} micro-batches of "
                      f"{mbs // stages}, one per pipeline stage (torchtitan pipeline_parallel_microbatches default)")
         mbs //= stages
-    precision, recipe, prec_notes = parse_precision(row.get("precision", "") or "", stack, has_fp8)
+    precision, recipe, prec_notes = parse_precision(row.get("precision", "") or "", stack, has_fp8, has_fp4)
     notes.extend(prec_notes)
     train: dict[str, Any] = {"seq_len": seq, "micro_batch_size": mbs, **batch,
                              "precision": precision, "stack": stack.name,

@@ -76,7 +76,7 @@ def test_parse_gpu(cell: str, gpu: str, node: str, assumed: bool) -> None:
     ("fp16 mixed", "fp16", None), ("fp16/bf16 mixed", "bf16", None), ("amp_bf16", "bf16", None),
     ("fp8 (hybrid, TE)", "fp8", "delayed"), ("fp8-cs", "fp8", "current"), ("fp8 tensorwise", "fp8", "current"),
     ("fp8 (float8 linears)", "fp8", "current"), ("fp8-mx", "fp8", "blockwise"), ("mxfp8", "fp8", "blockwise"),
-    ("nvfp4", "fp8", "blockwise"),  # the nearest modelled precision, named
+    ("nvfp4", "fp8", "blockwise"),  # on a GPU without FP4 (has_fp4 not given): the nearest it runs, named
 ])
 def test_parse_precision(cell: str, precision: str, recipe: str | None) -> None:
     p, r, _ = parse_precision(cell, STACKS["megatron-te"], has_fp8=True)
@@ -85,8 +85,9 @@ def test_parse_precision(cell: str, precision: str, recipe: str | None) -> None:
         assert r == recipe
 
 
-def test_fp4_is_simulated_as_block_scaled_fp8_and_named() -> None:
-    assert "FP4 simulated as block-scaled FP8" in parse_precision("NVFP4", STACKS["megatron-te"], True)[2][0]
+def test_fp4_is_fp4_on_blackwell_and_block_scaled_fp8_elsewhere_named() -> None:
+    assert parse_precision("NVFP4", STACKS["megatron-te"], True, has_fp4=True)[0] == "fp4"
+    assert "without FP4 tensor cores: block-scaled FP8" in parse_precision("NVFP4", STACKS["megatron-te"], True)[2][0]
     assert parse_precision("nvfp4", STACKS["megatron-te"], has_fp8=False)[0] == "bf16"
 
 
