@@ -171,3 +171,41 @@ def test_a_te_grouped_gemm_issues_one_gemm_per_local_expert() -> None:
     assert gap_te == pytest.approx(HOST_SYNC_S + 16 * 8 * US - 15 * 2 * US)
     assert gap_one == pytest.approx(HOST_SYNC_S + 8 * US)
     assert STACKS["megatron-te"].grouped_gemm_per_expert and not STACKS["torchtitan-compile"].grouped_gemm_per_expert
+
+
+# -- per-expert quantisation (Transformer Engine split_quantize) --------------------------------------------
+
+def test_a_te_fp8_expert_gemm_issues_a_cast_and_a_gemm_per_local_expert() -> None:
+    # 16 local experts of 2 us each; with the per-expert cast 32 launches of 8 us CPU and 1 us GPU each:
+    # D = 32 x 8 - 31 x 1 = 225 us (one launch per expert: 16 x 8 - 15 x 2 = 98 us); the weight
+    # gradient reuses the column-wise copies: one launch per expert
+    model = HostModel(8 * US, frozenset({"moe.permute"}), per_expert_launch=True, per_expert_cast=True)
+    router = _op(0, (_k("router", 1e-3), _k("moe.permute", 20 * US)))
+    for name, gap in (("expert.up", 32 * 8 - 31 * 1), ("expert.up.dgrad", 225), ("expert.up.wgrad", 98)):
+        ops = [router, _op(1, (Kernel(name, 0.0, 0.0, 32 * US, shape=(512, 1024, 2048, 16)),))]
+        got = add_host_gaps(list(ops), model)[1].duration_s - ops[1].duration_s  # type: ignore[attr-defined]
+        assert got == pytest.approx(HOST_SYNC_S + gap * US), name
+
+
+def test_only_fp8_recipes_without_a_fused_multi_tensor_cast_quantise_per_expert() -> None:
+    stack = STACKS["megatron-te"]
+    for recipe, per_expert in (("blockwise", True), ("current", True), ("delayed", False), (None, False)):
+        model = host_model(stack, "b200", recipe)
+        assert model is not None and model.per_expert_cast is per_expert, recipe
+    titan = host_model(STACKS["torchtitan-compile"], "b200", "blockwise")
+    assert titan is not None and not titan.per_expert_cast  # one grouped kernel, no per-expert loop
+
+
+def _fp8_moe(recipe: str) -> dict[str, Any]:
+    run = _run("megatron-te", MOE_TINY)
+    run["train"].update(precision="fp8", fp8_recipe=recipe)
+    run["hardware"] = dict(node="dgx-b200", n_nodes=1)
+    return run
+
+
+def test_per_expert_casts_never_make_a_step_faster_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    mx, delayed = simulate(_fp8_moe("blockwise")).step_time_s, simulate(_fp8_moe("delayed")).step_time_s
+    monkeypatch.setattr("simtrain.cost.host.FUSED_SPLIT_QUANTIZE_RECIPES", frozenset({"delayed", "blockwise"}))
+    assert mx > simulate(_fp8_moe("blockwise")).step_time_s
+    # delayed scaling's one fused cast was never per expert: unchanged
+    assert simulate(_fp8_moe("delayed")).step_time_s == delayed

@@ -36,6 +36,14 @@ round trip and for the CPU's issue of the next kernels (backlog -``HOST_SYNC_S``
 
 A routed-expert grouped GEMM is one launch per local expert where the stack runs it so
 (``launch.grouped_gemm_per_expert``: Transformer Engine's ``GroupedLinear``), each issued after the MoE sync.
+In FP8 with a recipe other than delayed scaling (MXFP8, per-tensor current scaling, blockwise) each expert's
+operand is also quantised by a kernel of its own: ``GroupedLinear`` quantises its input (forward) and its
+output gradient (backward) with ``tex.split_quantize``, whose ``multi_tensor_quantize_impl`` has a fused
+multi-tensor kernel only for delayed scaling ("Currently only have fused kernel for FP8 delayed scaling")
+and otherwise quantises the tensors individually, one ``quantize`` per expert (transformer_engine/pytorch/
+csrc/extensions/cast.cpp) [src]. So the forward and data-gradient GEMMs of the routed experts issue two
+kernels per local expert (the cast, then the GEMM); the weight-gradient GEMMs reuse both column-wise copies
+and issue one. The casts' GPU time is already in the GEMM's (``FP8_CAST_BYTES``); here they add CPU issue.
 
 CPU time per kernel: the stack's ``launch.cpu_launch_s`` (eager PyTorch ~5-10 us per op, reference
 hardware-collectives-memory.md sec. 3), times ``GRACE_HOST_FACTOR`` on Grace-hosted GPUs. CUDA graphs
@@ -86,6 +94,9 @@ class HostModel:
     """Round trip of one host sync, seconds."""
     per_expert_launch: bool = False
     """A routed-expert grouped GEMM (``expert.*`` with a GEMM shape) launches one GEMM per local expert."""
+    per_expert_cast: bool = False
+    """With ``per_expert_launch``: each forward and data-gradient expert GEMM's operand is quantised by one
+    kernel per local expert (FP8, recipe other than delayed scaling; module docstring)."""
 
     @property
     def active(self) -> bool:
@@ -93,8 +104,14 @@ class HostModel:
         return self.cpu_launch_s > 0 or bool(self.sync_after) or self.sync_before_optimizer
 
 
-def host_model(stack: SoftwareStack | None, gpu_name: str = "") -> HostModel | None:
-    """The host model of ``stack`` on GPU ``gpu_name`` (None: no stack, kernels carry their own times)."""
+#: FP8 recipes whose ``split_quantize`` runs one fused kernel for all experts (Transformer Engine's
+#: ``nvte_multi_cast_transpose``, delayed scaling only; cast.cpp ``multi_tensor_quantize_impl``) [src].
+FUSED_SPLIT_QUANTIZE_RECIPES = frozenset({"delayed"})
+
+
+def host_model(stack: SoftwareStack | None, gpu_name: str = "", fp8_recipe: str | None = None) -> HostModel | None:
+    """The host model of ``stack`` on GPU ``gpu_name`` (None: no stack, kernels carry their own times);
+    ``fp8_recipe``: the run's FP8 recipe when its GEMMs run in FP8, None when they do not."""
     if stack is None:
         return None
     launch = stack.launch
@@ -103,7 +120,9 @@ def host_model(stack: SoftwareStack | None, gpu_name: str = "") -> HostModel | N
         cpu *= GRACE_HOST_FACTOR
     syncs = (MOE_SYNC_KERNELS if launch.moe_token_count_sync else frozenset()) | (
         LOSS_SYNC_KERNELS if launch.loss_check_sync else frozenset())
-    return HostModel(cpu, syncs, launch.grad_norm_sync, per_expert_launch=launch.grouped_gemm_per_expert)
+    per_expert = launch.grouped_gemm_per_expert
+    cast = per_expert and fp8_recipe is not None and fp8_recipe not in FUSED_SPLIT_QUANTIZE_RECIPES
+    return HostModel(cpu, syncs, launch.grad_norm_sync, per_expert_launch=per_expert, per_expert_cast=cast)
 
 
 def host_model_of(source: object) -> HostModel | None:
@@ -111,7 +130,7 @@ def host_model_of(source: object) -> HostModel | None:
     calibrated profile (its kernel times were measured through the host's own issue loop) or another source."""
     if not isinstance(source, ComputeCostModel) or source.calibration is not None:
         return None
-    return host_model(source.stack, source.gpu.name)
+    return host_model(source.stack, source.gpu.name, source.fp8_recipe if source.dtype == "fp8" else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +170,11 @@ def run_segment(seg: Segment, backlog_s: float, sync_s: float) -> tuple[float, f
 
 def launches_of(kernel: Kernel, model: HostModel) -> int:
     """Kernels the CPU issues for ``kernel``: its ``launches``, times the local experts (the GEMM's batch) of a
-    routed-expert grouped GEMM that the stack runs as one GEMM per expert."""
+    routed-expert grouped GEMM that the stack runs as one GEMM per expert, twice that for a forward or
+    data-gradient one whose operand is quantised per expert (``HostModel.per_expert_cast``)."""
     if model.per_expert_launch and kernel.shape is not None and kernel.name.startswith("expert."):
-        return kernel.launches * kernel.shape[3]
+        per_expert = 2 if model.per_expert_cast and not kernel.name.endswith(".wgrad") else 1
+        return kernel.launches * kernel.shape[3] * per_expert
     return kernel.launches
 
 
