@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from calibration.instep import book
+from calibration.instep import book, charge_release
 from calibration.realstep import build_model, step_loss
 from calibration.shapes import Target
 from calibration.timing import Clock, summarize
@@ -71,12 +71,8 @@ class _Booker(TorchDispatchMode):
         return out
 
     def with_release(self, release_s: float) -> dict[str, float]:
-        """The booked seconds plus ``release_s`` (system time outside any op) shared out by each
-        kernel's system time inside its ops; the layers' share (key None) is not booked."""
-        total = sum(self.system.values())
-        if total <= 0.0 or release_s <= 0.0:
-            return dict(self.seconds)
-        return {k: s + release_s * self.system.get(k, 0.0) / total for k, s in self.seconds.items()}
+        """The booked seconds plus their share of ``release_s`` (``instep.charge_release``)."""
+        return charge_release(self.seconds, self.system, release_s)
 
 
 def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THREAD_CPU, steps: int = 5,
