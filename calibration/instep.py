@@ -13,11 +13,14 @@ order of the step's allocations and frees (the LM head's forward read 57 ms in t
 reused memory the optimizer had just freed), so no rule per kernel holds: they are measured in place.
 
 How (``calibration.instep_measure``, the torch part; this module is torch-free for the writer):
-``ops.EagerLlama`` with the target's dimensions and layer count runs warm-up steps (forward,
-backward, ``AdamW.step()``, ``zero_grad(set_to_none=True)``, as HF Trainer and
-``calibration.realstep`` do), then timed steps during which a ``TorchDispatchMode`` reads the
-calling thread's CPU time around every aten op and books the ops of the embedding, the LM head and
-the loss to simtrain's kernels (``book``). One thread per process: every op runs on the calling
+the calibrated stack's Llama with the target's dimensions and layer count (``realstep.build_model``:
+transformers' ``LlamaForCausalLM``, ``ops.EagerLlama`` without transformers; the allocation order is
+the model code's) runs warm-up steps (forward, backward, ``AdamW.step()``,
+``zero_grad(set_to_none=True)``, as HF Trainer and ``calibration.realstep`` do), then timed steps
+during which a ``TorchDispatchMode`` reads the calling thread's CPU time around every aten op and
+books the ops of the embedding, the LM head and the loss to simtrain's kernels (``book``); the
+system time the step spends outside every op (unmapping the large tensors it freed) is charged to
+those kernels by the system time of their own calls (``instep_measure``). One thread per process: every op runs on the calling
 thread (the CPU autograd engine runs the backward there too). The writer puts the medians over the
 steps in place of the isolated timings of those kernels at the target's shape
 (``calibration.writer``): LM-head GEMMs as points under the kernel name ``lm_head``, the loss and the
@@ -28,6 +31,7 @@ the in-situ factor (``calibration.insitu``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from calibration.shapes import Target, memory_op_shapes, param_shapes
@@ -65,8 +69,26 @@ def book(phase: str, op: str, shapes: list[tuple[int, ...]], vocab: int) -> str 
     return _ATEN_KERNEL.get((phase, op))
 
 
+def charge_release(seconds: Mapping[str, float], system: Mapping[str | None, float],
+                   release_s: float) -> dict[str, float]:
+    """Booked kernel seconds plus ``release_s``, the step's system time outside every aten op (the
+    unmapping of large tensors freed), shared out in proportion to each kernel's system time inside
+    its own ops (``system``; key None: the unbooked ops, the layers'), seconds.
+
+    Why that share: a tensor above glibc's mmap threshold is mapped fresh (page faults, system time
+    inside the op that creates it) and unmapped when freed (system time outside any op), so the
+    kernels that fault in many pages are the ones whose memory is released. The share of the
+    unbooked ops is dropped, not moved to the booked kernels.
+    """
+    total = sum(system.values())
+    if total <= 0.0 or release_s <= 0.0:
+        return dict(seconds)
+    return {k: s + release_s * system.get(k, 0.0) / total for k, s in seconds.items()}
+
+
 def in_step_applies(target: Target) -> bool:
-    """Whether ``ops.EagerLlama`` runs the target's step (SwiGLU, RMSNorm, RoPE, untied, one TP rank)."""
+    """Whether the in-step Llama (transformers' or ``ops.EagerLlama``) runs the target's step (SwiGLU,
+    RMSNorm, RoPE, untied, one TP rank)."""
     m = target.model
     return (target.tp == 1 and m.activation == "swiglu" and m.norm == "rmsnorm" and not m.tied_embeddings
             and not m.linear_bias and m.position == "rope")

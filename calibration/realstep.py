@@ -50,7 +50,8 @@ def build_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> tu
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype), "transformers.LlamaForCausalLM"
 
 
-def _loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def step_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The causal-LM loss of one micro-batch (labels = inputs, shifted by the model as HF does)."""
     out = model(input_ids=ids, labels=ids) if not isinstance(_unwrap(model), EagerLlama) else model(ids)
     return out if isinstance(out, torch.Tensor) else out.loss
 
@@ -83,7 +84,7 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, steps: int
             if i == warmup:
                 torch.cuda.reset_peak_memory_stats()
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-        _loss(model, ids).backward()
+        step_loss(model, ids).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:

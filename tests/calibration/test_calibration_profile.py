@@ -367,6 +367,22 @@ def test_in_step_books_the_loss_and_the_embedding() -> None:
     assert book("opt", "sqrt", [(4096, 64)], 4096) is None
 
 
+def test_in_step_charges_the_release_outside_ops_by_each_kernels_system_time() -> None:
+    """The system time a step spends outside every aten op (unmapping freed large tensors) is shared
+    out over the booked kernels by the system time of their own calls (their page faults); the
+    unbooked ops' share (the layers') is dropped, and nothing changes without a release."""
+    from calibration.instep import charge_release
+
+    seconds = {"lm_head": 0.100, "cross_entropy": 0.040, "embedding.bwd": 0.010}
+    system = {"lm_head": 0.030, "cross_entropy": 0.010, None: 0.010}  # the embedding faulted nothing
+    out = charge_release(seconds, system, 0.025)
+    assert out == pytest.approx({"lm_head": 0.100 + 0.025 * 0.6, "cross_entropy": 0.040 + 0.025 * 0.2,
+                                 "embedding.bwd": 0.010})
+    assert sum(out.values()) - sum(seconds.values()) == pytest.approx(0.025 * 0.8)  # the layers' 0.2 dropped
+    assert charge_release(seconds, system, 0.0) == seconds
+    assert charge_release(seconds, {}, 0.025) == seconds
+
+
 def test_kernels_timed_in_a_step_replace_their_isolated_times_at_the_target(profiles_dir: Path) -> None:
     """An ``in_step`` record (the LM head, loss, embedding and optimizer timed inside training steps)
     becomes the LM head's GEMM points under the kernel name ``lm_head`` and the target's point of the
