@@ -244,6 +244,17 @@ class ComputeCostModel:
                            weight_cast=False).time_s
         return replace(kernel, time_s=kernel.time_s - whole + parts * chunk, launches=kernel.launches * parts)
 
+    def _weight_cast_due(self, name: str, weight_cast: bool) -> bool:
+        """Whether a quantised GEMM's forward re-quantises its weight: not for wgrad/dgrad (they reuse the
+        forward's copies), not with ``weight_cast`` False (the per-row part of the time), not when the stack
+        caches quantised weights across a step's micro-batches (``SoftwareStack.fp8_weight_cache``)."""
+        cached = self.stack is not None and self.stack.fp8_weight_cache
+        return weight_cast and not cached and not name.endswith((".wgrad", ".dgrad"))
+
+    def _cast_s(self, nbytes: float) -> float:
+        """Seconds of quantisation kernels moving ``nbytes`` bytes (memory-bound, at the memory-op rate)."""
+        return nbytes / (self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
+
     def _fp8_gemm(self, name: str, m: int, n: int, k: int, batch: int, grouped: bool,
                   a_cast_share: float = 1.0, weight_cast: bool = True) -> Kernel:
         """An FP8 GEMM: FP8 peak x FP8 MAMF x quantisation, plus the cast of its A operand (m x k:
@@ -254,12 +265,9 @@ class ComputeCostModel:
         flops = 2.0 * m * n * k * batch
         nbytes = (m * k + k * n + 2.0 * m * n) * batch
         cast_elems = 0.0 if name.endswith(".wgrad") else float(m * k) * a_cast_share
-        cached = self.stack is not None and self.stack.fp8_weight_cache
-        if (weight_cast and not cached and self.fp8_recipe == "current"
-                and not name.endswith((".wgrad", ".dgrad"))):
+        if self.fp8_recipe == "current" and self._weight_cast_due(name, weight_cast):
             cast_elems += k * n
-        cast_s = FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch / (
-            self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
+        cast_s = self._cast_s(FP8_CAST_BYTES.get(self.fp8_recipe, 4.0) * cast_elems * batch)
         eff = (self.gemm_efficiency(m, n, k, batch if grouped else 1, fp8=True)
                * routed_tile_factor(name, m, grouped, TILE_M))
         if name.endswith((".dgrad", ".wgrad")) and self.fp8_recipe in SPLIT_ACCUMULATION_RECIPES:
@@ -278,10 +286,9 @@ class ComputeCostModel:
         flops = 2.0 * m * n * k * batch
         nbytes = nvfp4_gemm_bytes(m, n, k) * batch
         cast_bytes = 0.0 if name.endswith(".wgrad") else NVFP4_CAST_BYTES_RHT * m * k * a_cast_share
-        cached = self.stack is not None and self.stack.fp8_weight_cache
-        if weight_cast and not cached and not name.endswith((".wgrad", ".dgrad")):
+        if self._weight_cast_due(name, weight_cast):
             cast_bytes += NVFP4_CAST_BYTES_WEIGHT * k * n
-        cast_s = cast_bytes * batch / (self.gpu.hbm_Bps * self.gpu.memory_op_efficiency)
+        cast_s = self._cast_s(cast_bytes * batch)
         eff = (self.gemm_efficiency(m, n, k, batch if grouped else 1, fp4=True)
                * routed_tile_factor(name, m, grouped, TILE_M))
         return self._roofline(name, flops, nbytes, eff, self.gpu.hbm_efficiency, extra_s=cast_s)
