@@ -48,6 +48,7 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,8 @@ from simtrain.engine.results import ErrorBand
 from simtrain.spec.errors import ConfigError, problem
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import pandas as pd
 
 #: The table shipped with simtrain: simtrain's errors on the visible published runs.
@@ -72,7 +75,20 @@ COVERAGE = 0.8
 MIN_RUNS = 9
 #: Fewest runs of one stack (and kind) whose median error counts in the spread across stacks: the fewest
 #: whose median is a middle value, not an end of the sample, so one outlier cannot set it [convention].
+#: The same floor holds for each side of the in-sample -> out-of-sample shift (``sample_shift``).
 SPREAD_MIN_RUNS = 3
+#: Optional column of an error table: each row's ``Sample`` ("in-sample" / "out-of-sample"); blank or absent,
+#: the table's default (``read_error_table``).
+SAMPLE_COLUMN = "sample"
+
+
+class Sample(Enum):
+    """Whether simtrain's mechanisms and constants were chosen while looking at a run's error."""
+
+    IN = "in-sample"
+    """Shaped on it: the visible published runs (``PACKAGED_TABLE``); its error understates a new run's."""
+    OUT = "out-of-sample"
+    """Never shaped on it: the archive (``ARCHIVE_TABLE``), a user's own runs; exchangeable with a new run's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +103,8 @@ class ErrorRow:
     error_pct: float
     stack: str = ""
     """The stack preset the run was simulated with (``megatron-te``); "" when not known."""
+    sample: Sample = Sample.OUT
+    """Whether the model was shaped on the run (default: no, as for a user's own measured runs)."""
 
 
 def stack_family(stack: str) -> str:
@@ -104,29 +122,36 @@ def error_table(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def read_error_table(path: str | Path | None = None) -> list[ErrorRow]:
+def read_error_table(path: str | Path | None = None, sample: Sample | None = None) -> list[ErrorRow]:
     """The rows of an error table (default: the packaged ones, published then archived runs; none while
     they have not been built).
 
+    Each row's ``Sample`` is its ``sample`` cell where the table has one, else ``sample``, else the table's:
+    in-sample for ``PACKAGED_TABLE`` (the runs simtrain was shaped on), out-of-sample for any other file
+    (the archive, a user's own runs: simtrain was not shaped on them).
+
     Raises:
-        ConfigError: the file is missing or lacks a column of ``COLUMNS`` or has a non-numeric error.
+        ConfigError: the file is missing or lacks a column of ``COLUMNS``, has a non-numeric error or a
+            ``sample`` cell that is not a ``Sample``.
     """
     if path is None:
         return [row for table in (PACKAGED_TABLE, ARCHIVE_TABLE) if table.exists() for row in _read_table(table)]
-    return _read_table(Path(path))
+    return _read_table(Path(path), sample)
 
 
-def _read_table(p: Path) -> list[ErrorRow]:
+def _read_table(p: Path, sample: Sample | None = None) -> list[ErrorRow]:
     """The rows of the error table at ``p`` (``read_error_table``'s errors)."""
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
+        packaged = p.resolve() == PACKAGED_TABLE
     except OSError as exc:
         raise ConfigError(problem("error_table", str(p), f"a readable CSV file ({exc.strerror})")) from exc
     missing = [c for c in COLUMNS if rows and c not in rows[0]]
     if not rows or missing:
         raise ConfigError(problem("error_table", str(p), f"a CSV with columns {', '.join(COLUMNS)}"))
-    return [_error_row(r, f"error_table line {i}", str(p)) for i, r in enumerate(rows, start=2)]
+    default = sample or (Sample.IN if packaged else Sample.OUT)
+    return [_error_row(r, f"error_table line {i}", str(p), default) for i, r in enumerate(rows, start=2)]
 
 
 def error_rows(frame: pd.DataFrame) -> list[ErrorRow]:
@@ -135,9 +160,10 @@ def error_rows(frame: pd.DataFrame) -> list[ErrorRow]:
             for r in error_table(frame).to_dict(orient="records")]
 
 
-def _error_row(r: dict[str, str], where: str, origin: str) -> ErrorRow:
-    """An error-table row of strings (a CSV's cells) as an ErrorRow; ConfigError at ``where`` (in
-    ``origin``) for an error that is not a percentage above -100."""
+def _error_row(r: dict[str, str], where: str, origin: str, sample: Sample = Sample.OUT) -> ErrorRow:
+    """An error-table row of strings (a CSV's cells) as an ErrorRow of ``Sample`` ``sample`` unless its
+    ``sample`` cell says otherwise; ConfigError at ``where`` (in ``origin``) for an error that is not a
+    percentage above -100 or a ``sample`` cell that is not a ``Sample``."""
     try:
         err = float(r["step_time_error_pct"])
     except ValueError:
@@ -145,8 +171,15 @@ def _error_row(r: dict[str, str], where: str, origin: str) -> ErrorRow:
     if not math.isfinite(err) or err <= -100.0:
         raise ConfigError(problem(f"{where}.step_time_error_pct", r["step_time_error_pct"],
                                   f"a signed percentage above -100 ({origin})"))
+    cell = str(r.get(SAMPLE_COLUMN) or "").strip().lower()
+    if cell:
+        try:
+            sample = Sample(cell)
+        except ValueError:
+            raise ConfigError(problem(f"{where}.{SAMPLE_COLUMN}", r[SAMPLE_COLUMN],
+                                      f"one of {', '.join(s.value for s in Sample)} or blank ({origin})")) from None
     return ErrorRow(r["run_id"], r["source"], r["gpu_type"].strip().lower(), stack_family(r["stack"]),
-                    r["moe"].strip().lower() in ("true", "1", "yes"), err, str(r["stack"]).strip().lower())
+                    r["moe"].strip().lower() in ("true", "1", "yes"), err, str(r["stack"]).strip().lower(), sample)
 
 
 def _like(rows: list[ErrorRow], family: str, moe: bool, gpu: str) -> tuple[list[ErrorRow], str]:
@@ -175,21 +208,36 @@ def order_statistic_bounds(n: int, coverage: float = COVERAGE) -> tuple[int, int
 
 def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[ErrorRow],
              stack_profiled: bool = True) -> ErrorBand | None:
-    """The band of a prediction of ``step_time_s`` seconds for a run on ``stack`` / ``gpu`` profile;
+    """The band of a prediction of ``step_time_s`` seconds for a new run on ``stack`` / ``gpu`` profile;
     None when fewer than two runs of its kind (dense or MoE) are known.
 
-    ``stack_profiled`` False: the run's framework has no stack profile and ``stack`` is the fallback it was
-    simulated with; the band is widened by ``stack_spread`` (module docstring), ``basis`` says by how much,
-    and ``coverage`` stays that of the unwidened band (a lower bound)."""
+    Of the runs most like it (``_like``), only the out-of-sample ones when at least ``MIN_RUNS`` of them are
+    there; else all of them, and when some were in sample the band is widened by ``sample_shift`` (module
+    docstring). ``stack_profiled`` False: the run's framework has no stack profile and ``stack`` is the
+    fallback it was simulated with; the band is widened by ``stack_spread``. ``basis`` says which runs and by
+    how much it was widened; ``coverage`` stays that of the unwidened band (a lower bound)."""
     chosen, basis = _like(rows, stack_family(stack), moe, str(gpu).strip().lower())
     if len(chosen) < 2 or not step_time_s > 0:
         return None
+    unseen = [r for r in chosen if r.sample is Sample.OUT]
+    if MIN_RUNS <= len(unseen) < len(chosen):
+        chosen, basis = unseen, f"{basis}; out-of-sample runs only"
     errs = sorted(r.error_pct / 100.0 for r in chosen)
     j, k = order_statistic_bounds(len(errs))
     lo, hi = errs[j - 1], errs[k - 1]
+    seen = sum(r.sample is Sample.IN for r in chosen)
+    if seen:
+        shift = sample_shift(rows, moe)
+        if shift is None:
+            basis += (f"; {seen} in sample (simtrain was shaped on them), and no out-of-sample runs of the kind "
+                      f"to measure how much that flatters them")
+        else:
+            lo, hi = _widen(lo, hi, abs(shift))
+            basis += (f"; {seen} in sample (simtrain was shaped on them): widened x{math.exp(abs(shift)):.3f} "
+                      f"either way, the shift of the model's median error from in-sample to out-of-sample runs")
     if not stack_profiled:
         spread, stacks = stack_spread(rows)
-        lo, hi = (1.0 + lo) * math.exp(-spread) - 1.0, (1.0 + hi) * math.exp(spread) - 1.0
+        lo, hi = _widen(lo, hi, spread)
         basis += (f"; the framework has no stack profile: widened x{math.exp(spread):.3f} either way, the spread of "
                   f"the model's median error across {stacks} profiled stacks" if stacks >= 2 else
                   "; the framework has no stack profile, but the table shows no spread across stacks to widen by")
@@ -197,6 +245,22 @@ def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[Err
                      error_low_pct=100.0 * lo, error_median_pct=100.0 * float(np.median(errs)),
                      error_high_pct=100.0 * hi, coverage=(k - j) / (len(errs) + 1), runs=len(errs),
                      basis=f"{len(errs)} measured runs ({basis})")
+
+
+def _widen(lo: float, hi: float, by: float) -> tuple[float, float]:
+    """Error bounds (fractions) moved out by ``by`` on the ratio scale ln(1 + e), either way."""
+    return (1.0 + lo) * math.exp(-by) - 1.0, (1.0 + hi) * math.exp(by) - 1.0
+
+
+def sample_shift(rows: list[ErrorRow], moe: bool) -> float | None:
+    """How far the model's bias moves from runs it was shaped on to runs it was not, on the ratio scale:
+    the median of ln(1 + e) over the out-of-sample runs of the kind (dense or MoE) minus that over its
+    in-sample runs; None unless each side has at least ``SPREAD_MIN_RUNS`` runs."""
+    sides = [[math.log1p(r.error_pct / 100.0) for r in rows if r.moe == moe and r.sample is s] for s in Sample]
+    if min(len(v) for v in sides) < SPREAD_MIN_RUNS:
+        return None
+    inside, outside = (float(np.median(v)) for v in sides)
+    return outside - inside
 
 
 def stack_spread(rows: list[ErrorRow]) -> tuple[float, int]:
@@ -221,13 +285,27 @@ def leave_one_out(rows: list[ErrorRow]) -> dict[str, Any]:
     """How the likely range does on measured runs it was not built from: each run's band from the
     others, and whether its measured step time fell inside. ``runs``: runs that got a band; ``held``:
     those inside; ``held_pct`` vs ``promised_pct``, the bands' mean coverage (None without runs)."""
-    held, promised, n = 0, 0.0, 0
-    for i, r in enumerate(rows):
-        b = band_for(1.0, r.family, r.moe, r.gpu_type, rows[:i] + rows[i + 1:])
-        if b is None:
-            continue
-        n += 1
-        held += b.low_s <= 1.0 / (1.0 + r.error_pct / 100.0) <= b.high_s
-        promised += b.coverage
+    return _tally(band_held(r, rows[:i] + rows[i + 1:]) for i, r in enumerate(rows))
+
+
+def transfer(table: list[ErrorRow], runs: list[ErrorRow]) -> dict[str, Any]:
+    """How the likely range built from ``table`` alone does on other measured ``runs`` (another set, a source
+    left out): ``leave_one_out``'s counts, each run's band from ``table``."""
+    return _tally(band_held(r, table) for r in runs)
+
+
+def band_held(run: ErrorRow, table: list[ErrorRow]) -> tuple[bool, float] | None:
+    """(inside, coverage): whether a measured run's step time lies in the band ``table`` gives its prediction
+    (on the run's stack family, kind and GPU), and the band's coverage; None when it gets no band."""
+    b = band_for(1.0, run.family, run.moe, run.gpu_type, table)
+    if b is None:
+        return None
+    return b.low_s <= 1.0 / (1.0 + run.error_pct / 100.0) <= b.high_s, b.coverage
+
+
+def _tally(outcomes: Iterable[tuple[bool, float] | None]) -> dict[str, Any]:
+    """``leave_one_out``'s dict of ``band_held`` outcomes."""
+    got = [o for o in outcomes if o is not None]
+    n, held = len(got), sum(inside for inside, _ in got)
     return {"runs": n, "held": held, "held_pct": 100.0 * held / n if n else None,
-            "promised_pct": 100.0 * promised / n if n else None}
+            "promised_pct": 100.0 * sum(c for _, c in got) / n if n else None}
