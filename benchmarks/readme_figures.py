@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import re
 import string
 import sys
@@ -138,6 +139,40 @@ def _leave_one_out() -> dict[str, float]:
     a, b = leave_one_out(published), leave_one_out(both)
     return {"held": a["held"], "runs": a["runs"], "pct": a["held_pct"], "held2": b["held"], "runs2": b["runs"],
             "pct2": b["held_pct"], "promised2": b["promised_pct"]}
+
+
+def _dense_shift() -> dict[str, float]:
+    import statistics
+
+    from simtrain.studies.uncertainty import Sample, read_error_table, sample_shift
+
+    rows = [r for r in read_error_table() if not r.moe]
+    shift = sample_shift(rows, False)
+    assert shift is not None
+    return {"x": math.exp(abs(shift)), "ins": statistics.median(r.error_pct for r in rows if r.sample is Sample.IN),
+            "outs": statistics.median(r.error_pct for r in rows if r.sample is Sample.OUT)}
+
+
+@cache
+def _cross_set() -> dict[str, float]:
+    from dataclasses import replace
+
+    from simtrain.studies.uncertainty import ARCHIVE_TABLE, PACKAGED_TABLE, Sample, read_error_table, transfer
+
+    published, archived = read_error_table(PACKAGED_TABLE), read_error_table(ARCHIVE_TABLE)
+
+    def source_out(rows: list[Any]) -> tuple[int, int, float]:  # (held, runs, promised %), one source left out
+        parts = [transfer([r for r in rows if r.source != s], [r for r in rows if r.source == s])
+                 for s in sorted({r.source for r in rows})]
+        n = sum(d["runs"] for d in parts)
+        return sum(d["held"] for d in parts), n, sum(d["promised_pct"] * d["runs"] for d in parts) / n
+
+    held, runs, promised = source_out(published + archived)
+    alike = source_out([replace(r, sample=Sample.OUT) for r in published + archived])
+    pa, ap = transfer(published, archived), transfer(archived, published)
+    return {"held": held, "runs": runs, "pct": 100 * held / runs, "promised": promised, "alike": alike[0],
+            "pa": pa["held"], "pan": pa["runs"], "papct": pa["held_pct"], "paprom": pa["promised_pct"],
+            "ap": ap["held"], "apn": ap["runs"], "appct": ap["held_pct"], "approm": ap["promised_pct"]}
 
 
 def _llama65b_run() -> dict[str, float]:
@@ -290,7 +325,13 @@ FIGURES: tuple[Figure, ...] = (
                    "on H100 with errors from {elow:.1f} % to {ehigh:+.1f} %)", _seventy_b_band),
     Figure(README, "gets the ten GB200 runs' {elow:.1f} .. {ehigh:+.1f} %, so its measured step is likely up to "
                    "{x:.2f}x", _gb200_band),
-    Figure(README, "gets the range of all {runs:d} Megatron MoE runs ({elow:.1f} .. {ehigh:+.1f} %)", _moe_band),
+    Figure(README, "gets the range of the {runs:d} out-of-sample Megatron MoE runs ({elow:.1f} .. {ehigh:+.1f} %)",
+           _moe_band),
+    Figure(README, "(x{x:.3f} for dense runs today, {ins:.2f} % against {outs:.2f} %;", _dense_shift),
+    Figure(README, "source at a time, {held:d} of {runs:d} runs fell in their band ({pct:.0f} %, {promised:.0f} % "
+                   "promised; {alike:d} with every run taken alike)", _cross_set),
+    Figure(README, "bands held {pa:d} of {pan:d} archive runs ({papct:.0f} %, {paprom:.0f} % promised: four MoE runs), "
+                   "the archive's {ap:d} of {apn:d} published runs ({appct:.0f} %, {approm:.0f} % promised)", _cross_set),
     Figure(README, "it held {held:d} of {runs:d} ({pct:.0f} %;", _leave_one_out),
     Figure(README, "together {held2:d} of {runs2:d} ({pct2:.0f} %, {promised2:.0f} % promised)", _leave_one_out),
     *(Figure(README, f"| {label} | {{n:d}} | {{med:.1f}} | {{mean:.1f}} | {{p90:.1f}} |", _in_sample_row(source),
