@@ -34,8 +34,21 @@ class StageTables:
         """The tables of ``prog``, one of ``programs`` (all stages': receivers point at its sends)."""
         inline = inline_plan(prog.ops) if fast_paths else {}
         moved = {op.idx for pre, _ in inline.values() for op in pre}
-        queues = tuple((s, [op for op in prog.stream_ops(s) if op.idx not in moved]) for s in Stream)
-        flops = tuple(cast(CostedComputeOp, o).flops for o in prog.stream_ops(Stream.COMPUTE))
+        by_stream: dict[Stream, list[Op]] = {s: [] for s in Stream}
+        for op in prog.ops:  # one pass, issue order kept (``Program.stream_ops`` per stream is one pass each)
+            if op.idx not in moved:
+                by_stream[op.stream].append(op)
+        queues = tuple(by_stream.items())
+        # an op's FLOPs sum its kernels: once per kernel tuple (a layer's tuple recurs every micro-batch)
+        sums: dict[int, tuple[tuple[object, ...], float]] = {}
+        flops_of = []
+        for o in by_stream[Stream.COMPUTE]:
+            kernels = cast(CostedComputeOp, o).kernels
+            hit = sums.get(id(kernels))
+            if hit is None or hit[0] is not kernels:
+                hit = sums[id(kernels)] = (kernels, cast(CostedComputeOp, o).flops)
+            flops_of.append(hit[1])
+        flops = tuple(flops_of)
         sent = frozenset(o.remote[1] for q in programs for o in q.ops
                          if o.remote is not None and o.remote[0] == prog.stage)
         return cls(inline, frozenset(needed_ops(prog, inline)), queues, flops, sent)
