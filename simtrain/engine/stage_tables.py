@@ -30,8 +30,10 @@ class StageTables:
     """Ops (sends) whose start time a receiver on another stage reads to split its wait (bubble vs pp)."""
 
     @classmethod
-    def of(cls, prog: Program, programs: Sequence[Program], fast_paths: bool) -> StageTables:
-        """The tables of ``prog``, one of ``programs`` (all stages': receivers point at its sends)."""
+    def of(cls, prog: Program, programs: Sequence[Program], fast_paths: bool,
+           read: dict[int, frozenset[int]] | None = None) -> StageTables:
+        """The tables of ``prog``, one of ``programs`` (all stages': receivers point at its sends);
+        ``read``: ``sends_read(programs)``, when the caller has it (one pass for all stages)."""
         inline = inline_plan(prog.ops) if fast_paths else {}
         moved = {op.idx for pre, _ in inline.values() for op in pre}
         by_stream: dict[Stream, list[Op]] = {s: [] for s in Stream}
@@ -49,9 +51,18 @@ class StageTables:
                 hit = sums[id(kernels)] = (kernels, cast(CostedComputeOp, o).flops)
             flops_of.append(hit[1])
         flops = tuple(flops_of)
-        sent = frozenset(o.remote[1] for q in programs for o in q.ops
-                         if o.remote is not None and o.remote[0] == prog.stage)
+        sent = (read if read is not None else sends_read(programs)).get(prog.stage, frozenset())
         return cls(inline, frozenset(needed_ops(prog, inline)), queues, flops, sent)
+
+
+def sends_read(programs: Sequence[Program]) -> dict[int, frozenset[int]]:
+    """Per stage: its ops (sends) that a receiver on another stage names in ``remote``."""
+    read: dict[int, set[int]] = {}
+    for q in programs:
+        for o in q.ops:
+            if o.remote is not None:
+                read.setdefault(o.remote[0], set()).add(o.remote[1])
+    return {stage: frozenset(ops) for stage, ops in read.items()}
 
 
 def needed_ops(prog: Program, inline: Inline) -> set[int]:
