@@ -72,11 +72,14 @@ class _Memo:
         return hit
 
 
-def cost_program(program: Program, source: CostSource) -> Program:
+def cost_program(program: Program, source: CostSource, memo: _Memo | None = None) -> Program:
     """A costed copy of ``program``: every compute op's kernels costed by ``source`` and its duration set,
     every host copy timed (``CostedComputeOp``, ``CostedCopyOp``); other ops are shared with ``program``
-    (they carry no time). ``program`` is left as it is, so it can be costed again with another source."""
-    memo = _Memo(source)
+    (they carry no time). ``program`` is left as it is, so it can be costed again with another source.
+    ``memo``: costed kernels of ``source`` to reuse (``lower`` shares one across a run's stages, whose
+    programs emit the same kernel tuples); None: a new one."""
+    if memo is None or memo.source is not source:
+        memo = _Memo(source)
     tuples = memo.tuples
     ops: list[Op] = []
     for op in program.ops:
@@ -127,4 +130,5 @@ def lower(run: RunConfig, cost: ComputeCostModel, host_Bps: float = 0.0) -> Lowe
         raise ValueError("offloading activations needs the GPU <-> host copy rate host_Bps > 0")
     source = replace(cost, host_Bps=host_Bps) if host_Bps > 0 else cost
     lowered = lower_program(run)
-    return replace(lowered, programs=[cost_program(p, source) for p in lowered.programs])
+    memo = _Memo(source)
+    return replace(lowered, programs=[cost_program(p, source, memo) for p in lowered.programs])

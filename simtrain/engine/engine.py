@@ -34,7 +34,7 @@ from simtrain.engine.inline import Guard, Inline, time_bounds
 from simtrain.engine.merge import ClassComm, CommEntry, NotAlike, rank_classes
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
-from simtrain.engine.stage_tables import StageTables
+from simtrain.engine.stage_tables import StageTables, sends_read
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import GpuSpec
 from simtrain.lower.ops import (
@@ -253,10 +253,11 @@ class Engine(ClassComm):
     def run(self) -> EngineResult:
         """Simulate the step; returns per-rank stats, ledgers and the trace."""
         sharing = self._prepare_comm()
+        read = sends_read(self.programs)
         for r in self.ranks:
             prog = self.programs[self.stage[r]]
             if self.stage[r] not in self._tables:
-                self._tables[self.stage[r]] = StageTables.of(prog, self.programs, self.fast_paths)
+                self._tables[self.stage[r]] = StageTables.of(prog, self.programs, self.fast_paths, read)
             if self.fast_paths:
                 self._inline[r] = self._tables[self.stage[r]].inline
                 if self.symmetric:  # full mode: an in-line collective still meets its group on the network
@@ -358,15 +359,17 @@ class Engine(ClassComm):
         speed = self.speed.get(rank, 1.0)  # x / 1.0 == x: unperturbed ranks keep their exact times
         inline = self._inline.get(rank, {})
         alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
+        active, quiet = self.active_comm[rank], self._quiet  # the list is only ever changed in place
         t = env.now
         for k, op in enumerate(ops):
             deps = op.deps
+            awaited = op.idx in need
             pre = inline.get(op.idx)
             if pre is not None:
                 deps = pre[1]
                 for c in pre[0]:
                     needed = c.idx in need
-                    if t > env.now and (needed or not self._quiet(rank)):
+                    if t > env.now and (needed or not quiet(rank)):
                         yield env.timeout(t - env.now)  # catch up
                         t = env.now
                     quick = alone.get(c.idx)
@@ -395,7 +398,7 @@ class Engine(ClassComm):
                 src = self._remote_rank(rank, op.remote[0])
                 if not self.done[src][op.remote[1]].processed:
                     remote = src
-            if t > env.now and (wait or remote is not None or op.idx in need or not self._quiet(rank)):
+            if t > env.now and (wait or remote is not None or awaited or not quiet(rank)):
                 yield env.timeout(t - env.now)  # catch up
                 t = ready = env.now
             for d in wait:
@@ -416,11 +419,11 @@ class Engine(ClassComm):
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
             work = (op.duration_s + extra_load * op.expert_s) / speed
-            if not self.active_comm[rank] and self._quiet(rank):
+            if not active and quiet(rank):
                 # no collective in flight and none can start before this stream fires an event
                 dur = work
                 t = end = start + dur
-                if op.idx in need:
+                if awaited:
                     yield env.timeout(dur)
                     end = t = env.now
             else:  # not quiet: caught up above, so start == env.now
@@ -431,7 +434,7 @@ class Engine(ClassComm):
             stats.flops += flops[k]
             stats.last_compute_end_s = end
             self._ended(rank, op, start, end)
-            if op.idx in need:
+            if awaited:
                 self._fire(rank, op.idx, start)
         if t > env.now:
             yield env.timeout(t - env.now)
@@ -457,8 +460,9 @@ class Engine(ClassComm):
         and the rank's end time with the axis of its last op."""
         if op.mem_end:
             self.ledgers[rank].apply(end, op.mem_end)
+        axis = _axis_of(op)
         if op.stream != Stream.COMPUTE:
-            self._recent[rank][op.stream].append((start, end, _axis_of(op)))
+            self._recent[rank][op.stream].append((start, end, axis))
         if self.keep_trace:
             self.trace.append(TraceEvent(rank, op.stream.name.lower(), op.name, op.category, start, end, op,
                                          *self._trace_links(rank, op)))
@@ -466,7 +470,7 @@ class Engine(ClassComm):
         stats = self.stats[rank]
         if end >= stats.end_s:
             stats.end_s = end
-            stats.last_axis = _axis_of(op)
+            stats.last_axis = axis
 
     def _trace_links(self, rank: int, op: Op) -> tuple[int, tuple[int, ...], str]:
         """(peer rank, collective group, algorithm/protocol) of ``rank``'s op, for its trace event."""

@@ -104,7 +104,7 @@ def inline_plan(ops: Sequence[Op]) -> Inline:
     inlined = [False] * n
     for k in range(1, len(compute)):
         z = ops[compute[k]]
-        if z.remote is not None:
+        if z.remote is not None or not z.deps:  # no deps: no comm op to run (``_group`` would say None)
             continue
         group = _group(ops, z, pos, k, inlined)
         if group is None or compute[k - 1] not in ops[group[0]].deps:

@@ -30,15 +30,39 @@ class StageTables:
     """Ops (sends) whose start time a receiver on another stage reads to split its wait (bubble vs pp)."""
 
     @classmethod
-    def of(cls, prog: Program, programs: Sequence[Program], fast_paths: bool) -> StageTables:
-        """The tables of ``prog``, one of ``programs`` (all stages': receivers point at its sends)."""
+    def of(cls, prog: Program, programs: Sequence[Program], fast_paths: bool,
+           read: dict[int, frozenset[int]] | None = None) -> StageTables:
+        """The tables of ``prog``, one of ``programs`` (all stages': receivers point at its sends);
+        ``read``: ``sends_read(programs)``, when the caller has it (one pass for all stages)."""
         inline = inline_plan(prog.ops) if fast_paths else {}
         moved = {op.idx for pre, _ in inline.values() for op in pre}
-        queues = tuple((s, [op for op in prog.stream_ops(s) if op.idx not in moved]) for s in Stream)
-        flops = tuple(cast(CostedComputeOp, o).flops for o in prog.stream_ops(Stream.COMPUTE))
-        sent = frozenset(o.remote[1] for q in programs for o in q.ops
-                         if o.remote is not None and o.remote[0] == prog.stage)
+        by_stream: dict[Stream, list[Op]] = {s: [] for s in Stream}
+        for op in prog.ops:  # one pass, issue order kept (``Program.stream_ops`` per stream is one pass each)
+            if op.idx not in moved:
+                by_stream[op.stream].append(op)
+        queues = tuple(by_stream.items())
+        # an op's FLOPs sum its kernels: once per kernel tuple (a layer's tuple recurs every micro-batch)
+        sums: dict[int, tuple[tuple[object, ...], float]] = {}
+        flops_of = []
+        for o in by_stream[Stream.COMPUTE]:
+            kernels = cast(CostedComputeOp, o).kernels
+            hit = sums.get(id(kernels))
+            if hit is None or hit[0] is not kernels:
+                hit = sums[id(kernels)] = (kernels, cast(CostedComputeOp, o).flops)
+            flops_of.append(hit[1])
+        flops = tuple(flops_of)
+        sent = (read if read is not None else sends_read(programs)).get(prog.stage, frozenset())
         return cls(inline, frozenset(needed_ops(prog, inline)), queues, flops, sent)
+
+
+def sends_read(programs: Sequence[Program]) -> dict[int, frozenset[int]]:
+    """Per stage: its ops (sends) that a receiver on another stage names in ``remote``."""
+    read: dict[int, set[int]] = {}
+    for q in programs:
+        for o in q.ops:
+            if o.remote is not None:
+                read.setdefault(o.remote[0], set()).add(o.remote[1])
+    return {stage: frozenset(ops) for stage, ops in read.items()}
 
 
 def needed_ops(prog: Program, inline: Inline) -> set[int]:

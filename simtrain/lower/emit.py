@@ -46,6 +46,13 @@ class _Emitter:
         """Earlier overlapped collectives the compute segment after the next must also wait for."""
         self.trailing: list[Op] = []
         self._names: dict[tuple[int, str], tuple[tuple[KernelDesc, ...], str]] = {}
+        # Memos keyed by the identity of a block's segment objects (emitted once per micro-batch and layer:
+        # the same objects many times), each entry holding its key object so the id stays its own. They
+        # make the emitted kernel tuples the same objects each time too, so the cost pass (memoised by
+        # tuple identity, ``cost_pass._Memo``) costs each once. Pure: equal values, only fewer copies.
+        self._comm_names: dict[tuple[str, int], tuple[object, str]] = {}
+        self._splits: dict[tuple[int, bool, bool], tuple[tuple[KernelDesc, ...], tuple[tuple[KernelDesc, ...], ...]]] = {}
+        self._parts: dict[int, tuple[tuple[KernelDesc, ...], tuple[KernelDesc, ...]]] = {}
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
@@ -58,7 +65,7 @@ class _Emitter:
         deps = [] if self.last_compute is None else [self.last_compute]
         if self.pending_comm is not None:  # two collectives in a row: the second follows the first
             deps.append(self.pending_comm.idx)
-        op = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[c.axis], f"{c.axis}.{c.coll}", category="comm",
+        op = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[c.axis], self._comm_name(c.axis, c.coll), category="comm",
                            deps=tuple(deps), coll=c.coll, axis=c.axis, comm_bytes=c.size_bytes, microbatch=mb,
                            chunk=chunk)
         if c.overlap:  # the next compute segment runs beside it; the one after waits for it
@@ -77,7 +84,8 @@ class _Emitter:
                 deps = [d.idx for d in (prev_comm,) if d is not None] or (
                     [] if self.last_compute is None else [self.last_compute])
                 prev_comm = self.prog.add(OpKind.COLLECTIVE, STREAM_OF_AXIS[r.comm.axis],
-                                          f"{r.comm.axis}.{r.comm.coll}", category="comm", deps=tuple(deps),
+                                          self._comm_name(r.comm.axis, r.comm.coll), category="comm",
+                                          deps=tuple(deps),
                                           coll=r.comm.coll, axis=r.comm.axis, comm_bytes=r.comm.size_bytes,
                                           microbatch=mb, chunk=chunk)
             self.pending_comm = recv
@@ -122,6 +130,38 @@ class _Emitter:
             hit = self._names[key] = (kernels, name)
         return hit[1]
 
+    def _comm_name(self, axis: str, coll: object) -> str:
+        """``f"{axis}.{coll}"``, memoised per collective object (``Collective.__str__`` is not free)."""
+        key = (axis, id(coll))
+        hit = self._comm_names.get(key)
+        if hit is None or hit[0] is not coll:
+            hit = self._comm_names[key] = (coll, f"{axis}.{coll}")
+        return hit[1]
+
+    def _split(self, kernels: tuple[KernelDesc, ...], gathered: bool, scattered: bool
+               ) -> tuple[tuple[KernelDesc, ...], ...]:
+        """(head, mid, tail) of ``kernels`` for ``_overlapped``: the leading GEMMs a preceding all-gather
+        feeds (``gathered``), the rest, the trailing GEMMs that feed a following reduce-scatter
+        (``scattered``); memoised per kernel tuple, so the slices are the same objects each time."""
+        key = (id(kernels), gathered, scattered)
+        hit = self._splits.get(key)
+        if hit is None or hit[0] is not kernels:
+            lead = leading_gemms(kernels, gathered=True) if gathered else 0
+            trail = leading_gemms(kernels[::-1]) if scattered else 0
+            if lead == len(kernels) or trail == len(kernels):
+                parts: tuple[tuple[KernelDesc, ...], ...] = (kernels,)
+            else:
+                parts = (kernels[:lead], kernels[lead:len(kernels) - trail], kernels[len(kernels) - trail:])
+            hit = self._splits[key] = (kernels, parts)
+        return hit[1]
+
+    def _sliced(self, kernels: tuple[KernelDesc, ...]) -> tuple[KernelDesc, ...]:
+        """Each kernel of ``kernels`` as a 1/``TP_OVERLAP_CHUNKS`` slice, memoised per kernel tuple."""
+        hit = self._parts.get(id(kernels))
+        if hit is None or hit[0] is not kernels:
+            hit = self._parts[id(kernels)] = (kernels, tuple(sliced(k, TP_OVERLAP_CHUNKS) for k in kernels))
+        return hit[1]
+
     def _overlapped(self, kernels: tuple[KernelDesc, ...], category: str, mb: int, chunk: int,
                     mem_start: float, mem_end: float, tag: str, after: Comm | None = None) -> Op | None:
         """TP communication overlap (Megatron ``--tp-comm-overlap``, Transformer Engine userbuffers;
@@ -133,11 +173,10 @@ class _Emitter:
         run on their own: a collective next to one of those waits for it or is waited for."""
         before = self.pending_comm_spec
         self.pending_comm_spec = None
-        lead = leading_gemms(kernels, gathered=True) if before is not None else 0
-        trail = leading_gemms(kernels[::-1]) if after is not None else 0
-        if lead == len(kernels) or trail == len(kernels):
+        split = self._split(kernels, before is not None, after is not None)
+        if len(split) == 1:
             return self._pipelined(kernels, before, after, category, mb, chunk, mem_start, mem_end, tag)
-        head, mid, tail = kernels[:lead], kernels[lead:len(kernels) - trail], kernels[len(kernels) - trail:]
+        head, mid, tail = split
         op = None
         if before is not None and not head:
             self._blocking_comm(before, category, mb, chunk)
@@ -157,12 +196,13 @@ class _Emitter:
         chunk i, and compute chunk i feeds chunk i of ``after`` (a reduce-scatter). Each compute chunk
         runs a 1/n slice of every kernel (``kernels.Sliced``: the cost pass gives it 1/n of the time)."""
         n = TP_OVERLAP_CHUNKS
-        part = tuple(sliced(k, n) for k in kernels)
+        part = self._sliced(kernels)
         producer = () if self.last_compute is None else (self.last_compute,)
         # the all-gather chunks are issued first: the TP stream runs in order, so a reduce-scatter
         # chunk waiting for its GEMM chunk must not hold back the next all-gather chunk
         gathers = [] if before is None else [
-            self.prog.add(OpKind.COLLECTIVE, Stream.TP, f"tp.{before.coll}", category="comm", deps=producer,
+            self.prog.add(OpKind.COLLECTIVE, Stream.TP, self._comm_name("tp", before.coll), category="comm",
+                          deps=producer,
                           coll=before.coll, axis="tp", comm_bytes=before.size_bytes / n, microbatch=mb, chunk=chunk)
             for _ in range(n)]
         op = None
@@ -173,7 +213,7 @@ class _Emitter:
                               mem_end if i == n - 1 else 0.0, tag)
             if after is not None and op is not None:
                 self.trailing.append(self.prog.add(
-                    OpKind.COLLECTIVE, Stream.TP, f"tp.{after.coll}", category="comm", deps=(op.idx,),
+                    OpKind.COLLECTIVE, Stream.TP, self._comm_name("tp", after.coll), category="comm", deps=(op.idx,),
                     coll=after.coll, axis="tp", comm_bytes=after.size_bytes / n, microbatch=mb, chunk=chunk))
         if after is not None and self.trailing:
             self.pending_comm = self.trailing[-1]  # the next compute waits for the last chunk
