@@ -1,6 +1,7 @@
 """The torch part of ``calibration.instep``: training steps of the calibrated stack's Llama with the
 target's dimensions (``realstep.build_model``: transformers' ``LlamaForCausalLM``, ``ops.EagerLlama``
-without transformers), each aten op timed by the calling thread's clock and booked to simtrain's kernels.
+without transformers), the embedding, LM head, loss and optimizer timed by the calling thread's clock
+between hooks at their boundaries.
 
 Why the stack's own model: which large tensors land on fresh pages depends on the order of the step's
 allocations and frees (``calibration.instep``), and that order is the model code's. Measured on this
@@ -8,15 +9,10 @@ CPU (issue 29 part 5, thread CPU time, same minutes, fresh processes): the loss 
 (256 x 32,000 fp32 logits, just under glibc's 32 MiB mmap ceiling) took 22-39 ms in ``EagerLlama``'s
 steps and 56-69 ms in transformers' steps.
 
-Memory released outside any op: a tensor above glibc's mmap threshold is unmapped (``munmap``) when
-its last reference goes (autograd releasing saved tensors, ``zero_grad(set_to_none=True)`` dropping
-the gradients), which is kernel time on the thread but inside no aten op, so the dispatch mode books
-none of it. Measured in transformers' steps (``getrusage(RUSAGE_THREAD)`` system time of the step
-minus that inside aten ops): 48 ms of a 1.29 s step for 4 layers, 256 tokens x 2, 32K vocabulary
-(3.7 %), 35 ms of 0.96 s for a 16K vocabulary (3.6 %), 0.2-2 ms for 4K vocabularies. The pages
-unmapped are those the step's ops mapped fresh, so each booked kernel is charged that release time
-in proportion to the system time of its own calls (its page faults); the share of the layers' ops
-stays unbooked (the layers' tensors are mostly below the threshold).
+The step is timed plain, by a few clock reads from hooks (``calibration.instep``: a dispatch mode
+around every op changes which tensors land on fresh pages); memory a kernel's region frees is
+unmapped inside that region, and the gradients' release (``zero_grad(set_to_none=True)``: 10 ms of
+a 1.3 s step for 4 layers, 256 tokens x 2, 32K vocabulary) is the optimizer's.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,53 +28,100 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from calibration.instep import book, charge_release
+from calibration.instep import book, kernel_seconds
+from calibration.ops import EagerLlama
 from calibration.realstep import build_model, step_loss
 from calibration.shapes import Target
 from calibration.timing import Clock, summarize
 
 
-def _system_s() -> float:
-    """System (kernel) CPU time of the calling thread so far, seconds (page faults, munmap)."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_stime
-
-
 class _Booker(TorchDispatchMode):
     """Adds the time (the clock's: the calling thread's CPU time) of each aten op to the simtrain kernel
-    ``book`` names, and the system time of each op to ``system`` (by kernel, None for the others)."""
+    ``book`` names. Used for the LM head's split into input and weight gradient only (``wgrad_share``)."""
 
     def __init__(self, vocab: int, now: Callable[[], float]):
         super().__init__()
         self.vocab, self.now = vocab, now
         self.phase = "fwd"
         self.seconds: dict[str, float] = defaultdict(float)
-        self.system: dict[str | None, float] = defaultdict(float)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        s0 = _system_s()
         t0 = self.now()
         out = func(*args, **(kwargs or {}))
         dt = self.now() - t0
-        ds = _system_s() - s0
         shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         kernel = book(self.phase, func.overloadpacket.__name__, shapes, self.vocab)
         if kernel is not None:
             self.seconds[kernel] += dt
-        self.system[kernel] += ds
         return out
 
-    def with_release(self, release_s: float) -> dict[str, float]:
-        """The booked seconds plus their share of ``release_s`` (``instep.charge_release``)."""
-        return charge_release(self.seconds, self.system, release_s)
+
+def _head_modules(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The token embedding and the LM head of transformers' Llama or ``ops.EagerLlama``."""
+    if isinstance(model, EagerLlama):
+        return model.embed, model.head
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()  # transformers' PreTrainedModel
+    assert isinstance(emb, nn.Module) and isinstance(head, nn.Module)
+    return emb, head
+
+
+class _Stamps:
+    """Clock reads at ``instep.STAMPS`` of one step, from hooks on the embedding and the LM head."""
+
+    def __init__(self, model: nn.Module, now: Callable[[], float]):
+        self.now = now
+        self.t: dict[str, float] = {}
+        emb, head = _head_modules(model)
+        emb.register_forward_hook(self._embedded)
+        head.register_forward_pre_hook(self._head_in)
+        head.register_forward_hook(self._logits)
+
+    def mark(self, name: str) -> None:
+        self.t[name] = self.now()
+
+    def _on_grad(self, name: str) -> Callable[[torch.Tensor], None]:
+        return lambda _grad: self.mark(name)
+
+    def _embedded(self, _mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+        self.mark("embedded")
+        out.register_hook(self._on_grad("embedded_grad"))
+
+    def _head_in(self, _mod: nn.Module, inp: tuple[torch.Tensor, ...]) -> None:
+        self.mark("head_in")
+        inp[0].register_hook(self._on_grad("head_grad"))
+
+    def _logits(self, _mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+        self.mark("logits")
+        out.register_hook(self._on_grad("logits_grad"))
+
+
+def wgrad_share(model: nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, vocab: int,
+                now: Callable[[], float], steps: int = 2) -> float:
+    """The LM head weight gradient's share of its two backward GEMMs, timed per aten op (``_Booker``)
+    in ``steps`` training steps; the median over the steps."""
+    shares = []
+    for _ in range(steps):
+        booker = _Booker(vocab, now)
+        with booker:
+            loss = step_loss(model, ids)
+            booker.phase = "bwd"
+            loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        d, w = booker.seconds["lm_head.dgrad"], booker.seconds["lm_head.wgrad"]
+        shares.append(w / (d + w) if d + w > 0 else 0.5)
+    return statistics.median(shares)
 
 
 def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THREAD_CPU, steps: int = 5,
                     warmup: int = 2, device: torch.device | None = None) -> dict[str, dict[str, Any]]:
-    """{simtrain kernel: Stats dict over the timed steps}, seconds of ``clock`` per step: the kernels
-    outside the layers (a kernel's calls in one step summed) and ``optimizer.step``, the whole
-    ``AdamW.step()`` (timed outside the dispatch mode, whose per-op work would count otherwise)."""
+    """{simtrain kernel: Stats dict over the timed steps}, seconds of ``clock`` per step: the embedding,
+    LM head and loss (forward and backward) and ``optimizer.step`` (``AdamW.step()`` and ``zero_grad``)
+    of plain training steps, from the clock stamps of ``_Stamps`` (``instep.kernel_seconds``)."""
     device = device or torch.device("cpu")
     m = target.model
     torch.manual_seed(1234)
@@ -87,26 +129,26 @@ def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THR
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, m.vocab, (target.micro_batch_size, target.seq_len), device=device)
-    per_step: dict[str, list[float]] = defaultdict(list)
+    stamps = _Stamps(model, clock.now)
+    taken: list[dict[str, float]] = []
     for i in range(warmup + steps):
-        booker = _Booker(m.vocab, clock.now)
-        s0 = _system_s()
-        with booker:
-            loss = step_loss(model, ids)
-            booker.phase = "bwd"
-            loss.backward()
+        stamps.t = {}
+        stamps.mark("start")
+        loss = step_loss(model, ids)
+        stamps.mark("loss")
+        loss.backward()
+        stamps.mark("backward_end")
         del loss
-        s1 = _system_s()
-        t0 = clock.now()
         opt.step()
-        t1 = clock.now()
-        s2 = _system_s()
         opt.zero_grad(set_to_none=True)  # as HF Trainer and calibration.realstep
-        # system time outside every op: the forward's and backward's releases, and zero_grad's
-        release = (s1 - s0 - sum(booker.system.values())) + (_system_s() - s2)
+        stamps.mark("optimized")
         if i >= warmup:
-            for kernel, s in {**booker.with_release(release), "optimizer.step": t1 - t0}.items():
-                per_step[kernel].append(s)
+            taken.append(dict(stamps.t))
+    share = wgrad_share(model, opt, ids, m.vocab, clock.now)
+    per_step: dict[str, list[float]] = defaultdict(list)
+    for t in taken:
+        for kernel, s in kernel_seconds(t, share).items():
+            per_step[kernel].append(s)
     return {k: summarize(v).to_dict() for k, v in sorted(per_step.items()) if statistics.median(v) > 0}
 
 

@@ -367,20 +367,19 @@ def test_in_step_books_the_loss_and_the_embedding() -> None:
     assert book("opt", "sqrt", [(4096, 64)], 4096) is None
 
 
-def test_in_step_charges_the_release_outside_ops_by_each_kernels_system_time() -> None:
-    """The system time a step spends outside every aten op (unmapping freed large tensors) is shared
-    out over the booked kernels by the system time of their own calls (their page faults); the
-    unbooked ops' share (the layers') is dropped, and nothing changes without a release."""
-    from calibration.instep import charge_release
+def test_in_step_kernels_are_the_regions_between_a_plain_steps_clock_stamps() -> None:
+    """Each kernel outside the layers is the time between two of the step's clock stamps (the layers'
+    regions are not booked), the LM head's backward is split by the weight gradient's share, and the
+    optimizer's region runs from the backward's end to after ``zero_grad``."""
+    from calibration.instep import STAMPS, kernel_seconds
 
-    seconds = {"lm_head": 0.100, "cross_entropy": 0.040, "embedding.bwd": 0.010}
-    system = {"lm_head": 0.030, "cross_entropy": 0.010, None: 0.010}  # the embedding faulted nothing
-    out = charge_release(seconds, system, 0.025)
-    assert out == pytest.approx({"lm_head": 0.100 + 0.025 * 0.6, "cross_entropy": 0.040 + 0.025 * 0.2,
-                                 "embedding.bwd": 0.010})
-    assert sum(out.values()) - sum(seconds.values()) == pytest.approx(0.025 * 0.8)  # the layers' 0.2 dropped
-    assert charge_release(seconds, system, 0.0) == seconds
-    assert charge_release(seconds, {}, 0.025) == seconds
+    t = dict(zip(STAMPS, (0.0, 0.001, 0.101, 0.131, 0.141, 0.161, 0.201, 0.401, 0.403, 0.453), strict=True))
+    out = kernel_seconds(t, 0.75)
+    assert out == pytest.approx({"embedding": 0.001, "lm_head": 0.030, "cross_entropy": 0.010,
+                                 "cross_entropy.bwd": 0.020, "lm_head.dgrad": 0.010, "lm_head.wgrad": 0.030,
+                                 "embedding.bwd": 0.002, "optimizer.step": 0.050})
+    layers = (t["head_in"] - t["embedded"]) + (t["embedded_grad"] - t["head_grad"])
+    assert sum(out.values()) == pytest.approx(t["optimized"] - t["start"] - layers)
 
 
 def test_kernels_timed_in_a_step_replace_their_isolated_times_at_the_target(profiles_dir: Path) -> None:
