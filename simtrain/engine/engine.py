@@ -30,7 +30,7 @@ import simpy
 from simtrain.engine.axes import _axis, _axis_of, _interference, charge_stream
 from simtrain.engine.comm_planner import CommPlanner
 from simtrain.engine.done import DoneEvents, either
-from simtrain.engine.inline import Guard, Inline, time_bounds
+from simtrain.engine.inline import Guard, Inline, in_line_costs
 from simtrain.engine.merge import ClassComm, CommEntry, NotAlike, rank_classes
 from simtrain.engine.network import FlowNetwork, fluid_duration
 from simtrain.engine.records import EngineResult, Ledger, RankStats, TraceEvent, _Sharing
@@ -209,46 +209,11 @@ class Engine(ClassComm):
         return entry[0] + sum(fluid_duration(ph, self.planner.capacity) for ph in entry[1])
 
     def _in_line_costs(self, rank: int, sharing: _Sharing) -> None:
-        """Which of ``rank``'s in-line comm ops may skip the network: the private ones always; those
-        whose edges only other streams of this rank share, where their Guard is clear."""
-        prog, table = self.programs[self.stage[rank]], self._comm[rank]
-        moved = {op.idx for pre, _ in self._inline[rank].values() for op in pre}
-        alone: dict[int, float] = {}
-        guards: dict[int, Guard] = {}
-        count: dict[int, int] = {}  # op -> ops its stream has run once it is done
-        runs: dict[Stream, int] = defaultdict(int)
-        for op in prog.ops:
-            if op.stream != Stream.COMPUTE and op.idx not in moved:
-                runs[op.stream] += 1
-                count[op.idx] = runs[op.stream]
-        lo: list[int] | None = None
-        mine_uses = [u for u in sharing.uses if u[0] == rank]
-        for _, idxs, entry, owner in mine_uses:
-            here = [i for i in idxs if i in moved]
-            if not here:
-                continue
-            private = table[self._sig_of[self.stage[rank]][here[0]]][3]  # type: ignore[index]
-            if private is not None:
-                alone.update((i, private) for i in here)
-                continue
-            edges = sharing.edges_of[(id(entry), owner)]
-            others = {o for e in edges for o in sharing.owners[e]} - {owner}
-            if any(o[1] != rank for o in others):
-                continue  # another rank's stream: only the network knows when its flows run
-            if lo is None:
-                lo = time_bounds(prog.ops)
-            per_stream: dict[Stream, list[int]] = defaultdict(list)
-            for _, idxs2, entry2, owner2 in mine_uses:
-                if owner2 in others and not edges.isdisjoint(sharing.edges_of[(id(entry2), owner2)]):
-                    for i in idxs2:
-                        if i not in moved:
-                            per_stream[prog.ops[i].stream].append(i)
-            guard = Guard(tuple((s, tuple(lo[i] for i in v), tuple(count[i] for i in v))
-                                for s, v in ((s, sorted(v)) for s, v in per_stream.items())))
-            duration = self._alone_s(entry)
-            for i in here:
-                alone[i], guards[i] = duration, guard
-        self._alone[rank], self._guard[rank] = alone, guards
+        """Which of ``rank``'s in-line comm ops may skip the network (``inline.in_line_costs``)."""
+        stage = self.stage[rank]
+        self._alone[rank], self._guard[rank] = in_line_costs(
+            rank, self.programs[stage].ops, self._inline[rank], self._comm[rank], self._sig_of[stage], sharing,
+            self._alone_s)
 
     def run(self) -> EngineResult:
         """Simulate the step; returns per-rank stats, ledgers and the trace."""

@@ -25,9 +25,12 @@ tensor-parallel collectives of every other micro-batch skip the network.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from simtrain.engine.records import _Sharing
 from simtrain.lower.ops import Op, OpKind, Stream
 
 Inline = dict[int, tuple[tuple[Op, ...], tuple[int, ...]]]
@@ -155,3 +158,48 @@ def _stream_clear(ops: Sequence[Op], group: list[int], lst: list[int], slot: lis
     if last + 1 < len(lst):
         return any(pos[d] >= k or d in group for d in ops[lst[last + 1]].deps)
     return True
+
+
+def in_line_costs(rank: int, ops: Sequence[Op], inline: Inline, table: Sequence[Any], sig_of: Sequence[int],
+                  sharing: _Sharing, alone_s: Callable[[Any], float]) -> tuple[dict[int, float], dict[int, Guard]]:
+    """Which of ``rank``'s in-line comm ops may skip the network, and their time alone (seconds): the private
+    ones always; those whose edges only other streams of this rank share, where their Guard is clear.
+    ``inline``: the rank's in-line plan; ``table``: its comm entries by signature (``sig_of``: op -> signature),
+    whose fourth item is the private time alone or None; ``alone_s``: an entry's time on an empty network."""
+    moved = {op.idx for pre, _ in inline.values() for op in pre}
+    alone: dict[int, float] = {}
+    guards: dict[int, Guard] = {}
+    count: dict[int, int] = {}  # op -> ops its stream has run once it is done
+    runs: dict[Stream, int] = defaultdict(int)
+    for op in ops:
+        if op.stream != Stream.COMPUTE and op.idx not in moved:
+            runs[op.stream] += 1
+            count[op.idx] = runs[op.stream]
+    lo: list[int] | None = None
+    mine_uses = [u for u in sharing.uses if u[0] == rank]
+    for _, idxs, entry, owner in mine_uses:
+        here = [i for i in idxs if i in moved]
+        if not here:
+            continue
+        private = table[sig_of[here[0]]][3]
+        if private is not None:
+            alone.update((i, private) for i in here)
+            continue
+        edges = sharing.edges_of[(id(entry), owner)]
+        others = {o for e in edges for o in sharing.owners[e]} - {owner}
+        if any(o[1] != rank for o in others):
+            continue  # another rank's stream: only the network knows when its flows run
+        if lo is None:
+            lo = time_bounds(ops)
+        per_stream: dict[Stream, list[int]] = defaultdict(list)
+        for _, idxs2, entry2, owner2 in mine_uses:
+            if owner2 in others and not edges.isdisjoint(sharing.edges_of[(id(entry2), owner2)]):
+                for i in idxs2:
+                    if i not in moved:
+                        per_stream[ops[i].stream].append(i)
+        guard = Guard(tuple((s, tuple(lo[i] for i in v), tuple(count[i] for i in v))
+                            for s, v in ((s, sorted(v)) for s, v in per_stream.items())))
+        duration = alone_s(entry)
+        for i in here:
+            alone[i], guards[i] = duration, guard
+    return alone, guards
