@@ -19,7 +19,7 @@ from simtrain.plan.load import load_config
 from simtrain.spec.config import apply_overrides
 from simtrain.spec.errors import ConfigError
 from simtrain.spec.limits import MAX_CONFIG_BYTES, MAX_GPUS, MAX_LAYERS, MAX_YAML_DEPTH
-from simtrain.spec.safe_yaml import load_yaml
+from simtrain.spec.safe_yaml import flow_depth, load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_8B = str(ROOT / "examples" / "llama3_8b_h100_fsdp.yaml")
@@ -112,6 +112,17 @@ def test_the_alias_bomb_is_refused_before_it_expands() -> None:
                                            "two": {"tp": 2, "pp": 2}}
     assert load_yaml("[" * MAX_YAML_DEPTH + "]" * MAX_YAML_DEPTH, "x") is not None
 
+
+def test_deep_flow_nesting_is_counted_on_the_brackets_before_pyyaml_scans_it() -> None:
+    # fuzz seed 7 case 155: PyYAML's scanner is quadratic in an open flow collection's depth (1.5 CPU s at
+    # 2,000 levels, 30 s of wall time on the loaded machine); the bracket count refuses it first
+    deep = "model: " + "[" * 2000 + "]" * 2000
+    assert flow_depth(deep) == 2000
+    assert flow_depth("a: {b: [1, {c: 2}]}\nd: [x]") == 3
+    assert flow_depth("name: 'x]]]'\nm: [1]") == 0  # unmatched closers only lower the count
+    with pytest.raises(ConfigError, match=f"nested deeper than {MAX_YAML_DEPTH} levels"):
+        load_yaml(deep, "config")
+    assert load_yaml("a: " + "[" * (MAX_YAML_DEPTH - 1) + "]" * (MAX_YAML_DEPTH - 1), "x") is not None
 
 @pytest.mark.parametrize(("wrong", "needles"), [
     ({"model": [1, 2]}, ("model: [1, 2]",)),
