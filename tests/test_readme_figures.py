@@ -21,7 +21,10 @@ from benchmarks import readme_figures as rf  # noqa: E402 - the repository root 
 SLOW = os.environ.get("SIMTRAIN_VALIDATION") != "1"
 
 
-@pytest.mark.parametrize("figure", rf.FIGURES, ids=[f"{f.doc}:{f.phrase[:40]}" for f in rf.FIGURES])
+#: the whole runs and searches carry the ``slow_figure`` marker: .ci/run's figures stage runs only those
+#: (``-m slow_figure``), the seconds-long ones having run in its suite stage already
+@pytest.mark.parametrize("figure", [pytest.param(f, marks=[pytest.mark.slow_figure] if f.slow else [])
+                                    for f in rf.FIGURES], ids=[f"{f.doc}:{f.phrase[:40]}" for f in rf.FIGURES])
 def test_quoted_figure_matches_the_code(figure: rf.Figure) -> None:
     if figure.slow and SLOW:
         pytest.skip("a whole run or search: set SIMTRAIN_VALIDATION=1 (.ci/run does)")
