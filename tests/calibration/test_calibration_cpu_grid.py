@@ -36,7 +36,8 @@ On the fresh machine of 2026-12-06 even 10 % failed CI (rounds +22.0 and +10.6 %
 drifted there, 0.53-0.68 s within round 0's eight steps on an otherwise idle 2-vCPU VM, and 0.57 s
 (CI) against 0.67-0.76 s fifteen minutes later (the host's other tenants share memory bandwidth, which a
 thread's CPU time does not leave out), and the quick calibration's in-situ factor with it (1.47 and
-0.91 in CI's two rounds). Two runs alone then read -3.5 % (one round) and +28.5, -8.9 % (two). So the
+0.91 in CI's two rounds). Two runs alone then (with a layer step of at least 3 warm-ups and 7 repetitions,
+a variant not kept) read -3.5 % (one round) and +28.5, -8.9 % (two). So the
 bound is 15 %, above that drift: a calibration off by more in both rounds (a lost kernel class, a wrong
 factor) still fails it; smaller biases are the grid benchmark's to find.
 """
