@@ -4,8 +4,9 @@ calls these)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from simtrain.lower.blocks import (
     TP_OVERLAP_CHUNKS,
@@ -26,6 +27,17 @@ from simtrain.spec.config import LayoutConfig
 #: The stream each collective axis's ops run on.
 STREAM_OF_AXIS = {"tp": Stream.TP, "cp": Stream.CP, "ep": Stream.EP, "etp": Stream.TP}
 
+T = TypeVar("T")
+
+
+def _by_identity(table: dict[Hashable, tuple[object, Any]], obj: object, key: Hashable, make: Callable[[], T]) -> T:
+    """``make()``, memoised in ``table`` under ``key`` (built from ``id(obj)``); each entry holds ``obj``, so
+    the id stays its own while the entry lives."""
+    hit = table.get(key)
+    if hit is None or hit[0] is not obj:
+        hit = table[key] = (obj, make())
+    return cast(T, hit[1])
+
 
 class _Emitter:
     """Appends ops to one program, tracking the data dependency between streams."""
@@ -45,14 +57,14 @@ class _Emitter:
         self.overlap_older: list[int] = []
         """Earlier overlapped collectives the compute segment after the next must also wait for."""
         self.trailing: list[Op] = []
-        self._names: dict[tuple[int, str], tuple[tuple[KernelDesc, ...], str]] = {}
         # Memos keyed by the identity of a block's segment objects (emitted once per micro-batch and layer:
-        # the same objects many times), each entry holding its key object so the id stays its own. They
-        # make the emitted kernel tuples the same objects each time too, so the cost pass (memoised by
-        # tuple identity, ``cost_pass._Memo``) costs each once. Pure: equal values, only fewer copies.
-        self._comm_names: dict[tuple[str, int], tuple[object, str]] = {}
-        self._splits: dict[tuple[int, bool, bool], tuple[tuple[KernelDesc, ...], tuple[tuple[KernelDesc, ...], ...]]] = {}
-        self._parts: dict[int, tuple[tuple[KernelDesc, ...], tuple[KernelDesc, ...]]] = {}
+        # the same objects many times; ``_by_identity``). They make the emitted kernel tuples the same
+        # objects each time too, so the cost pass (memoised by tuple identity, ``cost_pass._Memo``) costs
+        # each once. Pure: equal values, only fewer copies.
+        self._names: dict[Hashable, tuple[object, Any]] = {}
+        self._comm_names: dict[Hashable, tuple[object, Any]] = {}
+        self._splits: dict[Hashable, tuple[object, Any]] = {}
+        self._parts: dict[Hashable, tuple[object, Any]] = {}
 
     def comm(self, c: Comm, category: str, mb: int, chunk: int) -> None:
         """A collective after the last compute op; the next compute op waits for it."""
@@ -123,44 +135,31 @@ class _Emitter:
     def _name(self, kernels: tuple[KernelDesc, ...], category: str) -> str:
         """The op name of a compute op's kernels; memoised per kernel tuple (a layer plan's segments are
         emitted once per micro-batch and layer)."""
-        key = (id(kernels), category)
-        hit = self._names.get(key)
-        if hit is None or hit[0] is not kernels:
-            name = kernels[0].name if len(kernels) == 1 else f"{category}:{kernels[0].name}..{kernels[-1].name}"
-            hit = self._names[key] = (kernels, name)
-        return hit[1]
+        return _by_identity(self._names, kernels, (id(kernels), category), lambda: (
+            kernels[0].name if len(kernels) == 1 else f"{category}:{kernels[0].name}..{kernels[-1].name}"))
 
     def _comm_name(self, axis: str, coll: object) -> str:
         """``f"{axis}.{coll}"``, memoised per collective object (``Collective.__str__`` is not free)."""
-        key = (axis, id(coll))
-        hit = self._comm_names.get(key)
-        if hit is None or hit[0] is not coll:
-            hit = self._comm_names[key] = (coll, f"{axis}.{coll}")
-        return hit[1]
+        return _by_identity(self._comm_names, coll, (axis, id(coll)), lambda: f"{axis}.{coll}")
 
     def _split(self, kernels: tuple[KernelDesc, ...], gathered: bool, scattered: bool
                ) -> tuple[tuple[KernelDesc, ...], ...]:
         """(head, mid, tail) of ``kernels`` for ``_overlapped``: the leading GEMMs a preceding all-gather
         feeds (``gathered``), the rest, the trailing GEMMs that feed a following reduce-scatter
         (``scattered``); memoised per kernel tuple, so the slices are the same objects each time."""
-        key = (id(kernels), gathered, scattered)
-        hit = self._splits.get(key)
-        if hit is None or hit[0] is not kernels:
+        def split() -> tuple[tuple[KernelDesc, ...], ...]:
             lead = leading_gemms(kernels, gathered=True) if gathered else 0
             trail = leading_gemms(kernels[::-1]) if scattered else 0
             if lead == len(kernels) or trail == len(kernels):
-                parts: tuple[tuple[KernelDesc, ...], ...] = (kernels,)
-            else:
-                parts = (kernels[:lead], kernels[lead:len(kernels) - trail], kernels[len(kernels) - trail:])
-            hit = self._splits[key] = (kernels, parts)
-        return hit[1]
+                return (kernels,)
+            return kernels[:lead], kernels[lead:len(kernels) - trail], kernels[len(kernels) - trail:]
+
+        return _by_identity(self._splits, kernels, (id(kernels), gathered, scattered), split)
 
     def _sliced(self, kernels: tuple[KernelDesc, ...]) -> tuple[KernelDesc, ...]:
         """Each kernel of ``kernels`` as a 1/``TP_OVERLAP_CHUNKS`` slice, memoised per kernel tuple."""
-        hit = self._parts.get(id(kernels))
-        if hit is None or hit[0] is not kernels:
-            hit = self._parts[id(kernels)] = (kernels, tuple(sliced(k, TP_OVERLAP_CHUNKS) for k in kernels))
-        return hit[1]
+        return _by_identity(self._parts, kernels, id(kernels),
+                            lambda: tuple(sliced(k, TP_OVERLAP_CHUNKS) for k in kernels))
 
     def _overlapped(self, kernels: tuple[KernelDesc, ...], category: str, mb: int, chunk: int,
                     mem_start: float, mem_end: float, tag: str, after: Comm | None = None) -> Op | None:
