@@ -14,6 +14,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
+import simtrain
 from simtrain.cli.main import main
 from simtrain.hardware import load as hwl
 from simtrain.hardware.profile import list_profiles, load_profile, profile_folder
@@ -21,7 +22,11 @@ from simtrain.hardware.profile_paths import ENV_VAR, ProfileKind, builtin_root, 
 from simtrain.spec.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE_PROFILES = REPO / "simtrain" / "data" / "hardware_profiles"
+#: The built-in profiles of the simtrain these tests import: the checkout's (editable install) or the installed
+#: package's (``pip install ".[test]"``, the README's quick start)
+PACKAGE_PROFILES = Path(simtrain.__file__).parent / "data" / "hardware_profiles"
+#: The checkout's own, which the wheel test builds from
+SOURCE_PROFILES = REPO / "simtrain" / "data" / "hardware_profiles"
 EXAMPLE = REPO / "examples" / "llama3_8b_h100_fsdp.yaml"
 
 
@@ -141,8 +146,8 @@ def test_wheel_carries_the_profiles_and_runs_from_a_zip(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = out.glob("simtrain-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {f"simtrain/data/hardware_profiles/{p.relative_to(PACKAGE_PROFILES).as_posix()}"
-                for p in PACKAGE_PROFILES.rglob("*") if p.is_file()}
+    expected = {f"simtrain/data/hardware_profiles/{p.relative_to(SOURCE_PROFILES).as_posix()}"
+                for p in SOURCE_PROFILES.rglob("*") if p.is_file()}
     assert expected and expected <= names
     assert "calibration/cli.py" in names and "simtrain/py.typed" in names
     probe = ("import simtrain, simtrain.hardware.load as hwl\n"
@@ -158,6 +163,6 @@ def test_wheel_carries_the_profiles_and_runs_from_a_zip(tmp_path: Path) -> None:
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     first = run.stdout.splitlines()[0].split()
-    assert first == [str(len(list((PACKAGE_PROFILES / "gpus").glob("*.yaml")))),
-                     str(len(list((PACKAGE_PROFILES / "nodes").glob("*.yaml")))), "example-cpu"]
+    assert first == [str(len(list((SOURCE_PROFILES / "gpus").glob("*.yaml")))),
+                     str(len(list((SOURCE_PROFILES / "nodes").glob("*.yaml")))), "example-cpu"]
     assert '"step_time_s"' in run.stdout

@@ -102,6 +102,7 @@ def header(kind: str = "cpu", count: int = 2) -> dict[str, Any]:
 
 
 def make_profile(root: Path, name: str, kind: str = "cpu", ranks: int = 2) -> Path:
+    pytest.importorskip("scipy")  # the writer's fits (calibration extra); the tests without a profile run anyway
     folder = root / "calibrated" / name
     return write_profile(folder, build_profile(name, header(kind, ranks), records(ranks)))
 
@@ -403,6 +404,7 @@ def test_kernels_timed_in_a_step_replace_their_isolated_times_at_the_target(prof
               "stats": {}, "result": {"kernels": {k: {"median_s": v * (1 + 0.1 * i)} for k, v in kernels.items()}}}
              for i in range(3)]  # three rounds: the median is the middle one
     folder = profiles_dir / "calibrated" / "instep"
+    pytest.importorskip("scipy")
     write_profile(folder, build_profile("instep", hdr, records() + isolated + steps))
     c = load_profile("instep").compute
     for name, (m, n, k) in lm_head_shapes(target).items():

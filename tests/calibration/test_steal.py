@@ -7,8 +7,13 @@ from typing import Any
 
 import pytest
 
-from calibration import compare
 from calibration.steal import cpu_ticks, steal_fraction
+
+
+def _compare() -> Any:
+    """``calibration.compare`` (it imports torch: skipped without the calibration extra; the steal meter is
+    plain Python and runs without it)."""
+    return pytest.importorskip("calibration.compare")
 
 
 def _stat(tmp_path: Path, line: str) -> Path:
@@ -40,6 +45,7 @@ def test_this_machine_reads_a_fraction_in_0_1() -> None:
 
 
 def test_measure_steady_remeasures_a_stolen_batch_and_keeps_the_cleanest(monkeypatch: pytest.MonkeyPatch) -> None:
+    compare = _compare()
     steals = iter([0.30, 0.10, 0.05])
     calls: list[int] = []
 
@@ -54,6 +60,7 @@ def test_measure_steady_remeasures_a_stolen_batch_and_keeps_the_cleanest(monkeyp
 
 
 def test_measure_steady_stops_at_a_clean_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    compare = _compare()
     steals = iter([0.0, 0.5])
     monkeypatch.setattr(compare, "measure", lambda *a, **k: {"steal_fraction": next(steals)})
     assert compare.measure_steady("cfg", 1, 6, 2, 1, Path("."))["steal_fraction"] == 0.0
