@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,8 +34,19 @@ def calibrate(out: Path, *extra: str, env: dict[str, str] | None = None, timeout
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_quick_calibration_with_gloo_collectives(tmp_path: Path) -> None:
-    out = tmp_path / "quick"
+def _resumed_from(finished: tuple[Path, subprocess.CompletedProcess[str]], out: Path) -> Path:
+    """``out``: a copy of the ``finished`` fixture's compute-only calibration, so a calibration into it resumes
+    (its compute measurements are in the journal) and runs only its multi-process part (CI time: the quick
+    compute part takes ~15 s of the ~23 s each of the two tests below took)."""
+    root, first = finished
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(root / "calibrated" / "json-smoke", out)
+    return out
+
+
+def test_quick_calibration_with_gloo_collectives(tmp_path: Path,
+                                                finished: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out = _resumed_from(finished, tmp_path / "quick")
     proc = calibrate(out, "--processes", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = load_profile(str(out))
@@ -80,9 +92,11 @@ def journal_lines_tolerant(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
-def test_a_failing_rank_ends_the_run_with_a_clear_message(tmp_path: Path) -> None:
+def test_a_failing_rank_ends_the_run_with_a_clear_message(tmp_path: Path,
+                                                          finished: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out = _resumed_from(finished, tmp_path / "fail")
     t0 = time.monotonic()
-    proc = calibrate(tmp_path / "fail", "--processes", "2", env={"SIMTRAIN_CALIBRATION_FAIL_RANK": "1"})
+    proc = calibrate(out, "--processes", "2", env={"SIMTRAIN_CALIBRATION_FAIL_RANK": "1"})
     assert proc.returncode == 1
     assert "rank 1 of 2 failed" in proc.stderr and "injected failure" in proc.stderr
     assert time.monotonic() - t0 < 120  # stopped, not hung until a timeout
