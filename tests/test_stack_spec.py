@@ -240,3 +240,16 @@ def test_a_sweep_grid_takes_a_stack_field_by_flat_name() -> None:
     assert (fa2["train.stack.preset"], fa2["train.stack.attn.kernel"]) == ("megatron-te", "fa2")
     with pytest.raises(ConfigError, match="'tp_comm_overlap' is not a field of train.stack"):
         sweep(_cfg("megatron-te"), {"train.stack.tp_comm_overlap": [True, False]}, workers=1)
+
+
+@pytest.mark.parametrize("name", ["torchtitan-eager", "pytorch-eager", "composer-fsdp", "torchtitan-compile", "megatron-te"])
+def test_expert_and_shared_activations_take_the_stacks_activation_fusion(name: str) -> None:
+    """A routed or shared expert's activation is the dense MLP's op on other rows: the same fusion (eager
+    stacks run it unfused); the experts' permutations stay one fused pass whatever the stack."""
+    stack = STACKS[name]
+    for kernel in ("expert.act", "expert.act.bwd", "expert.act.recompute", "shared.act", "shared.act.bwd"):
+        assert stack.fusion_of(kernel) == stack.fusion_of("act") == stack.activation
+    for kernel in ("expert.sort_chunks", "expert.unsort_chunks", "expert.sort_map"):
+        assert stack.fusion_of(kernel).bytes_factor == 1.0 and stack.fusion_of(kernel).kernels == 1
+    if name in ("torchtitan-eager", "pytorch-eager"):
+        assert stack.activation.bytes_factor > 1.0  # the case this guards: eager SwiGLU is several passes

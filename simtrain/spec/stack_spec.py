@@ -127,8 +127,12 @@ class SoftwareStack(BaseModel):
     """What a published row inherits where it does not say (a run config states these itself)."""
 
     def fusion_of(self, kernel_name: str) -> OpFusion:
-        """The fusion of the memory-bound op a kernel name belongs to (names as ``simtrain.lower.blocks`` emits)."""
-        base = kernel_name.split(".")[0]
+        """The fusion of the memory-bound op a kernel name belongs to (names as ``simtrain.lower.blocks`` emits).
+        A routed or shared expert's activation (``expert.act``, ``shared.act``) is the dense MLP's op on the
+        expert's rows (torchtitan's ``GroupedExperts``: ``F.silu(x @ w1) * (x @ w3)``, eager or compiled as the
+        blocks are; Megatron-core's ``TEGroupedMLP``: its ``bias_swiglu_impl``), so it takes ``fusion.activation``."""
+        parts = kernel_name.split(".")
+        base = parts[1] if parts[0] in ("expert", "shared") and len(parts) > 1 else parts[0]
         f = self.fusion
         if base.startswith(("ln", "final_norm", "norm")):
             return f.norm
