@@ -310,12 +310,15 @@ def work_estimate(row: dict[str, str]) -> float:
 
 
 def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | None = None,
-                  workers: int | None = 1, progress: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+                  workers: int | None = 1, progress: bool = False,
+                  select: Callable[[dict[str, str]], bool] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict every row of a runs CSV; return (one row per run with ``ROW_KEYS``, summary dict).
 
     ``workers``: rows simulated in that many local processes (None: the CPUs; 1: in this process, as
     with a custom ``simulate_fn``). The rows keep the file's order whatever the worker count.
     ``progress``: a bar with its ETA on stderr (``simtrain.studies.progress``), one unit per row.
+    ``select``: only the CSV rows it accepts are simulated and tabled (e.g. ``csv_cells.is_visible``: the rows
+    the accuracy targets and the error tables count); None: every row.
 
     Raises:
         ConfigError: the file is missing, unreadable, or lacks the ``run_id`` column.
@@ -323,7 +326,7 @@ def validate_runs(path: str | Path, simulate_fn: Callable[..., StepResult] | Non
     from simtrain.studies.progress import progress_bar
     from simtrain.studies.sweep import default_workers
 
-    cells = read_rows(path)
+    cells = [r for r in read_rows(path) if select is None or select(r)]
     n = min(workers or default_workers(), max(len(cells), 1))
     rows: list[dict[str, Any]] = []
     with progress_bar("validating runs", len(cells), enabled=progress) as advance:

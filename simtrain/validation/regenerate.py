@@ -27,6 +27,7 @@ from pathlib import Path
 from simtrain.engine.trace import write_atomic
 from simtrain.spec.errors import ConfigError, Problem
 from simtrain.studies.uncertainty import ARCHIVE_TABLE, PACKAGED_TABLE, error_table
+from simtrain.validation.csv_cells import is_visible
 from simtrain.validation.fidelity import validate_runs
 
 #: The checkout's root (simtrain/validation/regenerate.py -> the folder holding simtrain/).
@@ -57,7 +58,8 @@ def table_text(runs_csv: str | Path, workers: int | None = None) -> str:
     Raises:
         ConfigError: the runs CSV is missing or unreadable (``validate_runs``).
     """
-    frame, _ = validate_runs(runs_csv, workers=workers)
+    # only the visible rows: the table holds no other (``error_table``), so simulating the rest is wasted
+    frame, _ = validate_runs(runs_csv, workers=workers, select=is_visible)
     return str(error_table(frame).to_csv(index=False))
 
 

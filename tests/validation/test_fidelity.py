@@ -18,6 +18,7 @@ from simtrain.validation.fidelity import (
     convention_flops_per_token,
     convention_of,
     error_stats,
+    to_json_dict,
     validate_runs,
 )
 
@@ -123,6 +124,18 @@ def test_worker_processes_give_the_same_rows_in_file_order(small_csv: Path) -> N
     two, _ = validate_runs(small_csv, workers=2)
     pd.testing.assert_frame_equal(one, two)
     assert list(two["run_id"]) == [r["run_id"] for r in SMALL_ROWS]
+
+
+def test_select_simulates_and_tables_only_the_rows_it_accepts(small_csv: Path) -> None:
+    """validate_runs(select=...) leaves the other rows out of the frame; the rows it keeps are the ones every
+    row gives, in file order (what the published-runs check and ``regenerate`` use with ``is_visible``)."""
+    every, _ = validate_runs(small_csv)
+    keep = {"tiny-fsdp", "tiny-unknown-gpu"}
+    some, summary = validate_runs(small_csv, select=lambda r: r["run_id"] in keep)
+    assert list(some["run_id"]) == [r["run_id"] for r in SMALL_ROWS if r["run_id"] in keep]
+    plain = [to_json_dict(f, {})["rows"] for f in (some, every[every["run_id"].isin(keep)])]  # NaN and None as null
+    assert plain[0] == plain[1]
+    assert summary["rows"] == 2
 
 
 def test_a_prediction_that_does_not_fit_the_gpu_is_flagged_in_the_row(tmp_path: Path) -> None:
