@@ -3,7 +3,8 @@
 # dependencies into a fresh venv in a temp dir outside the checkout (no --system-site-packages: that
 # would see the editable install), and run what a new user runs from another folder: `simtrain hardware`
 # (the built-in profiles are package data), `simtrain simulate` on an example copied out of the checkout,
-# and `simtrain calibrate --device cpu --quick --no-collectives` writing into $SIMTRAIN_PROFILES_DIR (a temp dir).
+# and `simtrain calibrate --device cpu --quick --no-collectives --config tiny.yaml` writing into $SIMTRAIN_PROFILES_DIR (a
+# temp dir).
 # torch==2.13.0 is named beside the extra (pip's find-links hold torch-2.13.0+cpu), so the extra's torch
 # range resolves to the CPU build and never pulls a CUDA one.
 set -euo pipefail
@@ -29,6 +30,10 @@ python -m pip --python "$py" install -q --no-compile "torch==2.13.0" "${wheel[0]
 echo "wheel check: built and installed in $((SECONDS - start)) s"
 
 cp examples/llama3_8b_h100_fsdp.yaml "$tmp/run.yaml"
+# the calibration smoke measures the tests' 2-layer Llama (tests/calibration/data/tiny_llama.yaml): the
+# wheel's calibrate command, torch and the profile writer are what it checks, and the default 16M model's
+# quick compute part took 32 s against 15 s for this one (on CI's critical path)
+cp tests/calibration/data/tiny_llama.yaml "$tmp/tiny.yaml"
 cd "$tmp"
 export SIMTRAIN_PROFILES_DIR="$tmp/profiles"
 "$py" -c "import simtrain, sys; sys.exit('simtrain imported from the checkout: ' + simtrain.__file__
@@ -42,7 +47,7 @@ venv/bin/simtrain simulate run.yaml --json > sim.json
 # compute only: the gloo collectives' measurement (its own subprocesses, ~10 s alone, more beside the figures
 # stage) runs from the checkout in the timing stage's full CPU-loop calibration; here its module must import
 "$py" -c "import calibration.collectives"
-venv/bin/simtrain calibrate --device cpu --quick --no-collectives --out ci-smoke --json > calibrate.json
+venv/bin/simtrain calibrate --device cpu --quick --no-collectives --config tiny.yaml --out ci-smoke --json > calibrate.json
 "$py" -c "import json, pathlib; r = json.load(open('calibrate.json')); p = pathlib.Path(r['profile'])
 assert p == pathlib.Path('$tmp/profiles/calibrated/ci-smoke/profile.yaml') and p.is_file(), r"
 echo "wheel check: passed in $((SECONDS - start)) s"
