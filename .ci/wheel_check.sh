@@ -3,8 +3,8 @@
 # dependencies into a fresh venv in a temp dir outside the checkout (no --system-site-packages: that
 # would see the editable install), and run what a new user runs from another folder: `simtrain hardware`
 # (the built-in profiles are package data), `simtrain simulate` on an example copied out of the checkout,
-# and `simtrain calibrate --device cpu --quick --no-collectives --config tiny.yaml` writing into $SIMTRAIN_PROFILES_DIR (a
-# temp dir).
+# and `simtrain calibrate --device cpu --quick --no-collectives --config tiny.yaml` writing into
+# $SIMTRAIN_PROFILES_DIR (a temp dir).
 # torch==2.13.0 is named beside the extra (pip's find-links hold torch-2.13.0+cpu), so the extra's torch
 # range resolves to the CPU build and never pulls a CUDA one.
 set -euo pipefail

@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from calibration.compare import compare, measure_steady  # noqa: E402
+from calibration.compare import compare, measure_steady, step_times_field  # noqa: E402
 from calibration.shapes import read_run  # noqa: E402
 from calibration.timing import Clock  # noqa: E402
 from simtrain.engine.trace import write_atomic  # noqa: E402
@@ -76,7 +76,7 @@ def one_config(config: str, processes: list[int], clock: Clock, steps: int, warm
     try:
         for n in processes:
             c = compare(config, name, n, [before[n], after[n]], clock)
-            field = "cpu_step_times_s" if clock is Clock.THREAD_CPU and n == 1 else "step_times_s"
+            field = step_times_field(clock, n)
             halves = [statistics.median(before[n][field]), statistics.median(after[n][field])]
             rows.append({**describe(config), "processes": n, "clock": clock.value if n == 1 else "wall",
                          "measured_s": c.measured_median_s, "predicted_s": c.predicted_s, "error": c.error,

@@ -120,6 +120,12 @@ def predict(config: str, profile: str, processes: int) -> float:
     return res.step_time_s
 
 
+def step_times_field(clock: Clock, processes: int) -> str:
+    """The field of a measurement batch (``measure``) whose step times ``compare`` reads: the main thread's CPU
+    time for one process under ``Clock.THREAD_CPU``, else the wall time (``compare``'s docstring)."""
+    return "cpu_step_times_s" if clock is Clock.THREAD_CPU and processes == 1 else "step_times_s"
+
+
 def compare(config: str, profile: str, processes: int, measured: list[dict[str, Any]],
             clock: Clock = Clock.WALL) -> Comparison:
     """A Comparison from one or more measurement batches (their step times pooled).
@@ -129,7 +135,7 @@ def compare(config: str, profile: str, processes: int, measured: list[dict[str, 
     are compared by wall time (a DDP step waits on its peer and on gloo's threads, which no one
     thread's CPU time holds).
     """
-    field = "cpu_step_times_s" if clock is Clock.THREAD_CPU and processes == 1 else "step_times_s"
+    field = step_times_field(clock, processes)
     times = tuple(t for m in measured for t in m[field])
     return Comparison(processes, times, predict(config, profile, processes), measured[0]["implementation"])
 

@@ -67,7 +67,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from calibration.compare import compare, measure_steady  # noqa: E402
+from calibration.compare import compare, measure_steady, step_times_field  # noqa: E402
 from calibration.timing import Clock  # noqa: E402
 
 pytestmark = pytest.mark.timing
@@ -76,8 +76,6 @@ GRID = Path(__file__).parent / "data" / "grid"
 CONFIGS = [str(GRID / "l3-s768-v4k.yaml")]
 TOLERANCE = 0.15  # the grid benchmark holds issue 29 part 5's 5 %; here CI noise (docstring)
 STEPS, WARMUP = 4, 2
-#: The one-process step's thread CPU time, the field ``compare`` reads under ``Clock.THREAD_CPU``.
-STEP_FIELD = "cpu_step_times_s"
 ROUNDS = 2
 
 
@@ -96,7 +94,8 @@ def _round(work: Path, root: Path, i: int) -> dict[str, Any]:
         comps = {c: compare(c, names[c], 1, [before[c], after[c]], Clock.THREAD_CPU) for c in CONFIGS}
     finally:
         del os.environ["SIMTRAIN_PROFILES_DIR"]
-    ranges = {c: step_range(before[c][STEP_FIELD], after[c][STEP_FIELD]) for c in CONFIGS}
+    field = step_times_field(Clock.THREAD_CPU, 1)
+    ranges = {c: step_range(before[c][field], after[c][field]) for c in CONFIGS}
     errors = {c: range_error(comps[c].predicted_s, *ranges[c]) for c in CONFIGS}
     for c, comp in comps.items():
         print(f"\nCPU grid round {i} {Path(c).stem}: measured {comp.measured_median_s:.3f} s (CPU time; batch medians "
