@@ -7,8 +7,9 @@ randn GEMM such as 8192^3 in a back-to-back loop where one is published, else th
 the ml-engineering table scaled by the typical/MAMF ratio measured on A100; reference Table D) times
 tile and wave quantisation for the exact shape (NVIDIA *Matrix Multiplication Background User's
 Guide*) and a reduction-depth factor (``depth_factor``: short-K GEMMs pay each tile's fixed cost).
-FlashAttention uses the measured fraction of peak of its forward and backward kernels (FA2/FA3
-papers, Table D); its FLOPs follow the FlashAttention convention (Table E): forward
+FlashAttention runs at the profile's fraction of peak for its fused kernel at a reference shape, scaled to
+the stack's kernel, key length, causal mask and head dim by the FA3 paper's measured rates
+(``simtrain.cost.attention_rates``); its FLOPs follow the FlashAttention convention (Table E): forward
 4*b*s^2*a*d (halved when causal), backward 2.5x forward (it recomputes Q K^T).
 
 Memory-bound kernels run at ``memory_op_efficiency`` of HBM peak plus ``kernel_launch_s``: a latency +
@@ -35,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from simtrain.cost.attention_rates import Kind, head_dim_factor, profile_kernel, shape_factor
 from simtrain.cost.grouped import routed_tile_factor
 from simtrain.hardware.calibrated import CalibratedCompute
 from simtrain.hardware.hardware import GpuSpec
@@ -47,30 +49,7 @@ from simtrain.lower.nvfp4 import (
 )
 from simtrain.lower.offload import copy_s
 from simtrain.lower.ops import Kernel
-from simtrain.spec.stacks import FA2_ON_HOPPER, SoftwareStack
-
-#: FlashAttention throughput by head dim relative to head dim 128 (GPU profiles hold the head-dim-128
-#: rate), H100 SXM5 BF16 forward at 4k-16k tokens (Shah et al. 2024, FA3 paper arXiv 2407.08608, Fig. 5):
-#: FA3 head dim 64 476-497 TFLOP/s vs 128 638-648 (0.76), 256 up to ~740-756 (reference Table D "up to
-#: 740 TF (75 %) at head dim 256": 1.15); FA2 head dim 64 321-324 vs 128 368-370 (0.87), no FA2 figure at
-#: 256 there (1.0 kept). Narrow heads do fewer FLOPs per byte of K/V and per softmax element. The
-#: backward's figure (Fig. 6) orders head dims the same way; the forward ratios serve both. Linear in
-#: log2(head dim) between the points, clamped outside them.
-HEAD_DIM_FACTOR: dict[str, tuple[tuple[int, float], ...]] = {
-    "fa3": ((64, 0.76), (128, 1.0), (256, 1.15)),
-    "fa2": ((64, 0.87), (128, 1.0), (256, 1.0)),
-}
-
-
-def head_dim_factor(kernel: str, d: int) -> float:
-    """FlashAttention's rate at head dim ``d`` relative to head dim 128 (``HEAD_DIM_FACTOR``)."""
-    points = HEAD_DIM_FACTOR[kernel]
-    x = math.log2(min(max(d, points[0][0]), points[-1][0]))
-    for (d0, f0), (d1, f1) in zip(points, points[1:], strict=False):
-        if x <= math.log2(d1):
-            return f0 + (f1 - f0) * (x - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
-    return points[-1][1]
-
+from simtrain.spec.stacks import SoftwareStack
 
 TILE_M = 128
 TILE_N = 128  # cuBLAS/CUTLASS Hopper and Ampere BF16 kernels tile output in multiples of 128x128
@@ -308,16 +287,26 @@ class ComputeCostModel:
             measured = self.calibration.attention_s((b, s_q, s_kv, heads, kv_heads, d, causal, backward), flops)
             if measured is not None:
                 return Kernel(name, flops, nbytes, measured)
-        # FA2 on an FA3-class GPU (FP8 tensor cores: Hopper and later) runs at FA2_ON_HOPPER of FA3's rate;
-        # before Hopper the best kernel is FA2 whatever the stack asks for
-        fa2 = (self.stack is not None and self.stack.attention == "fa2") or not self.gpu.has_fp8
-        scale = (FA2_ON_HOPPER if fa2 and self.gpu.has_fp8 else 1.0) * head_dim_factor("fa2" if fa2 else "fa3", d)
+        kind = self.attention_kind()
+        # uncalibrated: the profile's rate at the reference shape, times this kernel's at its shape; a calibrated
+        # profile's efficiency was measured at the run's own shapes, so it is not rescaled
+        shape = 1.0 if self.calibration is not None else shape_factor(kind, causal, s_kv, backward, self.gpu.has_fp8)
+        scale = shape * head_dim_factor(kind, d)
         bf16 = self.gpu.bf16_flops_per_s  # attention stays BF16 in FP8 training
         if backward:
             return self._roofline(name, 2.5 * fwd, 2.0 * (2 * qo + kv), self.gpu.attention_bwd_efficiency * scale,
                                   self.gpu.hbm_efficiency, peak_flops_per_s=bf16)
         return self._roofline(name, fwd, 2 * qo + kv, self.gpu.attention_fwd_efficiency * scale,
                               self.gpu.hbm_efficiency, peak_flops_per_s=bf16)
+
+    def attention_kind(self) -> Kind:
+        """The fused-attention kernel this stack runs on this GPU (``attention_rates``): FA2 where the stack
+        asks for it or the GPU has no FP8 tensor cores (before Hopper FA2 is the best kernel whatever the stack
+        asks for), FA3 where asked for, else the profile's kernel (cuDNN's fused attention)."""
+        asked = self.stack.attention if self.stack is not None else "cudnn"
+        if asked == "fa2" or not self.gpu.has_fp8:
+            return "fa2"
+        return "fa3" if asked == "fa3" else profile_kernel(self.gpu.has_fp8)
 
     def memory_op(self, name: str, nbytes: float, flops: float = 0.0) -> Kernel:
         """A memory-bound elementwise/reduction kernel moving ``nbytes`` through HBM."""

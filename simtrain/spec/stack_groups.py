@@ -71,11 +71,12 @@ class AttentionSpec(BaseModel):
     """The attention kernel and the context-parallel ring."""
 
     model_config = _SPEC
-    kernel: Literal["fa3", "fa2", "unfused"] = "fa3"
-    """``fa3`` (FlashAttention-3 / cuDNN fused attention, Transformer Engine's default on Hopper), ``fa2``
-    (FlashAttention-2 / PyTorch SDPA's flash backend: ``FA2_ON_HOPPER`` of the profile's attention
-    efficiency on Hopper and later; Shah et al. 2024 Fig. 5), or ``unfused`` (Megatron's fused-softmax core
-    attention, scores materialised)."""
+    kernel: Literal["cudnn", "fa3", "fa2", "unfused"] = "cudnn"
+    """``cudnn`` (cuDNN's fused attention: Transformer Engine's ``FusedAttention``, which TE prefers over
+    flash-attn on Hopper and later; FlashAttention-2 before Hopper), ``fa3`` (FlashAttention-3 itself, on
+    GPUs with FP8 tensor cores), ``fa2`` (FlashAttention-2 / PyTorch SDPA's flash backend), or ``unfused``
+    (Megatron's fused-softmax core attention, scores materialised). The fused kernels' rates by key length,
+    mask and head dim are the FA3 paper's (Shah et al. 2024, Figs. 5-6; ``simtrain.cost.attention_rates``)."""
     torch_ring: bool = False
     """Context parallelism through torch's ring attention (``context_parallel``; ``BlockBuilder.torch_cp``)
     rather than Transformer Engine's KV ring."""

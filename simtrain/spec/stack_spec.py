@@ -63,8 +63,9 @@ GPU's busy time and after each host synchronisation (``simtrain.cost.host``).
 Attention kernels on Hopper: FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2) reaches
 ~309-370 TFLOP/s forward at head dim 128 (31-37 % of the H100 dense peak), FlashAttention-3 and
 cuDNN's fused attention (Transformer Engine's default on Hopper) ~467-648 TFLOP/s (47-65 %) (Shah
-et al. 2024, FA3 paper Fig. 5; reference Table D). On Ampere FA2 is the best kernel; GPU profiles
-hold the best kernel's efficiency, and ``fa2`` scales it on Hopper and later by ``FA2_ON_HOPPER``.
+et al. 2024, FA3 paper Fig. 5; reference Table D). GPU profiles hold the rate of their fused kernel (cuDNN
+from Hopper on, FA2 before) at a reference shape; ``simtrain.cost.attention_rates`` scales it to the
+stack's kernel, key length, mask and head dim.
 """
 from __future__ import annotations
 
@@ -90,10 +91,6 @@ from simtrain.spec.stack_groups import (  # noqa: F401  (re-exported: the groups
 )
 
 US = 1e-6
-
-#: FA2 / FA3 forward throughput on H100 at head dim 128: midpoints 340 / 558 TFLOP/s (FA3 paper Fig. 5,
-#: reference Table D) = 0.61. Applied to GPUs with FA3-class kernels (Hopper, Blackwell) only.
-FA2_ON_HOPPER = 0.61
 
 
 class SoftwareStack(BaseModel):
@@ -190,7 +187,7 @@ class SoftwareStack(BaseModel):
         return self.fusion.compiled_blocks
 
     @property
-    def attention(self) -> Literal["fa3", "fa2", "unfused"]:
+    def attention(self) -> Literal["cudnn", "fa3", "fa2", "unfused"]:
         """``attn.kernel``."""
         return self.attn.kernel
 

@@ -47,7 +47,6 @@ from simtrain.spec.stack_spec import (
     EAGER_LOSS,
     EAGER_NORM,
     EAGER_ROPE,
-    FA2_ON_HOPPER,
     FLAT_FIELDS,
     FUSED,
     GROUPS,
@@ -67,7 +66,7 @@ from simtrain.spec.stack_spec import (
     TensorParallelSpec,
 )
 
-__all__ = ["DEFAULT_STACK", "FA2_ON_HOPPER", "FLAT_FIELDS", "GROUPS", "STACKS", "OpFusion", "SoftwareStack",
+__all__ = ["DEFAULT_STACK", "FLAT_FIELDS", "GROUPS", "STACKS", "OpFusion", "SoftwareStack",
            "StackOverride", "derive", "get_stack", "override_names", "resolve_stack", "stack_choice",
            "stack_from_text"]
 
@@ -200,7 +199,7 @@ def _presets() -> dict[str, SoftwareStack]:
         None, "megatron-te", "Megatron-Core / NeMo with Transformer Engine (fused LayerNorm-GEMM, fused "
         "SwiGLU/RoPE/cross-entropy, cuDNN fused attention, distributed optimizer, TP comm overlap, bf16 "
         "gradient reduction); NeMo performance recipes",
-        attention="fa3", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
+        attention="cudnn", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
         cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True, grouped_gemm_per_expert=True,
         tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True, loss=MEGATRON_FUSED_LOSS))
     add(derive(
