@@ -127,6 +127,8 @@ class Engine(ClassComm):
         self.trace: list[TraceEvent] = []
         self.active_comm: dict[int, list[str]] = {r: [] for r in self.ranks}
         self._change: dict[int, simpy.Event | None] = {r: None for r in self.ranks}
+        self._rate: dict[int, float] = {r: 1.0 for r in self.ranks}
+        """The slowdown a rank's running compute op is timed at while it listens for changes (``_run_slowed``)."""
         """Per rank: the event its running compute op waits on for a change of ``active_comm``."""
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
@@ -473,6 +475,7 @@ class Engine(ClassComm):
                 yield done
                 return
             changed = self._change[rank] = env.event()
+            self._rate[rank] = slow
             yield either(env, done, changed)
             if self._change[rank] is changed:
                 self._change[rank] = None
@@ -487,7 +490,9 @@ class Engine(ClassComm):
     def _comm_changed(self, rank: int) -> None:
         """The set of ``rank``'s collectives in flight changed: re-time its running compute op."""
         ev = self._change[rank]
-        if ev is not None:
+        # a change that leaves the rate as it was would only wake the op to wait again, ending when it would
+        # have ended (an unchanged rate keeps its end time): skipped, saving its events
+        if ev is not None and self._slowdown(rank) != self._rate[rank]:
             self._change[rank] = None
             ev.succeed()
 
