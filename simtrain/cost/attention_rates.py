@@ -31,8 +31,10 @@ REFERENCE_KEYS = 16384
 #: Forward TFLOP/s (FlashAttention convention: causal FLOPs halved) at ``KEYS``, by kernel and causal mask:
 #: H100 SXM5, BF16, head dim 128, batch x sequence = 16k tokens over 16 heads (2,048 query tiles: no wave
 #: quantisation), the bar labels of Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5 (c)
-#: (no mask) and (d) (causal) [obs]. FA3 benchmarks heat the GPU to its maximum clock first: burst rates,
-#: which the profiles scale to sustained ones; only ratios of these numbers are used.
+#: (no mask) and (d) (causal) [obs], read from transcriptions of the figures' bar labels (as the reference's
+#: Table D reads them; its no-mask ranges, FA3 467-648 and FA2 309-370, are these rows' ends). FA3 benchmarks
+#: heat the GPU to its maximum clock first: burst rates, which the profiles scale to sustained ones; only
+#: ratios of these numbers are used.
 FWD_TFLOPS: dict[Kind, dict[bool, tuple[float, ...]]] = {
     "cudnn": {False: (497, 574, 617, 609, 600, 595), True: (315, 410, 484, 518, 529, 539)},
     "fa3": {False: (467, 565, 625, 638, 646, 648), True: (292, 423, 521, 579, 602, 616)},
