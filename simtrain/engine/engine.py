@@ -127,9 +127,9 @@ class Engine(ClassComm):
         self.trace: list[TraceEvent] = []
         self.active_comm: dict[int, list[str]] = {r: [] for r in self.ranks}
         self._change: dict[int, simpy.Event | None] = {r: None for r in self.ranks}
+        """Per rank: the event its running compute op waits on for a change of ``active_comm``."""
         self._rate: dict[int, float] = {r: 1.0 for r in self.ranks}
         """The slowdown a rank's running compute op is timed at while it listens for changes (``_run_slowed``)."""
-        """Per rank: the event its running compute op waits on for a change of ``active_comm``."""
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
         self._comm: dict[int, list[CommEntry | None]] = {}
