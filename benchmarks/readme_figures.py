@@ -261,6 +261,14 @@ def _llama405b() -> dict[str, float]:
     return {"bare": bare.memory[1].peak_bytes / GiB, "rec": _peak_gib(base), "mfu": 100 * base.mfu}
 
 
+def _variability_405b() -> dict[str, float]:
+    """The README's ``sim.variability`` example: the 405B example with a 2 % GPU speed spread, 4 draws."""
+    v = _sim("llama3_405b_h100.yaml", "sim.variability.gpu_speed_cv=0.02", "sim.variability.samples=4").variability
+    st, nominal = v["step_time_s"], v["nominal_step_time_s"]
+    return {"p10": st["p10"], "p50": st["p50"], "p90": st["p90"], "pct": 100 * (st["p50"] / nominal - 1),
+            "nominal": nominal, "slowest": v["slowest_gpu_speed_p50"]}
+
+
 def _llama8b() -> dict[str, float]:
     return {"peak": _peak_gib(_sim("llama3_8b_h100_fsdp.yaml"))}
 
@@ -384,6 +392,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(README, "published layout on 2,048 H800 estimates {est:.1f} s against {sim:.1f} s simulated",
            _deepseek_estimate, slow=True),
     Figure("examples/deepseek_v3_h800.yaml", "simtrain predicts ~{gpuh_m:.2f}M GPU-hours", _deepseek_run, slow=True),
+    Figure(README, "step p10 / p50 / p90 {p10:.4f} / {p50:.4f} / {p90:.4f} s ({pct:+.2f} % at p50 over the nominal "
+                   "{nominal:.4f} s; slowest GPU at {slowest:.3f}x", _variability_405b, slow=True),
     Figure("examples/llama3_405b_h100.yaml", "stage 1 peaks at ~{bare:.0f} GiB", _llama405b),
     Figure("examples/llama3_405b_h100.yaml", "per model chunk brings it to ~{rec:.0f} GiB. Predicted ~{mfu:.0f} % MFU",
            _llama405b),

@@ -18,6 +18,7 @@ from simtrain.cli.run import add_parsers as add_run_parsers
 from simtrain.cli.run import run_command
 from simtrain.engine.results import StepResult
 from simtrain.spec.errors import ConfigError, InfeasibleLayout, Problem, SimulationInvariantError, problem
+from simtrain.studies import variability
 from simtrain.studies.whatif import summary_lines
 
 GiB = 1024.0**3
@@ -84,6 +85,7 @@ def render_summary(r: StepResult) -> str:
         f"  step time     {r.step_time_s:.4f} s   ({r.global_batch_tokens:,} tokens per step)",
         *_band_lines(r),
         *summary_lines(r.whatif),
+        *variability.summary_lines(r.variability),
         f"  throughput    {r.tokens_per_s:,.0f} tokens/s, {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU",
         f"  FLOP rate     {r.model_tflops_per_gpu:.1f} model TFLOP/s/GPU (MFU {100 * r.mfu:.1f} %), "
         f"{r.hardware_tflops_per_gpu:.1f} hardware TFLOP/s/GPU (HFU {100 * r.hfu:.1f} %)",

@@ -79,12 +79,16 @@ class StepResult:
     """Likely measured step time from simtrain's error on measured runs like this one (``simtrain.studies.uncertainty``)."""
     whatif: dict[str, Any] | None = None
     """A what-if's step with and without its perturbations (``simtrain.studies.whatif.summary``); None: no what-if."""
+    variability: dict[str, Any] | None = None
+    """The step time's percentiles over seeded draws of every GPU's speed (``simtrain.studies.variability``);
+    None: no ``sim.variability``."""
     trace: list[Any] = field(default_factory=list, repr=False)
     stage_of: dict[int, int] = field(default_factory=dict, repr=False)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """JSON-ready dict with the documented keys (memory timelines only when asked)."""
-        skip = ("trace", "stage_of", "memory", "error_band") + (("whatif",) if self.whatif is None else ())
+        skip = (("trace", "stage_of", "memory", "error_band") + (("whatif",) if self.whatif is None else ())
+                + (("variability",) if self.variability is None else ()))
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["error_band"] = self.error_band.to_dict() if self.error_band is not None else None
         out["memory"] = []

@@ -25,6 +25,7 @@ from simtrain.spec.model import ModelSpec, preset
 from simtrain.spec.safe_yaml import load_yaml, read_document
 from simtrain.spec.schedule_names import SCHEDULE_NAMES, ScheduleKind
 from simtrain.spec.stacks import DEFAULT_STACK, SoftwareStack, StackOverride, resolve_stack, stack_choice
+from simtrain.spec.variability_spec import VariabilitySpec
 from simtrain.spec.whatif_spec import WhatIfSpec
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
@@ -304,8 +305,11 @@ class SimConfig(BaseModel):
     """``symmetric``: one rank per pipeline stage stands for its peers; ``full``: every rank is simulated."""
     fragmentation_ratio: float = Field(0.05, ge=0, le=1)
     """Allocator slack as a fraction of the allocated peak (playbook: a few % to ~15 %)."""
-    seed: int = 0
-    """Random seed (reserved: the simulation draws no random numbers yet)."""
+    seed: int = Field(0, ge=0)
+    """Random seed of what the simulation draws (``variability``): the same seed gives the same numbers."""
+    variability: VariabilitySpec | None = None
+    """GPU-to-GPU speed variability: draw every GPU's speed, simulate a step per draw, report the step
+    time's percentiles (``simtrain.studies.variability``); None: the nominal step only."""
     steady_state: bool = True
     """Long gradient accumulation: simulate three short runs a pipeline period apart and extend the
     last by the identical periods it lacks (``simtrain.engine.steady``; checked, else every micro-batch is

@@ -6,11 +6,12 @@ load_config -> RankGrid + Fabric (``fabric_of``) -> lower() -> static memory -> 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
@@ -39,8 +40,9 @@ from simtrain.plan.load import load_config
 from simtrain.plan.roles import MAX_ROLES, roles
 from simtrain.plan.routing import rank_load_factors, symmetric_load_factors
 from simtrain.spec.config import RunConfig, TrainConfig
-from simtrain.spec.errors import InfeasibleLayout
+from simtrain.spec.errors import ConfigError, InfeasibleLayout, problem
 from simtrain.spec.whatif_spec import WhatIfSpec
+from simtrain.studies import variability
 from simtrain.studies.uncertainty import band_for, read_error_table
 from simtrain.studies.whatif import key_ranks, summary, whatif_mode
 
@@ -74,6 +76,10 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         SimulationInvariantError: the result broke an invariant (``simtrain.engine.invariants``): a bug.
     """
     run = load_config(config, overrides)
+    if run.whatif.active and run.sim.variability is not None:
+        raise ConfigError(problem("sim.variability", run.sim.variability.model_dump(),
+                                  "no variability with a whatif (a what-if compares one perturbed step with the "
+                                  "nominal one): drop sim.variability, or the whatif section"))
     if run.whatif.active:  # the step with and without the perturbations (simtrain.studies.whatif)
         return _whatif(run, mode, trace, error_table, fabric)
     return _simulate(run, mode, trace, error_table, fabric)[0]
@@ -147,6 +153,8 @@ def _simulate(run: RunConfig, mode: str | None, trace: bool, error_table: str | 
         notes.append(f"critical role: role {role} (rank {reps[role][0]}'s placement; the representatives of the "
                      f"roles on stage 0 are ranks {', '.join(str(r[0]) for r in reps)})")
     invariants.check(result, gpu, run.train.precision, min(lg.min_total for lg in res.ledgers.values()))
+    if run.sim.variability is not None:
+        result.variability = _variability(step, steady, result.step_time_s)
     result.notes.extend([*run.assumptions, *notes])  # run.assumptions: what load_config filled in
     result.error_band = band_for(result.step_time_s, run.train.stack_name, run.model.is_moe, gpu.name,
                                  read_error_table(error_table))
@@ -169,7 +177,8 @@ class _Step:
     """Symmetric mode by role (``simtrain.plan.roles``): each role's representative per stage; [] when
     the ranks of a stage are interchangeable (one representative per stage)."""
     speed: dict[int, float] = field(default_factory=dict)
-    """Full mode: compute speed factor per rank (``whatif``; rank r runs on GPU r, ``plan.layout.place``)."""
+    """Compute speed factor per simulated rank: full mode's ``whatif`` (rank r runs on GPU r,
+    ``plan.layout.place``), or a ``sim.variability`` draw (either mode); missing ranks run at 1."""
 
     def engine_run(self, train: TrainConfig, trace: bool = False) -> tuple[Lowered, EngineResult]:
         """Lower the run with ``train``'s batch and simulate it on the engine."""
@@ -191,9 +200,28 @@ class _Step:
         for reps in self.roles or [[grid.representative(s) for s in range(run.layout.pp)]]:
             engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=True, trace=trace,
                             load_factor=symmetric_load_factors(run, reps), planner=self.planner,
-                            representatives=reps)
+                            representatives=reps, speed=self.speed)
             results.append(engine.run())
         return lowered, _merge(results)
+
+
+def _variability(step: _Step, steady: SteadyPlan | None, nominal_s: float) -> dict[str, Any]:
+    """``StepResult.variability``: the step simulated once per seeded draw of every GPU's speed
+    (``simtrain.studies.variability``), as the nominal step was (steady-state shortcut where it applies)."""
+    run = step.run
+    spec = run.sim.variability
+    assert spec is not None
+    rng = np.random.default_rng(run.sim.seed)
+    reps = step.roles or [[step.grid.representative(s) for s in range(run.layout.pp)]]
+    times, slowest = [], []
+    for _ in range(spec.samples):
+        speeds = variability.draw_speeds(rng, step.grid.world_size, spec.gpu_speed_cv)
+        drawn = replace(step, speed=variability.rank_speeds(step.grid, speeds, step.symmetric, reps))
+        outcome = _steady_state(drawn, steady) if run.sim.steady_state and steady else None
+        res = outcome[0] if outcome is not None else drawn.engine_run(run.train)[1]
+        times.append(res.step_time_s)
+        slowest.append(float(speeds.min()))
+    return variability.summary(spec, run.sim.seed, nominal_s, times, slowest)
 
 
 def _merge(results: list[EngineResult]) -> EngineResult:

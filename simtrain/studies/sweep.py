@@ -4,7 +4,8 @@
 cartesian product of the grid (first key slowest) and returns a pandas DataFrame with one row per
 point, in grid order whatever ran them: the grid values, the resolved config fields (dotted names, in
 the config's own units), the results (``step_time_s`` with its likely measured range ``step_time_low_s`` /
-``step_time_high_s`` from ``simtrain.studies.uncertainty``, ``mfu``, breakdown ``*_s``), memory
+``step_time_high_s`` from ``simtrain.studies.uncertainty``; with ``sim.variability`` its percentiles over the draws
+``step_time_p10_s`` / ``step_time_p50_s`` / ``step_time_p90_s``, ``mfu``, breakdown ``*_s``), memory
 (``peak_memory_bytes``, ``fits``, and ``memory_json``: per-stage components and a down-sampled memory
 timeline), the whole run when the config has a ``run:`` section (``time_to_train_s``, ``gpu_hours``,
 ``cost``), and ``error``: a failing point becomes a row with its error and the sweep goes on.
@@ -224,7 +225,16 @@ def result_columns(r: StepResult) -> Row:
         "exposed_comm_s": sum(exposed.values()), **exposed, "optimizer_s": float(bd["optimizer"]),
         "other_s": float(bd["other"]), "peak_memory_bytes": peak, "capacity_bytes": capacity,
         "memory_headroom_bytes": capacity - peak, "fits": r.fits, "memory_json": memory_json(r),
+        **variability_columns(r),
     }
+
+
+def variability_columns(r: StepResult) -> Row:
+    """``sim.variability``'s step-time percentiles as ``step_time_p10_s`` / ``_p50_s`` / ``_p90_s`` (none without it)."""
+    if r.variability is None:
+        return {}
+    st = r.variability["step_time_s"]
+    return {f"step_time_{p}_s": st[p] for p in ("p10", "p50", "p90")}
 
 
 def step_config(run: RunConfig) -> RunConfig:
