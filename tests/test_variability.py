@@ -129,6 +129,31 @@ def test_a_sweep_carries_the_percentiles_per_point() -> None:
     assert list(plain["step_time_s"]) == list(frame["step_time_s"])
 
 
+def test_whole_runs_and_searches_use_the_nominal_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``simtrain run`` and ``simtrain search`` time and rank by the nominal step: no draws (nor their cost)."""
+    import simtrain.studies.simulate as sim_module
+    from simtrain.studies.run import simulate_run
+    from simtrain.studies.search import search
+    from simtrain.studies.search_space import SearchSpace
+
+    seen: list[object] = []
+    real = sim_module.simulate
+
+    def spy(cfg, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(cfg.sim.variability)
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(sim_module, "simulate", spy)
+    run = {**_SMALL, "run": {"tokens": "1Mi"}}
+    drawn = {**run, "sim": {"variability": {"gpu_speed_cv": 0.05, "samples": 4}, "seed": 1}}
+    assert simulate_run(drawn).time_to_train_s == simulate_run(run).time_to_train_s
+    assert seen and all(v is None for v in seen)
+    space = SearchSpace(tp=(1, 2), pp=(1,), cp=(1,), micro_batch_size=(1,), zero_stage=(1,))
+    found = search({**drawn, "run": None}, space=space, top_k=2, workers=1)
+    rows = [c.row for c in found.candidates if c.row]
+    assert rows and all("step_time_p50_s" not in r for r in rows)
+
+
 @pytest.mark.parametrize(("overrides", "path"), [
     (["sim.variability.gpu_speed_cv=0"], "sim.variability.gpu_speed_cv"),
     (["sim.variability.gpu_speed_cv=0.5"], "sim.variability.gpu_speed_cv"),

@@ -113,8 +113,9 @@ def phase_config(run: RunConfig, phase: Phase) -> RunConfig:
 
 def _default_simulate(mode: str | None) -> SimulateFn:
     from simtrain.studies.simulate import simulate
+    from simtrain.studies.variability import nominal
 
-    return lambda cfg: simulate(cfg, mode=mode)
+    return lambda cfg: simulate(nominal(cfg), mode=mode)
 
 
 def _simulate_phase(cfg: RunConfig, phase: Phase, sim: SimulateFn, cache: dict[str, StepResult],

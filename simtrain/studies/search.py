@@ -49,6 +49,7 @@ from simtrain.studies.labels import layout_label
 from simtrain.studies.progress import progress_bar, ticking
 from simtrain.studies.search_space import SearchSpace, enumerate_layouts, explain_empty
 from simtrain.studies.simulate import cluster_of
+from simtrain.studies.variability import nominal
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -424,7 +425,7 @@ def _simulate_best(run: RunConfig, cands: list[Candidate], top_k: int, budget_un
     chosen = choose_to_simulate(estimated, top_k, budget_units, run.model.n_layers)
     if not chosen:
         return
-    base = base_data(run.model_copy(update={"run": None}))
+    base = base_data(nominal(run).model_copy(update={"run": None}))  # ranked by the nominal step: no draws
     rows = run_points(base, [_point(c) for c in chosen], workers, scheduler, progress, whole_run=False,
                       label="simulating best layouts")
     for c, row in zip(chosen, rows, strict=True):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from simtrain.plan.layout import RankGrid
+from simtrain.spec.config import RunConfig
 from simtrain.spec.variability_spec import VariabilitySpec
 
 #: Smallest speed factor a draw may give a GPU: the normal's tail below it (more than 4.75 standard
@@ -31,6 +32,14 @@ from simtrain.spec.variability_spec import VariabilitySpec
 SPEED_FLOOR = 0.05
 #: Percentiles of the step time reported over the draws.
 PERCENTILES = (10, 50, 90)
+
+
+def nominal(run: RunConfig) -> RunConfig:
+    """``run`` without ``sim.variability``: the whole-run and search studies rank and time by the nominal step,
+    so they simulate no draws (each would cost a simulation, outside the search's budget)."""
+    if run.sim.variability is None:
+        return run
+    return run.model_copy(update={"sim": run.sim.model_copy(update={"variability": None})})
 
 
 def draw_speeds(rng: np.random.Generator, world: int, cv: float) -> np.ndarray:
