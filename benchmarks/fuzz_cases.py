@@ -279,7 +279,8 @@ train: {seq_len: 1024, micro_batch_size: 1, global_batch_seqs: 8}
 SET_KEYS = ("layout.tp", "layout.pp", "layout.dp", "layout.cp", "layout.vpp", "layout.schedule", "layout.recompute",
             "layout.sequence_parallel", "layout.zero_stage", "layout.order", "train.seq_len", "train.precision",
             "train.global_batch_tokens", "train.global_batch_seqs", "train.stack", "hardware.node",
-            "hardware.n_nodes", "model", "model.n_layers", "model.hidden", "sim.mode", "name", "bogus.key")
+            "hardware.n_nodes", "model", "model.n_layers", "model.hidden", "sim.mode", "sim.seed",
+            "sim.variability", "sim.variability.gpu_speed_cv", "sim.variability.samples", "name", "bogus.key")
 ODD_VALUES = ("", "[", "]", "{", "{a: 1", "!!python/object:os.system", "&a [*a]", "*x", "- 1\n- 2", "1e400", "-1",
               "0", "nan", ".inf", "true", "null", "~", "'x", '"', "3.5", "0x10", "1_000", "[1, 2]", "{tp: 2}",
               "\x00", "\udcff", "ÿ", "4Mi", "1.5M", "99999999999999999999", "-0", "yes", "%", "@", "`", "|\n  x")
