@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_whatif import _SMALL as WHATIF_SMALL
 
 from simtrain.plan.layout import RankGrid
 from simtrain.spec.config import LayoutConfig
@@ -23,13 +24,7 @@ from simtrain.studies.simulate import simulate
 from simtrain.studies.sweep import sweep
 from simtrain.studies.variability import SPEED_FLOOR, draw_speeds, rank_speeds, summary, summary_lines
 
-_SMALL = {
-    "name": "variability-small",
-    "model": {"preset": "llama3-8b", "n_layers": 4},
-    "hardware": {"node": "dgx-h100", "n_nodes": 1},
-    "layout": {"dp": 8},
-    "train": {"seq_len": 2048, "micro_batch_size": 1, "global_batch_seqs": 16},
-}
+_SMALL = {**WHATIF_SMALL, "name": "variability-small"}  # Llama 3 8B cut to 4 layers, DP 8 on one DGX H100
 _PIPELINE = {**_SMALL, "name": "variability-pp", "hardware": {"node": "dgx-h100", "n_nodes": 2},
              "layout": {"pp": 2, "dp": 8}, "train": {"seq_len": 2048, "micro_batch_size": 1, "global_batch_seqs": 32}}
 

@@ -180,6 +180,11 @@ class _Step:
     """Compute speed factor per simulated rank: full mode's ``whatif`` (rank r runs on GPU r,
     ``plan.layout.place``), or a ``sim.variability`` draw (either mode); missing ranks run at 1."""
 
+    def representatives(self) -> list[list[int]]:
+        """Symmetric mode's simulated ranks: one list per role, one rank per stage (the stages'
+        representatives when the ranks of a stage are interchangeable)."""
+        return self.roles or [[self.grid.representative(s) for s in range(self.run.layout.pp)]]
+
     def engine_run(self, train: TrainConfig, trace: bool = False) -> tuple[Lowered, EngineResult]:
         """Lower the run with ``train``'s batch and simulate it on the engine."""
         run = self.run.model_copy(update={"train": train})
@@ -197,7 +202,7 @@ class _Step:
         # one engine run per role, each on its own network (roles share no simulated link: each run's
         # flows already carry its copies' weights); the step is the slowest role's
         results = []
-        for reps in self.roles or [[grid.representative(s) for s in range(run.layout.pp)]]:
+        for reps in self.representatives():
             engine = Engine(lowered.programs, grid, self.topo, self.cluster.gpu, symmetric=True, trace=trace,
                             load_factor=symmetric_load_factors(run, reps), planner=self.planner,
                             representatives=reps, speed=self.speed)
@@ -212,7 +217,7 @@ def _variability(step: _Step, steady: SteadyPlan | None, nominal_s: float) -> di
     spec = run.sim.variability
     assert spec is not None
     rng = np.random.default_rng(run.sim.seed)
-    reps = step.roles or [[step.grid.representative(s) for s in range(run.layout.pp)]]
+    reps = step.representatives()
     times, slowest = [], []
     for _ in range(spec.samples):
         speeds = variability.draw_speeds(rng, step.grid.world_size, spec.gpu_speed_cv)

@@ -37,6 +37,7 @@ from simtrain.spec.config import RunConfig, apply_overrides, read_config_file
 from simtrain.spec.errors import ConfigError, InfeasibleLayout, Problem, SimtrainError
 from simtrain.spec.safe_yaml import load_yaml
 from simtrain.spec.stacks import StackOverride, override_names
+from simtrain.studies.variability import PERCENTILES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -234,7 +235,7 @@ def variability_columns(r: StepResult) -> Row:
     if r.variability is None:
         return {}
     st = r.variability["step_time_s"]
-    return {f"step_time_{p}_s": st[p] for p in ("p10", "p50", "p90")}
+    return {f"step_time_p{p}_s": st[f"p{p}"] for p in PERCENTILES}
 
 
 def step_config(run: RunConfig) -> RunConfig:
