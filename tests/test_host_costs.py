@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from simtrain.cost.host import (
+    C10D_COLLECTIVE_CPU_S,
     GRACE_HOST_FACTOR,
     GRACE_HOSTED_GPUS,
     HOST_SYNC_S,
     HostModel,
+    RunAhead,
     add_host_gaps,
     host_model,
     run_segment,
     segment,
     segments,
+    steady_host_gaps,
 )
 from simtrain.hardware.load import load_gpu
-from simtrain.lower.ops import CostedComputeOp, Kernel, Stream
+from simtrain.lower.ops import CollectiveOp, CostedComputeOp, Kernel, SendOp, Stream
+from simtrain.spec.collective_kinds import ALL_TO_ALL, REDUCE_SCATTER, SEND
 from simtrain.spec.stacks import MEGATRON_CPU_LAUNCH_S, STACKS
 from simtrain.studies.simulate import simulate
 
@@ -100,6 +105,54 @@ def test_segments_split_after_each_sync_kernel_and_count_launches() -> None:
     assert segment([10 / 7 * US] * 7, [4 * US] * 7).lead_s == pytest.approx(28 * US - 60 / 7 * US)
 
 
+def test_a_collective_call_holds_the_cpu_and_after_a_sync_the_gpu_waits_for_it() -> None:
+    """The MoE dispatch: after the token-count sync the CPU issues the all-to-all (c seconds of c10d) before
+    the next kernel, so that kernel waits for the round trip, the call and its own issue; with queued work
+    the call is absorbed (the backlog shrinks by c)."""
+    c = 90 * US
+    model = HostModel(8 * US, frozenset({"moe.permute"}), cpu_collective_s=c)
+    a2a = CollectiveOp(2, Stream.EP, "ep.all_to_all", "comm", coll=ALL_TO_ALL, axis="ep", comm_bytes=1e6)
+    ops = [_op(0, (_k("a", 1e-3),) * 3), _op(1, (_k("router", 50 * US), _k("moe.permute", 20 * US))), a2a,
+           _op(3, (_k("expert.up", 1e-3),))]
+    out = add_host_gaps(list(ops), model)
+    assert out[2] is a2a
+    assert out[3].duration_s - ops[3].duration_s == pytest.approx(HOST_SYNC_S + c + 8 * US)  # type: ignore[attr-defined]
+    queued = [_op(0, (_k("a", 1e-3),) * 3), a2a, _op(2, (_k("b", 1e-3),))]
+    free = add_host_gaps(list(queued), model)
+    assert free[2].duration_s == queued[2].duration_s  # type: ignore[attr-defined]  # 3 ms queued covers 90 us
+    # a send costs the same; a chunk of a collective fused with its GEMM (TP comm overlap) costs nothing
+    send = SendOp(1, Stream.PP, "pp.send", "comm", coll=SEND, axis="pp", comm_bytes=1e6, peer_stage=1)
+    fused = CollectiveOp(1, Stream.TP, "tp.reduce_scatter", "comm", coll=REDUCE_SCATTER, axis="tp", comm_bytes=1e6,
+                         host_issued=False)
+    first = _k("a", 1 * US)
+    for comm, extra in ((send, c), (fused, 0.0)):
+        got = add_host_gaps([_op(0, (first,)), comm, _op(2, (_k("b", 1 * US),))], model)
+        # from an empty queue: a waits 8 us; b is issued at 16 us + the call, the GPU is free at 9 us
+        assert got[2].duration_s - 1 * US == pytest.approx(8 * US + extra - 1 * US)  # type: ignore[attr-defined]
+
+
+def test_a_repeated_pass_is_costed_from_the_steady_queue() -> None:
+    """``steady_host_gaps``: a pass of kernels the step repeats. GPU-bound (each 10 us kernel issued in 8 us):
+    from an empty queue the first kernel waits 8 us, in the steady state the queue is ahead and nothing waits,
+    so the 8 us are paid once. CPU-bound (4 us kernels): each pass idles its CPU excess, 4 x (8 - 4) us, in
+    the steady state; the first pass 4 us more (8 us before its first kernel, 3 x 4 after; in the steady
+    state the previous pass's last kernel covers 4 us of that first issue). A collective call before the
+    pass (the step's head) empties the queue by its CPU time."""
+    model = HostModel(8 * US, cpu_collective_s=20 * US)
+    for g, steady_stall, cold in ((10 * US, 0.0, 8 * US), (4 * US, 16 * US, 4 * US)):
+        ops = [_op(i, (_k("a", g),)) for i in range(4)]
+        got, extra = steady_host_gaps(list(ops), model, slice(0, None))
+        assert sum(o.host_stall_s for o in got) == pytest.approx(steady_stall)  # type: ignore[attr-defined]
+        assert extra == pytest.approx(cold)
+    gathers = [CollectiveOp(i, Stream.DP_GATHER, "dp.all_gather", "comm", coll=REDUCE_SCATTER, axis="dp",
+                            comm_bytes=1e6) for i in range(2)]
+    ops = gathers + [_op(2 + i, (_k("a", 10 * US),)) for i in range(4)]
+    got, extra = steady_host_gaps(list(ops), model, slice(2, None))
+    assert got[:2] == gathers and all(o.host_stall_s == 0.0 for o in got[2:])  # type: ignore[attr-defined]
+    assert extra == pytest.approx(2 * 20 * US + 8 * US)  # both calls, then the first kernel's issue
+    assert steady_host_gaps(list(ops), None, slice(2, None)) == (ops, 0.0)
+
+
 def test_without_cpu_cost_or_syncs_nothing_moves() -> None:
     ops = [_op(0, (_k("a", 1 * US),) * 5)]
     assert add_host_gaps(list(ops), HostModel(0.0)) == ops
@@ -125,8 +178,11 @@ def test_a_grace_host_issues_slower_and_cuda_graphs_issue_nothing() -> None:
     grace = host_model(stack, "gb200")
     assert grace is not None and grace.cpu_launch_s == pytest.approx(8 * US * GRACE_HOST_FACTOR)
     assert pytest.approx((33.17 / 13.48 + 37.08 / 13.48) / 2, abs=0.01) == GRACE_HOST_FACTOR
+    assert grace.cpu_collective_s == pytest.approx(C10D_COLLECTIVE_CPU_S * GRACE_HOST_FACTOR)
+    assert host_model(stack, "h100").cpu_collective_s == C10D_COLLECTIVE_CPU_S == 89 * US  # type: ignore[union-attr]
     graphed = host_model(stack.model_copy(update={"launch": stack.launch.model_copy(update={"cuda_graphs": True})}))
     assert graphed is not None and graphed.cpu_launch_s == 0.0 and graphed.sync_before_optimizer
+    assert graphed.cpu_collective_s == 0.0
 
 
 # -- end to end ------------------------------------------------------------------------------------------
@@ -209,3 +265,77 @@ def test_per_expert_casts_never_make_a_step_faster_end_to_end(monkeypatch: pytes
     assert mx > simulate(_fp8_moe("blockwise")).step_time_s
     # delayed scaling's one fused cast was never per expert: unchanged
     assert simulate(_fp8_moe("delayed")).step_time_s == delayed
+
+
+def test_the_engine_does_not_slow_a_host_stall_by_the_collectives_in_flight() -> None:
+    """A compute op of 100 us whose first 60 us are a host stall (GPU idle), beside a long all-reduce: only its
+    40 us of kernels run at 1 / (1 + interference); the stall is neither stretched nor scaled by speed."""
+    from simtrain.engine.engine import Engine
+    from simtrain.hardware.load import build_cluster
+    from simtrain.hardware.topology import Topology
+    from simtrain.lower.ops import OpKind, Program
+    from simtrain.plan.layout import RankGrid
+    from simtrain.spec.collective_kinds import ALL_REDUCE
+    from simtrain.spec.config import LayoutConfig
+
+    cl = build_cluster("dgx-h100", 1)
+    grid, topo, gpu = RankGrid(LayoutConfig(dp=8)), Topology(cl), cl.gpu
+
+    def program(stall: float) -> list[Program]:
+        p = Program(0)
+        p.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=4e9)
+        p.add(OpKind.COMPUTE, Stream.COMPUTE, "a", category="fwd", duration_s=100 * US, host_stall_s=stall)
+        return [p]
+
+    def end_of_a(stall: float, speed: float = 1.0) -> float:
+        res = Engine(program(stall), grid, topo, gpu, symmetric=False, speed={r: speed for r in range(8)}).run()
+        return next(e.end_s for e in res.trace if e.rank == 0 and e.name == "a")
+
+    slow = 1 + gpu.comm_interference_nvlink
+    assert end_of_a(0.0) == pytest.approx(100 * US * slow, rel=1e-9)
+    assert end_of_a(60 * US) == pytest.approx(60 * US + 40 * US * slow, rel=1e-9)
+    assert end_of_a(60 * US, speed=0.5) == pytest.approx(60 * US + 80 * US * slow, rel=1e-9)
+
+
+def test_a_wait_before_the_first_op_hides_its_host_stall_unless_the_host_synchronised() -> None:
+    """``RunAhead``: the step's first compute op, with a stall of 60 us after a wait of 40 us, idles 20 us (the
+    CPU issued meanwhile); later ops keep their stalls; a first op that synchronises keeps its stall."""
+    op = replace(_op(0, (_k("a", 40 * US),)), host_stall_s=60 * US)
+    ra = RunAhead()
+    assert ra.stall(op, 40 * US) == pytest.approx(20 * US) and ra.stall(op, 100 * US) == pytest.approx(60 * US)
+    assert RunAhead().stall(op, 100 * US) == 0.0
+    assert RunAhead().stall(replace(op, host_sync=True), 1.0) == pytest.approx(60 * US)
+
+
+@pytest.mark.parametrize("host_sync", [False, True])
+def test_both_evaluators_hide_a_host_stall_behind_the_wait_for_a_collective(host_sync: bool) -> None:
+    """The step's first compute op, of 100 us, 60 us of it a host stall, waits for an all-reduce of T >> 60 us
+    (as for ZeRO-1's parameter gathers): it ends at T + 40 us in the engine and the critical-path evaluator
+    alike (the CPU issued its kernels while the GPU waited); when the op synchronises with the host, at
+    T + 100 us."""
+    from simtrain.engine.critical_path import evaluate
+    from simtrain.engine.engine import Engine
+    from simtrain.hardware.load import build_cluster
+    from simtrain.hardware.topology import Topology
+    from simtrain.lower.ops import OpKind, Program
+    from simtrain.plan.layout import RankGrid
+    from simtrain.spec.collective_kinds import ALL_REDUCE
+    from simtrain.spec.config import LayoutConfig
+
+    cl = build_cluster("dgx-h100", 1)
+    grid, topo, gpu = RankGrid(LayoutConfig(dp=8)), Topology(cl), cl.gpu
+
+    def program() -> list[Program]:
+        p = Program(0)
+        ar = p.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=4e9)
+        p.add(OpKind.COMPUTE, Stream.COMPUTE, "a", category="fwd", deps=(ar.idx,), duration_s=100 * US,
+              host_stall_s=60 * US, host_sync=host_sync)
+        return [p]
+
+    res = Engine(program(), grid, topo, gpu, symmetric=True).run()
+    ar_end = next(e.end_s for e in res.trace if e.rank == 0 and e.name == "ar")
+    a_end = next(e.end_s for e in res.trace if e.rank == 0 and e.name == "a")
+    assert ar_end > 1e-3
+    assert a_end == pytest.approx(ar_end + (100 if host_sync else 40) * US, rel=1e-9)
+    cp = evaluate(program(), grid, topo, gpu)
+    assert cp.op_end_s[0][1] - cp.op_end_s[0][0] == pytest.approx((100 if host_sync else 40) * US, rel=1e-9)

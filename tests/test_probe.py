@@ -64,7 +64,8 @@ def test_a_truncated_probe_extrapolates_exactly(overrides: list[str]) -> None:
     """Every quantity of an uncontended probe is linear in the layers of each kind (recomputed, plain),
     so probes of 3 and 2 layers per kind extrapolate to the whole stage: the same step as probing every
     layer (16 layers, partial recompute included), but for the ZeRO-1/2 parameter gathers before the
-    first forward, bucketed (one collective latency more per bucket, not per layer: within 1e-3)."""
+    first forward, bucketed (one collective latency and one call's CPU time more per bucket, not per layer:
+    within 2e-3)."""
     run = load_config({**SMALL, "model": {"preset": "llama3-8b", "n_layers": 16}}, overrides)
     est = Estimator(run.model, cluster_of(run), 0.05)
     short = est.estimate(run.layout, run.train)
@@ -74,7 +75,7 @@ def test_a_truncated_probe_extrapolates_exactly(overrides: list[str]) -> None:
         whole = Estimator(run.model, cluster_of(run), 0.05).estimate(run.layout, run.train)
     finally:
         probe.TRUNCATED_LAYERS = old
-    rel = 1e-3 if run.layout.shard_stage in (1, 2) else 1e-9
+    rel = 2e-3 if run.layout.shard_stage in (1, 2) else 1e-9
     assert short.step_time_s == pytest.approx(whole.step_time_s, rel=rel)
     assert short.components() == pytest.approx(whole.components(), rel=rel, abs=rel * whole.step_time_s)
 

@@ -72,12 +72,13 @@ class _Memo:
         return hit
 
 
-def cost_program(program: Program, source: CostSource, memo: _Memo | None = None) -> Program:
+def cost_program(program: Program, source: CostSource, memo: _Memo | None = None, host_gaps: bool = True) -> Program:
     """A costed copy of ``program``: every compute op's kernels costed by ``source`` and its duration set,
     every host copy timed (``CostedComputeOp``, ``CostedCopyOp``); other ops are shared with ``program``
     (they carry no time). ``program`` is left as it is, so it can be costed again with another source.
     ``memo``: costed kernels of ``source`` to reuse (``lower`` shares one across a run's stages, whose
-    programs emit the same kernel tuples); None: a new one."""
+    programs emit the same kernel tuples); None: a new one. ``host_gaps`` False: without the host's GPU idle
+    time (the caller adds it, ``simtrain.cost.host``)."""
     if memo is None or memo.source is not source:
         memo = _Memo(source)
     tuples = memo.tuples
@@ -98,7 +99,9 @@ def cost_program(program: Program, source: CostSource, memo: _Memo | None = None
         elif kind is CostedComputeOp or kind is CostedCopyOp:
             raise ValueError(f"op {op.idx} ({op.name}) of this program is already costed")
         ops.append(op)
-    return Program(program.stage, add_host_gaps(ops, host_model_of(source)), dict(program.static_mem))
+    if host_gaps:
+        ops = add_host_gaps(ops, host_model_of(source))
+    return Program(program.stage, ops, dict(program.static_mem))
 
 
 def cost_kernels(kernels: Sequence[KernelDesc], source: CostSource) -> tuple[Kernel, ...]:

@@ -45,6 +45,13 @@ csrc/extensions/cast.cpp) [src]. So the forward and data-gradient GEMMs of the r
 kernels per local expert (the cast, then the GEMM); the weight-gradient GEMMs reuse both column-wise copies
 and issue one. The casts' GPU time is already in the GEMM's (``FP8_CAST_BYTES``); here they add CPU issue.
 
+A collective or pipeline send the CPU issues through ``torch.distributed`` (c10d's ``ProcessGroupNCCL``: the
+Python binding, the ``Work`` object, the CUDA events that order the NCCL stream after the compute stream, the
+NCCL launch) takes the CPU ``C10D_COLLECTIVE_CPU_S``, during which it issues no kernel: the GPU's backlog
+shrinks by that much, and a collective issued right after a host sync (the MoE dispatch's all-to-all) is GPU
+idle time in full. The chunks of a collective fused with its GEMM by TP comm overlap are launched with the
+GEMM chunks (``CommOp.host_issued`` False) and cost nothing here.
+
 CPU time per kernel: the stack's ``launch.cpu_launch_s`` (eager PyTorch ~5-10 us per op, reference
 hardware-collectives-memory.md sec. 3), times ``GRACE_HOST_FACTOR`` on Grace-hosted GPUs. CUDA graphs
 (``launch.cuda_graphs``: Megatron ``cuda_graph_impl`` "local"/"transformer_engine", TE
@@ -59,7 +66,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from simtrain.cost.costs import ComputeCostModel
-from simtrain.lower.ops import CostedComputeOp, Kernel, Op, Stream
+from simtrain.lower.ops import CommOp, CostedComputeOp, Kernel, Op, Stream
 from simtrain.spec.stacks import SoftwareStack
 
 #: Round trip of a host synchronisation, seconds: the GPU signals the host, the CPU thread wakes from
@@ -71,6 +78,11 @@ HOST_SYNC_S = 5e-6
 #: 13.48 us on an H100 DGX (Xeon Platinum 8480C), BF16, hidden 2048, 8192 tokens (NVIDIA/TransformerEngine
 #: issue #2053, "High CPU overhead on Grace systems", 2025): 2.46 and 2.75, mean 2.6 [obs].
 GRACE_HOST_FACTOR = 2.6
+#: CPU time of one ``torch.distributed`` collective call on the NCCL backend, seconds: c10d ``all_reduce``
+#: 89 us, ``reduce_scatter`` 122 us, ``all_gather`` 131 us (with its output's allocation) in torch 2.4
+#: (pytorch/pytorch#138773, ByteDance's benchmark of c10d against functional collectives, x86 host) [obs];
+#: the cheapest of the three, for every collective and send (all-to-all and send/recv were not timed) [assumed].
+C10D_COLLECTIVE_CPU_S = 89e-6
 #: GPUs whose host CPU is a Grace (Grace-Blackwell superchips: GB200, GB300) [spec].
 GRACE_HOSTED_GPUS = frozenset({"gb200", "gb300"})
 #: Kernels after which dropless MoE synchronises with the host (the forward permutation before the
@@ -97,11 +109,14 @@ class HostModel:
     per_expert_cast: bool = False
     """With ``per_expert_launch``: each forward and data-gradient expert GEMM's operand is quantised by one
     kernel per local expert (FP8, recipe other than delayed scaling; module docstring)."""
+    cpu_collective_s: float = 0.0
+    """CPU time to issue one collective or send through ``torch.distributed``, seconds."""
 
     @property
     def active(self) -> bool:
         """True when the host can stall the GPU at all."""
-        return self.cpu_launch_s > 0 or bool(self.sync_after) or self.sync_before_optimizer
+        return (self.cpu_launch_s > 0 or self.cpu_collective_s > 0 or bool(self.sync_after)
+                or self.sync_before_optimizer)
 
 
 #: FP8 recipes whose ``split_quantize`` runs one fused kernel for all experts (Transformer Engine's
@@ -116,13 +131,18 @@ def host_model(stack: SoftwareStack | None, gpu_name: str = "", fp8_recipe: str 
         return None
     launch = stack.launch
     cpu = 0.0 if launch.cuda_graphs else launch.cpu_launch_s
-    if gpu_name.strip().lower() in GRACE_HOSTED_GPUS:
-        cpu *= GRACE_HOST_FACTOR
     syncs = (MOE_SYNC_KERNELS if launch.moe_token_count_sync else frozenset()) | (
         LOSS_SYNC_KERNELS if launch.loss_check_sync else frozenset())
     per_expert = launch.grouped_gemm_per_expert
     cast = per_expert and fp8_recipe is not None and fp8_recipe not in FUSED_SPLIT_QUANTIZE_RECIPES
-    return HostModel(cpu, syncs, launch.grad_norm_sync, per_expert_launch=per_expert, per_expert_cast=cast)
+    # with CUDA graphs the collectives' issue is taken as 0 like the kernels' (those left outside the graphs,
+    # such as the gradient reduction's few per step, are not charged) [assumed]
+    coll = 0.0 if launch.cuda_graphs else C10D_COLLECTIVE_CPU_S
+    if gpu_name.strip().lower() in GRACE_HOSTED_GPUS:
+        cpu *= GRACE_HOST_FACTOR
+        coll *= GRACE_HOST_FACTOR
+    return HostModel(cpu, syncs, launch.grad_norm_sync, per_expert_launch=per_expert, per_expert_cast=cast,
+                     cpu_collective_s=coll)
 
 
 def host_model_of(source: object) -> HostModel | None:
@@ -197,17 +217,17 @@ def segments(kernels: Sequence[Kernel], model: HostModel) -> tuple[Segment, ...]
     return tuple(out)
 
 
-def add_host_gaps(ops: list[Op], model: HostModel | None) -> list[Op]:
+def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0) -> tuple[list[Op], float]:
     """``ops`` (one rank's costed program, in issue order) with each compute-stream op's duration grown by
-    the GPU idle time the host causes (module docstring). The queue starts empty (a step boundary)."""
-    if model is None or not model.active:
-        return ops
+    the GPU idle time the host causes (module docstring), the GPU starting ``backlog_s`` seconds behind the
+    CPU; and the backlog after the last op, seconds."""
     memo: dict[int, tuple[tuple[Kernel, ...], tuple[Segment, ...]]] = {}
-    backlog = 0.0
+    backlog = backlog_s
     out: list[Op] = []
     for op in ops:
         if type(op) is CostedComputeOp and op.stream == Stream.COMPUTE and op.kernels:
-            if model.sync_before_optimizer and op.category == "optimizer":
+            sync = model.sync_before_optimizer and op.category == "optimizer"
+            if sync:
                 backlog = -model.sync_s  # the CPU waits for the queue to drain, then the round trip
             hit = memo.get(id(op.kernels))
             if hit is None or hit[0] is not op.kernels:
@@ -216,7 +236,69 @@ def add_host_gaps(ops: list[Op], model: HostModel | None) -> list[Op]:
             for seg in hit[1]:
                 s, backlog = run_segment(seg, backlog, model.sync_s)
                 stall += s
-            if stall > 0.0:
-                op = replace(op, duration_s=op.duration_s + stall)
+                sync = sync or seg.sync_after
+            if stall > 0.0 or sync:
+                op = replace(op, duration_s=op.duration_s + stall, host_stall_s=op.host_stall_s + stall,
+                             host_sync=sync)
+        elif isinstance(op, CommOp) and op.host_issued:
+            backlog -= model.cpu_collective_s  # the CPU issues no kernel meanwhile
         out.append(op)
-    return out
+    return out, backlog
+
+
+def add_host_gaps(ops: list[Op], model: HostModel | None) -> list[Op]:
+    """``ops`` with the host's GPU idle time (``host_pass``); the queue starts empty (a step boundary)."""
+    if model is None or not model.active:
+        return ops
+    return host_pass(ops, model)[0]
+
+
+def stall_s(ops: Sequence[Op]) -> float:
+    """GPU idle seconds the host causes in ``ops`` (their ``host_stall_s``)."""
+    return sum((op.host_stall_s for op in ops if isinstance(op, CostedComputeOp)), 0.0)
+
+
+def steady_host_gaps(ops: list[Op], model: HostModel | None, cycle: slice) -> tuple[list[Op], float]:
+    """``ops`` with the host's GPU idle time where ``ops[cycle]`` is one pass of work a step repeats (a
+    micro-batch's actions): the ops before it from an empty queue, those from ``cycle.start`` on from the
+    queue the repetition leaves; and how much more the first pass idles from the step's empty queue,
+    seconds (paid once per step).
+
+    One pass's map of the backlog is b -> max(b, L) + D (run_segment composed; a collective's CPU time
+    shifts it), or a constant after a sync, so a second pass is already in the steady regime: with D >= 0
+    the queue stays ahead of every lead, with D < 0 each pass idles -D. One warm-up pass gives it."""
+    if model is None or not model.active:
+        return ops, 0.0
+    start = cycle.start or 0
+    head, b0 = host_pass(ops[:start], model)
+    first, _ = host_pass(ops[start:], model, b0)
+    _, b1 = host_pass(ops[cycle], model, b0)
+    steady, _ = host_pass(ops[start:], model, b1)
+    return head + steady, max(stall_s(first) - stall_s(steady), 0.0)
+
+
+@dataclass(slots=True)
+class RunAhead:
+    """What a static host pass cannot see at a step's start: while the GPU waits for its first compute op's
+    inputs (a later pipeline stage's first receive, the ZeRO-1/2 parameter gathers), the CPU keeps issuing,
+    so the queue is that much further ahead than the pass, which starts from an empty queue, assumed. One
+    per rank, fed the compute stream's ops in order.
+
+    The first compute op's stall s, found by the pass, shrinks by the compute stream's wait w before it:
+    max(0, s - w) (the CPU issued its kernels, and the calls before them, during the wait). Later ops keep
+    the stalls the pass found, an upper bound: within the step the run-ahead a wait buys depends on the
+    stack (Megatron-core's ``batch_p2p_sync`` synchronises the device after each batched pipeline
+    send/receive of a non-interleaved schedule, so its CPU gains none at a receive), and a step's steady
+    state stays periodic (``simtrain.engine.steady``). A first op that synchronises keeps its stall."""
+
+    started: bool = False
+
+    def stall(self, op: CostedComputeOp, idle_s: float) -> float:
+        """Seconds ``op`` idles for the CPU's issue, the compute stream having idled ``idle_s`` seconds since
+        the step's start or its previous compute op (``op.host_stall_s`` at most)."""
+        s = op.host_stall_s
+        if self.started or op.host_sync:
+            self.started = True
+            return s
+        self.started = True
+        return s - idle_s if s > idle_s else 0.0

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.cost.host import RunAhead
 from simtrain.engine.axes import AXES, _axis
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import RECENT_OPS
@@ -259,6 +260,7 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
     flops_of: dict[int, float] = {}  # id(kernels) -> FLOPs: ops of every micro-batch share a layer's kernels
     # per stage, per stream: starts and ends of its ops over the network (in order: a stream is sequential)
     on_net: list[dict[int, tuple[list[float], list[float]]]] = [{} for _ in range(n)]
+    run_ahead = [RunAhead() for _ in range(n)]  # the engine's rule for host stalls after waits
     seq = 0
     left = sum(len(p.ops) for p in programs)
     while left:
@@ -294,6 +296,8 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
                     if op.kind in (OpKind.COMPUTE, OpKind.COPY):
                         work, expert = op_duration(op)
                         dur = work + extra * expert if op.kind == OpKind.COMPUTE else work
+                        if type(op) is CostedComputeOp and op.stream == Stream.COMPUTE:
+                            dur -= op.host_stall_s - run_ahead[s].stall(op, start - st.last_compute_end_s)
                     else:
                         dur = comm.time(op, s, op.idx in in_line[s])
                         if share_nic and op.stream != Stream.COMPUTE and comm.on_network(op, s):

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import simpy
 
+from simtrain.cost.host import RunAhead
 from simtrain.engine.axes import _axis, _axis_of, _interference, charge_stream
 from simtrain.engine.comm_planner import CommPlanner
 from simtrain.engine.done import DoneEvents, either
@@ -328,6 +329,7 @@ class Engine(ClassComm):
         alone, guards, finished = self._alone.get(rank, {}), self._guard.get(rank, {}), self._finished[rank]
         active, quiet = self.active_comm[rank], self._quiet  # the list is only ever changed in place
         t = env.now
+        run_ahead, prev_end = RunAhead(), t
         for k, op in enumerate(ops):
             deps = op.deps
             awaited = op.idx in need
@@ -385,21 +387,26 @@ class Engine(ClassComm):
                 self._attribute(rank, blocker, ready, start)
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            work = (op.duration_s + extra_load * op.expert_s) / speed
+            # the host stall is GPU idle time (waiting for the CPU's issue): neither slowed nor sped up, and
+            # shortened by the waits before it (the CPU ran ahead meanwhile)
+            stall = run_ahead.stall(op, start - prev_end)
+            work = (op.duration_s - op.host_stall_s + extra_load * op.expert_s) / speed
             if not active and quiet(rank):
                 # no collective in flight and none can start before this stream fires an event
-                dur = work
+                dur = stall + work if stall else work
                 t = end = start + dur
                 if awaited:
                     yield env.timeout(dur)
                     end = t = env.now
             else:  # not quiet: caught up above, so start == env.now
+                if stall:
+                    yield env.timeout(stall)
                 yield from self._run_slowed(rank, work)
                 end = t = env.now
                 dur = end - start
             stats.busy[op.category] += dur
             stats.flops += flops[k]
-            stats.last_compute_end_s = end
+            stats.last_compute_end_s = prev_end = end
             self._ended(rank, op, start, end)
             if awaited:
                 self._fire(rank, op.idx, start)

@@ -52,6 +52,7 @@ from simtrain.cost.collectives import (
 )
 from simtrain.cost.cost_pass import cost_program
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.cost.host import host_model_of, steady_host_gaps
 from simtrain.engine.critical_path import CommTimer, evaluate
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import ClusterSpec, GpuSpec
@@ -184,6 +185,8 @@ class StageProbe:
         stream_s: per chunk, the time each communication stream is busy over one micro-batch's actions.
         exposed_s: exposed communication by axis over the probe (its actions and tail).
         ops: ops lowered.
+        cold_s: what the stage's first micro-batch idles more than a steady one, waiting for the CPU's
+            issue from the step's empty launch queue (``simtrain.cost.host.steady_host_gaps``); paid once.
     """
 
     costs: list[ActionCosts] = field(default_factory=list)
@@ -195,6 +198,16 @@ class StageProbe:
     ops: int = 0
     last_only_s: float = 0.0
     stream_s: list[dict[int, float]] = field(default_factory=list)
+    cold_s: float = 0.0
+
+
+def cost_probe(prog: Program, source: ComputeCostModel, cycle: slice) -> tuple[Program, float]:
+    """``prog`` costed by ``source``, the host's GPU idle time (``simtrain.cost.host``) of ``prog.ops[cycle]``
+    (one micro-batch's actions) that of the steady state of a step repeating them, not of a step's start;
+    and what the first of them idles more from the step's empty queue, seconds."""
+    costed = cost_program(prog, source, host_gaps=False)
+    ops, cold = steady_host_gaps(costed.ops, host_model_of(source), cycle)
+    return Program(costed.stage, ops, costed.static_mem), cold
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +370,7 @@ def _add_tails(run: RunConfig, block: BlockBuilder, plans: dict[int, LayerPlan],
     for s in probes:
         acts = [a for a in probe_actions(full[s]) if a.kind != "F"]
         prog, spans[s] = lower_probe(run, s, block, plans, acts, last=True)
-        programs[s] = cost_program(prog, source)
+        programs[s] = cost_probe(prog, source, slice(spans[s][0][1], spans[s][-1][2]))[0]
     for s, end in time_probes(programs, spans, grid, topo, cluster, run, comm, head=False).items():
         p = probes[s]
         steady = sum(c.b_s + c.w_s for c in p.costs)
@@ -438,10 +451,11 @@ def _combine(probes: list[StageProbe], variants: list[_Variant]) -> StageProbe:
     """Probe B extrapolated by each other probe's one-layer difference (``_variants``)."""
     b = probes[0]
     out = StageProbe(list(b.costs), list(b.compute_s), b.head_s, b.tail_s, b.optimizer_s, dict(b.exposed_s),
-                     sum(p.ops for p in probes), b.last_only_s, [dict(d) for d in b.stream_s])
+                     sum(p.ops for p in probes), b.last_only_s, [dict(d) for d in b.stream_s], b.cold_s)
     for p, v in zip(probes[1:], variants[1:], strict=True):
         k = v.per_stage
         out.head_s += k * (b.head_s - p.head_s)
+        out.cold_s += k * (b.cold_s - p.cold_s)
         out.tail_s += k * (b.tail_s - p.tail_s)
         out.optimizer_s += k * (b.optimizer_s - p.optimizer_s)
         out.last_only_s += k * (b.last_only_s - p.last_only_s)
@@ -491,6 +505,7 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Fabric, cost: Co
     for r in range(rounds):
         programs = [Program(s) for s in range(lay.pp)]
         spans = {}
+        cold_of: dict[int, float] = {}
         for s in probed.values():
             vs = variants[s]
             if (vs is None and r > 0) or (vs is not None and r >= len(vs)):
@@ -501,7 +516,7 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Fabric, cost: Co
                 v = vs[r]
                 vrun = run.model_copy(update={"layout": lay.model_copy(update={"recompute_layers": v.recompute_layers})})
                 prog, spans[s] = lower_probe(vrun, s, block, plans, probe_actions(full[s]), v.layers, firsts[s])
-            programs[s] = cost_program(prog, source)
+            programs[s], cold_of[s] = cost_probe(prog, source, slice(spans[s][0][1], None))
         got = time_probes(programs, spans, grid, topo, cluster, run, comm)
         for k in range(max((len(p) for p in pairs.values()), default=0)):  # overlapped F&B pairs
             pair_programs = [Program(s) for s in range(lay.pp)]
@@ -512,11 +527,12 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Fabric, cost: Co
                     vrun, vlayers = (run, layers[s]) if vs is None else (run.model_copy(update={
                         "layout": lay.model_copy(update={"recompute_layers": vs[r].recompute_layers})}), vs[r].layers)
                     prog, starts[s] = lower_pair_probe(vrun, s, block, plans, pairs[s][k], vlayers, firsts[s])
-                    pair_programs[s] = cost_program(prog, source)
+                    pair_programs[s] = cost_probe(prog, source, slice(starts[s], None))[0]
             for s, fb in time_pairs(pair_programs, starts, grid, topo, cluster, run, comm).items():
                 cf = pairs[s][k][0]
                 got[s].costs[cf] = got[s].costs[cf]._replace(fb_s=fb)
         for s, probe in got.items():
+            probe.cold_s = cold_of[s]
             timed[s].append(probe)
     probes = {}
     for s, rounds_of_s in timed.items():
@@ -526,8 +542,13 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Fabric, cost: Co
     per_stage = [probes[probed[sig]] for sig in sigs]
     ends = pipeline_ends(kind, lay.pp, m, lay.vpp, [p.costs for p in per_stage])
     head = per_stage[0].head_s
+    # the first stage's first micro-batch, issued from the step's empty launch queue, idles longer and
+    # delays every stage; a later stage's CPU issues its start while its GPU waits for the first receive
+    # (``simtrain.cost.host.RunAhead``); the first stage's CPU, too, issues while its GPU waits for the head's
+    # parameter gathers
+    cold = max(per_stage[0].cold_s - head, 0.0)
     runs = sched.chunk_runs(m)
-    paced = [head + e + p.tail_s for e, p in zip(ends, per_stage, strict=True)]
+    paced = [head + cold + e + p.tail_s for e, p in zip(ends, per_stage, strict=True)]
     # a communication stream cannot carry more than the step: per-micro-batch reductions or gathers
     # slower than the compute they overlap (ZeRO-2/3 over a slow network) queue up behind it
     backlog = [head + runs * max((sum(d.get(q, 0.0) for d in p.stream_s) for q in {q for d in p.stream_s for q in d}),
@@ -536,7 +557,7 @@ def evaluate_layout(run: RunConfig, cluster: ClusterSpec, topo: Fabric, cost: Co
     step = max(totals)
     crit = totals.index(step)
     p = per_stage[crit]
-    compute = runs * sum(p.compute_s)
+    compute = runs * sum(p.compute_s) + cold  # the host's GPU idle time counts as compute, as in the actions
     busy = runs * sum(c.f_s + c.b_s + c.w_s for c in p.costs)
     tp = runs * sum(p.exposed_s.get(a, 0.0) for a in TP_AXES)
     ep = runs * sum(p.exposed_s.get(a, 0.0) for a in EP_AXES)

@@ -202,7 +202,8 @@ class _Emitter:
         gathers = [] if before is None else [
             self.prog.add(OpKind.COLLECTIVE, Stream.TP, self._comm_name("tp", before.coll), category="comm",
                           deps=producer,
-                          coll=before.coll, axis="tp", comm_bytes=before.size_bytes / n, microbatch=mb, chunk=chunk)
+                          coll=before.coll, axis="tp", comm_bytes=before.size_bytes / n, microbatch=mb, chunk=chunk,
+                          host_issued=False)
             for _ in range(n)]
         op = None
         for i in range(n):
@@ -213,7 +214,8 @@ class _Emitter:
             if after is not None and op is not None:
                 self.trailing.append(self.prog.add(
                     OpKind.COLLECTIVE, Stream.TP, self._comm_name("tp", after.coll), category="comm", deps=(op.idx,),
-                    coll=after.coll, axis="tp", comm_bytes=after.size_bytes / n, microbatch=mb, chunk=chunk))
+                    coll=after.coll, axis="tp", comm_bytes=after.size_bytes / n, microbatch=mb, chunk=chunk,
+                    host_issued=False))
         if after is not None and self.trailing:
             self.pending_comm = self.trailing[-1]  # the next compute waits for the last chunk
             self.trailing = []

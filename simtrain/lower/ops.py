@@ -123,6 +123,13 @@ class CostedComputeOp(ComputeOp):
     expert_s: float = 0.0
     """Part of ``duration_s`` spent in routed-expert kernels, which the engine scales by the rank's
     routed load (simtrain.plan.routing)."""
+    host_stall_s: float = 0.0
+    """Part of ``duration_s`` the GPU idles before the kernels, waiting for the CPU to issue them
+    (``simtrain.cost.host``): no compute, so the engine neither slows it by the collectives in flight nor
+    scales it by the GPU's speed."""
+    host_sync: bool = False
+    """The CPU waits for the GPU to drain during this op (a host synchronisation, ``simtrain.cost.host``):
+    its run-ahead is lost here."""
 
 
 @dataclass(slots=True)
@@ -136,6 +143,10 @@ class CommOp(Op):
     """Mesh axis of the group ("tp", "dp", "dp_shard", "dp_replicate", "pp", ...)."""
     comm_bytes: float = 0.0
     """nccl-tests "size" S of the collective, or the bytes of a send, in bytes."""
+    host_issued: bool = True
+    """A ``torch.distributed`` call the CPU issues between the compute kernels (its CPU time:
+    ``simtrain.cost.host``); False for the chunks of a collective that TP comm overlap fuses with its GEMM
+    (Transformer Engine userbuffers, torch async TP), launched as part of the chunked GEMMs."""
 
 
 @dataclass(slots=True)

@@ -82,6 +82,12 @@ def test_band_widening_closed_form() -> None:
     # one stack with enough runs: no spread to derive, said so, the band as it was
     one = band_for(10.0, "a", False, "h100-sxm", rows[:4], stack_profiled=False)
     assert one is not None and "no spread across stacks" in one.basis and one.error_low_pct == pytest.approx(-10.0)
+    # a profiled stack the table has no runs of: its bias is as unmeasured, widened alike and said so
+    other = band_for(10.0, "c-fsdp", False, "h100-sxm", rows)
+    assert other is not None and (other.error_low_pct, other.error_high_pct) == (wide.error_low_pct, wide.error_high_pct)
+    assert "none of the runs is of its stack family: widened x1.111" in other.basis
+    lone = band_for(10.0, "c-fsdp", False, "h100-sxm", rows[:4])
+    assert lone is not None and "its stack family, but the table shows no spread" in lone.basis
 
 
 def test_packaged_spread_is_the_tables_own() -> None:
