@@ -217,11 +217,14 @@ def segments(kernels: Sequence[Kernel], model: HostModel) -> tuple[Segment, ...]
     return tuple(out)
 
 
-def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0) -> tuple[list[Op], float]:
+def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0,
+              memo: dict[int, tuple[tuple[Kernel, ...], tuple[Segment, ...]]] | None = None) -> tuple[list[Op], float]:
     """``ops`` (one rank's costed program, in issue order) with each compute-stream op's duration grown by
     the GPU idle time the host causes (module docstring), the GPU starting ``backlog_s`` seconds behind the
-    CPU; and the backlog after the last op, seconds."""
-    memo: dict[int, tuple[tuple[Kernel, ...], tuple[Segment, ...]]] = {}
+    CPU; and the backlog after the last op, seconds. ``memo``: segments of kernel tuples already split
+    (passes over the same ops share one)."""
+    if memo is None:
+        memo = {}
     backlog = backlog_s
     out: list[Op] = []
     for op in ops:
@@ -266,15 +269,16 @@ def steady_host_gaps(ops: list[Op], model: HostModel | None, cycle: slice) -> tu
 
     One pass's map of the backlog is b -> max(b, L) + D (run_segment composed; a collective's CPU time
     shifts it), or a constant after a sync, so a second pass is already in the steady regime: with D >= 0
-    the queue stays ahead of every lead, with D < 0 each pass idles -D. One warm-up pass gives it."""
+    the queue stays ahead of every lead, with D < 0 each pass idles -D. One warm-up pass gives it; the
+    first-pass excess is that pass's idle time over the steady one's on the same ops."""
     if model is None or not model.active:
         return ops, 0.0
     start = cycle.start or 0
-    head, b0 = host_pass(ops[:start], model)
-    first, _ = host_pass(ops[start:], model, b0)
-    _, b1 = host_pass(ops[cycle], model, b0)
-    steady, _ = host_pass(ops[start:], model, b1)
-    return head + steady, max(stall_s(first) - stall_s(steady), 0.0)
+    memo: dict[int, tuple[tuple[Kernel, ...], tuple[Segment, ...]]] = {}
+    head, b0 = host_pass(ops[:start], model, 0.0, memo)
+    first, b1 = host_pass(ops[cycle], model, b0, memo)
+    steady, _ = host_pass(ops[start:], model, b1, memo)
+    return head + steady, max(stall_s(first) - stall_s(steady[:len(first)]), 0.0)
 
 
 @dataclass(slots=True)
