@@ -21,9 +21,14 @@ from simtrain.cost.host import (
     segments,
     steady_host_gaps,
 )
-from simtrain.hardware.load import load_gpu
-from simtrain.lower.ops import CollectiveOp, CostedComputeOp, Kernel, SendOp, Stream
-from simtrain.spec.collective_kinds import ALL_TO_ALL, REDUCE_SCATTER, SEND
+from simtrain.engine.critical_path import evaluate
+from simtrain.engine.engine import Engine
+from simtrain.hardware.load import build_cluster, load_gpu
+from simtrain.hardware.topology import Topology
+from simtrain.lower.ops import CollectiveOp, CostedComputeOp, Kernel, OpKind, Program, SendOp, Stream
+from simtrain.plan.layout import RankGrid
+from simtrain.spec.collective_kinds import ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND
+from simtrain.spec.config import LayoutConfig
 from simtrain.spec.stacks import MEGATRON_CPU_LAUNCH_S, STACKS
 from simtrain.studies.simulate import simulate
 
@@ -267,28 +272,30 @@ def test_per_expert_casts_never_make_a_step_faster_end_to_end(monkeypatch: pytes
     assert simulate(_fp8_moe("delayed")).step_time_s == delayed
 
 
+def _one_node_dp8() -> tuple[RankGrid, Topology, Any]:
+    """A DGX H100's eight GPUs as one data-parallel group: (grid, fabric, GPU)."""
+    cl = build_cluster("dgx-h100", 1)
+    return RankGrid(LayoutConfig(dp=8)), Topology(cl), cl.gpu
+
+
+def _all_reduce_and_a(stall: float, after: bool, host_sync: bool = False) -> list[Program]:
+    """A 4 GB data-parallel all-reduce and a 100 us compute op "a" with ``stall`` seconds of host stall,
+    beside it or, ``after``, waiting for it."""
+    p = Program(0)
+    ar = p.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=4e9)
+    p.add(OpKind.COMPUTE, Stream.COMPUTE, "a", category="fwd", deps=(ar.idx,) if after else (), duration_s=100 * US,
+          host_stall_s=stall, host_sync=host_sync)
+    return [p]
+
+
 def test_the_engine_does_not_slow_a_host_stall_by_the_collectives_in_flight() -> None:
     """A compute op of 100 us whose first 60 us are a host stall (GPU idle), beside a long all-reduce: only its
     40 us of kernels run at 1 / (1 + interference); the stall is neither stretched nor scaled by speed."""
-    from simtrain.engine.engine import Engine
-    from simtrain.hardware.load import build_cluster
-    from simtrain.hardware.topology import Topology
-    from simtrain.lower.ops import OpKind, Program
-    from simtrain.plan.layout import RankGrid
-    from simtrain.spec.collective_kinds import ALL_REDUCE
-    from simtrain.spec.config import LayoutConfig
-
-    cl = build_cluster("dgx-h100", 1)
-    grid, topo, gpu = RankGrid(LayoutConfig(dp=8)), Topology(cl), cl.gpu
-
-    def program(stall: float) -> list[Program]:
-        p = Program(0)
-        p.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=4e9)
-        p.add(OpKind.COMPUTE, Stream.COMPUTE, "a", category="fwd", duration_s=100 * US, host_stall_s=stall)
-        return [p]
+    grid, topo, gpu = _one_node_dp8()
 
     def end_of_a(stall: float, speed: float = 1.0) -> float:
-        res = Engine(program(stall), grid, topo, gpu, symmetric=False, speed={r: speed for r in range(8)}).run()
+        res = Engine(_all_reduce_and_a(stall, False), grid, topo, gpu, symmetric=False,
+                     speed={r: speed for r in range(8)}).run()
         return next(e.end_s for e in res.trace if e.rank == 0 and e.name == "a")
 
     slow = 1 + gpu.comm_interference_nvlink
@@ -313,29 +320,11 @@ def test_both_evaluators_hide_a_host_stall_behind_the_wait_for_a_collective(host
     (as for ZeRO-1's parameter gathers): it ends at T + 40 us in the engine and the critical-path evaluator
     alike (the CPU issued its kernels while the GPU waited); when the op synchronises with the host, at
     T + 100 us."""
-    from simtrain.engine.critical_path import evaluate
-    from simtrain.engine.engine import Engine
-    from simtrain.hardware.load import build_cluster
-    from simtrain.hardware.topology import Topology
-    from simtrain.lower.ops import OpKind, Program
-    from simtrain.plan.layout import RankGrid
-    from simtrain.spec.collective_kinds import ALL_REDUCE
-    from simtrain.spec.config import LayoutConfig
-
-    cl = build_cluster("dgx-h100", 1)
-    grid, topo, gpu = RankGrid(LayoutConfig(dp=8)), Topology(cl), cl.gpu
-
-    def program() -> list[Program]:
-        p = Program(0)
-        ar = p.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", coll=ALL_REDUCE, axis="dp", comm_bytes=4e9)
-        p.add(OpKind.COMPUTE, Stream.COMPUTE, "a", category="fwd", deps=(ar.idx,), duration_s=100 * US,
-              host_stall_s=60 * US, host_sync=host_sync)
-        return [p]
-
-    res = Engine(program(), grid, topo, gpu, symmetric=True).run()
+    grid, topo, gpu = _one_node_dp8()
+    res = Engine(_all_reduce_and_a(60 * US, True, host_sync), grid, topo, gpu, symmetric=True).run()
     ar_end = next(e.end_s for e in res.trace if e.rank == 0 and e.name == "ar")
     a_end = next(e.end_s for e in res.trace if e.rank == 0 and e.name == "a")
     assert ar_end > 1e-3
     assert a_end == pytest.approx(ar_end + (100 if host_sync else 40) * US, rel=1e-9)
-    cp = evaluate(program(), grid, topo, gpu)
+    cp = evaluate(_all_reduce_and_a(60 * US, True, host_sync), grid, topo, gpu)
     assert cp.op_end_s[0][1] - cp.op_end_s[0][0] == pytest.approx((100 if host_sync else 40) * US, rel=1e-9)

@@ -300,9 +300,6 @@ class RunAhead:
     def stall(self, op: CostedComputeOp, idle_s: float) -> float:
         """Seconds ``op`` idles for the CPU's issue, the compute stream having idled ``idle_s`` seconds since
         the step's start or its previous compute op (``op.host_stall_s`` at most)."""
+        first, self.started = not self.started, True
         s = op.host_stall_s
-        if self.started or op.host_sync:
-            self.started = True
-            return s
-        self.started = True
-        return s - idle_s if s > idle_s else 0.0
+        return max(s - idle_s, 0.0) if first and not op.host_sync else s

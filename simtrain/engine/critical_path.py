@@ -260,7 +260,7 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
     flops_of: dict[int, float] = {}  # id(kernels) -> FLOPs: ops of every micro-batch share a layer's kernels
     # per stage, per stream: starts and ends of its ops over the network (in order: a stream is sequential)
     on_net: list[dict[int, tuple[list[float], list[float]]]] = [{} for _ in range(n)]
-    run_ahead = [RunAhead() for _ in range(n)]  # the engine's rule for host stalls after waits
+    run_ahead = [RunAhead() for _ in range(n)]  # the engine's rule for the step's first host stall
     seq = 0
     left = sum(len(p.ops) for p in programs)
     while left:

@@ -387,8 +387,8 @@ class Engine(ClassComm):
                 self._attribute(rank, blocker, ready, start)
             if op.mem_start:
                 ledger.apply(start, op.mem_start)
-            # the host stall is GPU idle time (waiting for the CPU's issue): neither slowed nor sped up, and
-            # shortened by the waits before it (the CPU ran ahead meanwhile)
+            # the host stall is GPU idle time (waiting for the CPU's issue): neither slowed nor sped up; at the
+            # step's first op, shortened by the wait before it (the CPU ran ahead meanwhile)
             stall = run_ahead.stall(op, start - prev_end)
             work = (op.duration_s - op.host_stall_s + extra_load * op.expert_s) / speed
             if not active and quiet(rank):

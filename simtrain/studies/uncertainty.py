@@ -243,7 +243,8 @@ def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[Err
     docstring). ``stack_profiled`` False: the run's framework has no stack profile and ``stack`` is the
     fallback it was simulated with; the band is widened by ``stack_spread``. ``basis`` says which runs and by
     how much it was widened; ``coverage`` stays that of the unwidened band (a lower bound)."""
-    chosen, basis = _like(rows, stack_family(stack), moe, str(gpu).strip().lower())
+    family = stack_family(stack)
+    chosen, basis = _like(rows, family, moe, str(gpu).strip().lower())
     if len(chosen) < 2 or not step_time_s > 0:
         return None
     unseen = [r for r in chosen if r.sample is Sample.OUT]
@@ -261,7 +262,7 @@ def band_for(step_time_s: float, stack: str, moe: bool, gpu: str, rows: list[Err
             lo, hi = _widen(lo, hi, abs(shift))
             basis += (f"; {seen} in sample: widened x{math.exp(abs(shift)):.3f} either way, the shift of the model's "
                       f"median error from in-sample to out-of-sample runs")
-    if not stack_profiled or not any(r.family == stack_family(stack) for r in chosen):
+    if not stack_profiled or not any(r.family == family for r in chosen):
         # a stack without a profile, or one the table has no runs of: the bias of its runs is unmeasured
         spread, stacks = stack_spread(rows)
         lo, hi = _widen(lo, hi, spread)
