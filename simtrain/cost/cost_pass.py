@@ -91,7 +91,9 @@ def cost_program(program: Program, source: CostSource, memo: _Memo | None = None
             if hit is None or hit[0] is not descs:
                 hit = memo.add(descs)
             op = CostedComputeOp(op.idx, op.stream, op.name, op.category, op.deps, op.remote, op.microbatch, op.chunk,
-                                 op.mem_start, op.mem_end, hit[1], hit[2], hit[3])
+                                 op.mem_start, op.mem_end, kernels=hit[1],
+                                 sync_before=op.sync_before,  # type: ignore[attr-defined]
+                                 duration_s=hit[2], expert_s=hit[3])
         elif kind is CopyOp:
             assert isinstance(op, CopyOp)
             op = CostedCopyOp(op.idx, op.stream, op.name, op.category, op.deps, op.remote, op.microbatch, op.chunk,

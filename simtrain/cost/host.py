@@ -23,6 +23,9 @@ round trip and for the CPU's issue of the next kernels (backlog -``HOST_SYNC_S``
 - Megatron's NaN/Inf check of each micro-batch's loss before its backward (``rerun_state_machine
   .validate_result(result=loss, rejection_func=torch.isnan)`` under ``check_for_nan_in_loss_and_grad``,
   Megatron-LM pretrain_gpt.py ``loss_func``) (``LaunchSpec.loss_check_sync``);
+- a synchronous pipeline exchange (``SoftwareStack.synchronous_p2p``: Megatron's ``torch.cuda.synchronize()``
+  after each ``batch_isend_irecv``): after a send (``CommOp.sync_after``) and before the compute a receive
+  feeds (``ComputeOp.sync_before``), so the CPU issues nothing while the GPU waits for a receive;
 - Megatron-core's gradient norm before the optimizer update: ``get_grad_norm_fp32`` reduces the norm over
   the model-parallel group and reads it with ``total_norm.item()`` (megatron/core/optimizer/clip_grads.py),
   which clipping needs on the host (``LaunchSpec.grad_norm_sync``);
@@ -188,6 +191,13 @@ def run_segment(seg: Segment, backlog_s: float, sync_s: float) -> tuple[float, f
     return stall, (-sync_s if seg.sync_after else after)
 
 
+def drained(backlog_s: float, sync_s: float) -> float:
+    """The backlog after a host sync issued with the GPU ``backlog_s`` seconds behind the CPU: the CPU waits for
+    the queue to drain, then the round trip ``sync_s``. A negative backlog (the GPU already idle, waiting for the
+    CPU's issue, e.g. of a collective) is idle time the sync cannot give back, so it stays."""
+    return min(backlog_s, 0.0) - sync_s
+
+
 def launches_of(kernel: Kernel, model: HostModel) -> int:
     """Kernels the CPU issues for ``kernel``: its ``launches``, times the local experts (the GEMM's batch) of a
     routed-expert grouped GEMM that the stack runs as one GEMM per expert, twice that for a forward or
@@ -229,9 +239,12 @@ def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0,
     out: list[Op] = []
     for op in ops:
         if type(op) is CostedComputeOp and op.stream == Stream.COMPUTE and op.kernels:
-            sync = model.sync_before_optimizer and op.category == "optimizer"
+            sync = op.sync_before or (model.sync_before_optimizer and op.category == "optimizer")
+            # what a wait before the op could hide (RunAhead): before a sync at its start, only the issue the
+            # CPU still owed (a negative backlog); else the stall of its kernels up to its first sync
+            hideable = max(-backlog, 0.0) if sync else -1.0
             if sync:
-                backlog = -model.sync_s  # the CPU waits for the queue to drain, then the round trip
+                backlog = drained(backlog, model.sync_s)
             hit = memo.get(id(op.kernels))
             if hit is None or hit[0] is not op.kernels:
                 hit = memo[id(op.kernels)] = (op.kernels, segments(op.kernels, model))
@@ -239,12 +252,17 @@ def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0,
             for seg in hit[1]:
                 s, backlog = run_segment(seg, backlog, model.sync_s)
                 stall += s
+                if hideable < 0.0:
+                    hideable = s
                 sync = sync or seg.sync_after
             if stall > 0.0 or sync:
                 op = replace(op, duration_s=op.duration_s + stall, host_stall_s=op.host_stall_s + stall,
-                             host_sync=sync)
-        elif isinstance(op, CommOp) and op.host_issued:
-            backlog -= model.cpu_collective_s  # the CPU issues no kernel meanwhile
+                             host_sync=sync, host_hideable_s=op.host_hideable_s + min(max(hideable, 0.0), stall))
+        elif isinstance(op, CommOp):
+            if op.host_issued:
+                backlog -= model.cpu_collective_s  # the CPU issues no kernel meanwhile
+            if op.sync_after:
+                backlog = drained(backlog, model.sync_s)
         out.append(op)
     return out, backlog
 
@@ -288,12 +306,14 @@ class RunAhead:
     so the queue is that much further ahead than the pass, which starts from an empty queue, assumed. One
     per rank, fed the compute stream's ops in order.
 
-    The first compute op's stall s, found by the pass, shrinks by the compute stream's wait w before it:
-    max(0, s - w) (the CPU issued its kernels, and the calls before them, during the wait). Later ops keep
-    the stalls the pass found, an upper bound: within the step the run-ahead a wait buys depends on the
-    stack (Megatron-core's ``batch_p2p_sync`` synchronises the device after each batched pipeline
-    send/receive of a non-interleaved schedule, so its CPU gains none at a receive), and a step's steady
-    state stays periodic (``simtrain.engine.steady``). A first op that synchronises keeps its stall."""
+    The first compute op's stall s, found by the pass, shrinks by the compute stream's wait w before it, up
+    to the part of it a wait can hide, h (``CostedComputeOp.host_hideable_s``): s - min(w, h). The CPU issued
+    the op's kernels, and the calls before them, during the wait; but not past a host sync, after which it
+    issues from a drained queue again. So h is all of s for an op without a sync, the stall before its first
+    sync for one that syncs inside (a MoE layer's token counts), and the issue the CPU still owed for one
+    that starts with a sync (a synchronous pipeline receive, ``ComputeOp.sync_before``). Later ops keep the
+    stalls the pass found, an upper bound: within the step the run-ahead a wait buys depends on the stack,
+    and a step's steady state stays periodic (``simtrain.engine.steady``)."""
 
     started: bool = False
 
@@ -302,4 +322,4 @@ class RunAhead:
         the step's start or its previous compute op (``op.host_stall_s`` at most)."""
         first, self.started = not self.started, True
         s = op.host_stall_s
-        return max(s - idle_s, 0.0) if first and not op.host_sync else s
+        return s - min(idle_s, op.host_hideable_s) if first else s

@@ -42,9 +42,11 @@ def _by_identity(table: dict[Hashable, tuple[object, Any]], obj: object, key: Ha
 class _Emitter:
     """Appends ops to one program, tracking the data dependency between streams."""
 
-    def __init__(self, prog: Program, tp_overlap: bool):
+    def __init__(self, prog: Program, tp_overlap: bool, sync_recv: bool = False):
         self.prog = prog
         self.tp_overlap = tp_overlap
+        self.sync_recv = sync_recv
+        """The CPU waits for the GPU before the compute a pipeline receive feeds (``ComputeOp.sync_before``)."""
         self.last_compute: int | None = None
         self.pending_comm: Op | None = None
         self.pending_comm_spec: Comm | None = None
@@ -125,7 +127,8 @@ class _Emitter:
         op = self.prog.add(OpKind.COMPUTE, Stream.COMPUTE, self._name(kernels, category), category=category,
                            deps=tuple(deps), kernels=kernels, microbatch=mb, chunk=chunk,
                            mem_start=((tag, mem_start),) if mem_start else (),
-                           mem_end=((tag, mem_end),) if mem_end else ())
+                           mem_end=((tag, mem_end),) if mem_end else (),
+                           sync_before=self.sync_recv and self.recv_key is not None)
         if self.recv_key is not None:
             self.recv_ops[op.idx] = self.recv_key
             self.recv_key = None

@@ -35,7 +35,7 @@ from simtrain.lower.memory import (
     embedding_activation_bytes,
     head_activation_bytes,
 )
-from simtrain.lower.ops import Program
+from simtrain.lower.ops import OpKind, Program
 from simtrain.lower.stack_rules import (
     dp_overlaps,
     optimizer_bytes_per_param,
@@ -87,7 +87,9 @@ def _finish_stage(sl: _StageLowering) -> None:
     kernel = MemoryBound("optimizer.step", per_param * (params / shard + experts / expert_shard))
     deps = (sl.dp_ops[-1],) if sl.dp_ops else ()
     sl.em.pending_comm = None
-    sl.em.extra_deps = list(deps)
+    # a synchronous stage's last send is waited for before the optimizer too (Megatron's req.wait())
+    sends = [d for d in sl.em.extra_deps if sl.prog.ops[d].kind == OpKind.SEND] if sl.sync_p2p else []
+    sl.em.extra_deps = [*deps, *sends]
     opt = sl.em.compute((kernel,), "optimizer", -1, 0)
     assert opt is not None
     if lay.shard_stage in (1, 2) and not dp_overlaps(lay, sl.stack)[1]:

@@ -106,6 +106,9 @@ class ComputeOp(Op):
     kind: ClassVar[OpKind] = OpKind.COMPUTE
     kernels: tuple[KernelDesc, ...] | tuple[Kernel, ...] = ()
     """The kernels, in time order."""
+    sync_before: bool = False
+    """The CPU waits for the GPU to drain before issuing these kernels: a synchronous pipeline receive
+    (``SoftwareStack.synchronous_p2p``) feeds them, so the CPU gains no run-ahead while the GPU waits for it."""
 
     @property
     def flops(self) -> float:
@@ -130,6 +133,10 @@ class CostedComputeOp(ComputeOp):
     host_sync: bool = False
     """The CPU waits for the GPU to drain during this op (a host synchronisation, ``simtrain.cost.host``):
     its run-ahead is lost here."""
+    host_hideable_s: float = 0.0
+    """Part of ``host_stall_s`` a wait before the op hides, the CPU issuing meanwhile
+    (``simtrain.cost.host.RunAhead``): the stall before the op's first host sync, or, for an op that starts with
+    one (``sync_before``, the gradient norm's), the issue the CPU still owed before it."""
 
 
 @dataclass(slots=True)
@@ -147,6 +154,9 @@ class CommOp(Op):
     """A ``torch.distributed`` call the CPU issues between the compute kernels (its CPU time:
     ``simtrain.cost.host``); False for the chunks of a collective that TP comm overlap fuses with its GEMM
     (Transformer Engine userbuffers, torch async TP), launched as part of the chunked GEMMs."""
+    sync_after: bool = False
+    """The CPU waits for the GPU to drain after issuing it (a synchronous pipeline exchange,
+    ``SoftwareStack.synchronous_p2p``: Megatron's ``torch.cuda.synchronize()`` after ``batch_isend_irecv``)."""
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from simtrain.lower.blocks import AMAX_CASTS_TE, AMAX_CASTS_TORCHAO
 from simtrain.lower.kernels import MemoryBound
 from simtrain.spec.collective_kinds import ALL_REDUCE, REDUCE_SCATTER, Collective
 from simtrain.spec.config import LayoutConfig, TrainConfig
-from simtrain.spec.stack_spec import SoftwareStack
+from simtrain.spec.stack_spec import P2PSync, SoftwareStack
 
 # DeepSpeed BF16_Optimizer.update_hp_grads: hp_grad.add_(lp.grad.to(float32)) reads the BF16 gradient (2 B)
 # and writes its FP32 copy (4 B), then add_ reads both FP32 tensors and writes one (12 B)
@@ -67,6 +67,14 @@ def dp_overlaps(lay: LayoutConfig, stack: SoftwareStack) -> tuple[bool, bool]:
     unless the stack runs them as blocking steps under pipeline parallelism (``SoftwareStack.pp_dp_overlap``)."""
     blocking = lay.pp > 1 and not stack.pp_dp_overlap
     return lay.overlap_grad_reduce and not blocking, lay.overlap_param_gather and not blocking
+
+
+def synchronous_p2p(stack: SoftwareStack, chunks_per_stage: int) -> bool:
+    """Whether a schedule with ``chunks_per_stage`` model chunks per stage exchanges activations and gradients
+    synchronously on ``stack`` (``SoftwareStack.synchronous_p2p``): the compute after a send waits for it, and
+    the CPU waits for the GPU after each send and before the compute a receive feeds."""
+    mode = stack.synchronous_p2p
+    return mode is P2PSync.ALL or (mode is P2PSync.ONE_CHUNK and chunks_per_stage == 1)
 
 
 def grad_reduce_collective(lay: LayoutConfig, stack: SoftwareStack) -> Collective:

@@ -31,6 +31,7 @@ from simtrain.lower.stack_rules import (
     fsdp2_accumulates_fp32,
     fsdp_keeps_unsharded,
     grad_reduce_collective,
+    synchronous_p2p,
     tp_overlap_on,
 )
 from simtrain.plan.schedules import Action, Route
@@ -55,6 +56,8 @@ class _StageLowering:
     route: Route
     split: set[tuple[int, int]] = field(default_factory=set)
     """(micro-batch, chunk) whose backward is split into B (input grads) and W (weight grads)."""
+    sync_p2p: bool = field(init=False)
+    """The schedule's exchanges are synchronous on this stack (``stack_rules.synchronous_p2p``)."""
     prog: Program = field(init=False)
     em: _Emitter = field(init=False)
     sends: dict[tuple[str, int, int], int] = field(default_factory=dict)
@@ -75,8 +78,9 @@ class _StageLowering:
 
     def __post_init__(self) -> None:
         self.prog = Program(self.stage)
-        self.em = _Emitter(self.prog, tp_overlap_on(self.run.layout))
         self.stack = self.run.train.stack_spec
+        self.sync_p2p = synchronous_p2p(self.stack, len(self.layers))
+        self.em = _Emitter(self.prog, tp_overlap_on(self.run.layout), self.sync_p2p)
         self.keep_unsharded = fsdp_keeps_unsharded(self.run.layout, self.stack)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -274,7 +278,7 @@ class _StageLowering:
         """DualPipe's overlapped F&B pair: two chains of ops, each with its own emitter (data
         dependencies), interleaved one compute segment at a time on the in-order compute stream, so
         one chain's all-to-alls and sends run while the other computes (DeepSeek-V3 sec. 3.2.1)."""
-        main, other = self.em, _Emitter(self.prog, self.em.tp_overlap)
+        main, other = self.em, _Emitter(self.prog, self.em.tp_overlap, self.em.sync_recv)
         other.last_compute = main.last_compute
         chains = [(main, first), (other, second)]
         while chains:
@@ -303,8 +307,10 @@ class _StageLowering:
         deps = () if self.em.last_compute is None else (self.em.last_compute,)
         op = self.prog.add(OpKind.SEND, Stream.PP, f"pp.send.{kind}", category="comm", deps=deps, coll=SEND,
                            axis="pp", comm_bytes=size, peer_stage=self.route.at(a.microbatch, dst_v)[0],
-                           microbatch=a.microbatch, chunk=a.chunk)
+                           microbatch=a.microbatch, chunk=a.chunk, sync_after=self.sync_p2p)
         self.sends[(kind, a.microbatch, dst_v)] = op.idx
+        if self.sync_p2p:  # the compute stream waits for the send (Megatron's req.wait(), wait_on_reqs)
+            self.em.extra_deps.append(op.idx)
 
     # -- data parallelism ----------------------------------------------------------------------
     def gathers_before(self, chunk: int, mb: int) -> bool:

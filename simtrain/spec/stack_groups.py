@@ -4,6 +4,7 @@ them into ``SoftwareStack``; see its docstring for how each concern is costed.
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -163,8 +164,21 @@ class FsdpSpec(BaseModel):
     beside its fp32 master partition (False)."""
 
 
+class P2PSync(StrEnum):
+    """Which pipeline schedules exchange activations and gradients synchronously (``PipelineSpec.synchronous_p2p``)."""
+
+    NONE = "none"
+    """No schedule: sends run beside the compute that follows them (torch pipelining, Megatron's interleaved
+    schedule with ``overlap_p2p_comm``)."""
+    ONE_CHUNK = "one_chunk"
+    """Schedules with one model chunk per stage (Megatron-core's non-interleaved 1F1B, which turns
+    ``overlap_p2p_comm`` off, so ``batch_p2p_comm`` is on)."""
+    ALL = "all"
+    """Every schedule (Megatron-LM before ``batch_p2p_sync`` became a switch: the synchronize was unconditional)."""
+
+
 class PipelineSpec(BaseModel):
-    """The pipeline runtime: torch pipelining, blocking DP steps, FP32 accumulation."""
+    """The pipeline runtime: torch pipelining, synchronous exchanges, blocking DP steps, FP32 accumulation."""
 
     model_config = _SPEC
     torch_pipelining: bool = False
@@ -177,6 +191,14 @@ class PipelineSpec(BaseModel):
     (Megatron-core). False: the framework runs them as blocking steps of its schedule, the reduction
     after the pipeline flush and the gather after the optimizer step (DeepSpeed ``PipelineEngine``:
     ``ReduceGrads`` then ``OptimizerStep`` instructions; ``stack_rules.dp_overlaps``)."""
+    synchronous_p2p: P2PSync = P2PSync.NONE
+    """Schedules whose pipeline exchanges are synchronous: each batched send/receive is waited on by the
+    compute stream and then by the CPU. Megatron-core's ``_communicate`` runs ``req.wait()`` on every request
+    (``wait_on_reqs``, the default of the non-interleaved schedule's calls) and then ``torch.cuda.synchronize()``
+    when ``batch_p2p_comm and batch_p2p_sync`` (both default True; ``batch_p2p_comm = not overlap_p2p_comm``,
+    and Megatron-LM's ``validate_args`` turns ``overlap_p2p_comm`` off without an interleaved schedule;
+    megatron/core/pipeline_parallel/p2p_communication.py). So the compute after a send waits for the send,
+    and the CPU loses its run-ahead at every send and receive (``simtrain.cost.host``)."""
     fp32_grad_accumulation_pass: bool = False
     """Under pipeline parallelism each micro-batch's BF16 gradients are added into FP32 copies by a
     separate pass after its backward, before the gradient is sent upstream (DeepSpeed ``PipelineEngine.

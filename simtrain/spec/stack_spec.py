@@ -85,6 +85,7 @@ from simtrain.spec.stack_groups import (  # noqa: F401  (re-exported: the groups
     FusionSpec,
     LaunchSpec,
     OpFusion,
+    P2PSync,
     PipelineSpec,
     RowDefaults,
     TensorParallelSpec,
@@ -272,6 +273,11 @@ class SoftwareStack(BaseModel):
         return self.pipeline.dp_overlap
 
     @property
+    def synchronous_p2p(self) -> P2PSync:
+        """``pipeline.synchronous_p2p``."""
+        return self.pipeline.synchronous_p2p
+
+    @property
     def fp32_grad_accumulation_pass(self) -> bool:
         """``pipeline.fp32_grad_accumulation_pass``."""
         return self.pipeline.fp32_grad_accumulation_pass
@@ -348,6 +354,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "pp_microbatches_equal_pp": ("defaults", "pp_microbatches_equal_pp"),
     "torch_pipelining": ("pipeline", "torch_pipelining"), "pp_dp_overlap": ("pipeline", "dp_overlap"),
     "fp32_grad_accumulation_pass": ("pipeline", "fp32_grad_accumulation_pass"),
+    "synchronous_p2p": ("pipeline", "synchronous_p2p"),
     "zero_stage": ("defaults", "zero_stage"), "zero1_grad_all_reduce": ("dp", "zero1_grad_all_reduce"),
     "grad_dtype": ("dp", "grad_dtype"), "ddp_grad_passes": ("dp", "grad_passes"),
     "foreach_optimizer": ("dp", "foreach_optimizer"),

@@ -169,6 +169,14 @@ def derive(base: SoftwareStack | None, name: str, description: str, **changes: A
     return SoftwareStack.model_validate(_merge({**start, "name": name, "description": description}, nested))
 
 
+# Synchronous pipeline exchanges (pipeline.synchronous_p2p) stay off in the Megatron presets, though Megatron
+# runs them: Megatron-core's non-interleaved 1F1B ("one_chunk": batch_p2p_comm and batch_p2p_sync both on),
+# Megatron-LM 2020-2022 every schedule ("all": its _communicate called torch.cuda.synchronize() after each
+# batch_isend_irecv unconditionally). Turned on, they made the in-sample published runs better (median 8.29 ->
+# 7.94 %) but not the out-of-sample Megatron-Bridge runs they touch (6 rows: 3 better, 3 worse, mean |error|
+# +0.37 points; the frozen hold-out has none), so by issue 29's rule they are a switch a user turns on
+# (train.stack.synchronous_p2p), not a preset default.
+
 #: CPU issue time per kernel of Megatron-core (with Transformer Engine, apex or DeepSpeed): it runs eager
 #: PyTorch, one Python module call or op per kernel, ~5-10 us per op (reference hardware-collectives-memory.md
 #: sec. 3 "Isolation vs in situ"), as the other eager stacks here; a TE-era torch.nn.Linear forward measured
