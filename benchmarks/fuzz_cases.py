@@ -198,6 +198,8 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         train["global_batch_tokens"] = m * mbs * deg["dp"] * seq
     if precision == "fp8":
         train["fp8_recipe"] = rng.choice(["delayed", "current", "blockwise"])
+    if deg["pp"] > 1 and rng.random() < 0.25:  # synchronous pipeline exchanges: off in every preset
+        train["stack"] = {"preset": train["stack"], "synchronous_p2p": rng.choice(["one_chunk", "all"])}
     if rng.random() < 0.3:
         train["grad_dtype"] = rng.choice(["fp32", "bf16"])
     if rng.random() < 0.2:

@@ -149,3 +149,22 @@ def test_the_cli_takes_the_field_and_refuses_a_bad_value(tmp_path: Any) -> None:
     path.write_text(yaml.safe_dump(_cfg("megatron-core")))
     assert main(["simulate", str(path), "--set", "train.stack.synchronous_p2p=one_chunk"]) == 0
     assert main(["simulate", str(path), "--set", "train.stack.synchronous_p2p=sometimes"]) == 2
+
+
+@pytest.mark.parametrize("stack", [ONE_CHUNK, EVERY])
+@pytest.mark.parametrize("overrides", [["layout.tp=2", "layout.dp=2", "layout.pp=2", "layout.zero_stage=1"],
+                                       ["layout.tp=4", "layout.pp=2", "layout.dp=1", "layout.vpp=2"]])
+def test_the_search_probe_follows_the_synchronous_program(stack: Any, overrides: list[str]) -> None:
+    """The layout search's probe lowers its stages with the same rule, so on one node (no contention for the
+    critical path to leave out) it times a synchronous pipeline as the whole program's critical path does, to
+    0.5 % (Llama 3 8B's layers, 8 of them, as ``test_probe``'s check without the switch)."""
+    from simtrain.engine.critical_path import evaluate_run
+    from simtrain.studies.estimate import Estimator
+    from simtrain.studies.simulate import cluster_of
+
+    cfg = {"name": "probe", "model": {"preset": "llama3-8b", "n_layers": 8}, "layout": {"tp": 1, "dp": 8},
+           "hardware": {"node": "dgx-h100", "n_nodes": 1},
+           "train": {"seq_len": 2048, "global_batch_seqs": 32, "stack": stack}}
+    run = load_config(cfg, overrides)
+    est = Estimator(run.model, cluster_of(run), 0.05).estimate(run.layout, run.train)
+    assert est.step_time_s == pytest.approx(evaluate_run(run, steady_state=False).step_time_s, rel=5e-3)
