@@ -78,15 +78,18 @@ def test_malformed_inputs_exit_2_with_a_message(rng: Any, tmp_path_factory: pyte
 
 
 def test_generator_covers_every_choice() -> None:
-    """300 campaign cases reach every schedule, stack, node type, precision and sharding/recompute mode."""
+    """300 campaign cases reach every schedule, stack, node type, precision and sharding/recompute mode, and
+    both synchronous pipeline-exchange modes (a preset with ``synchronous_p2p``, off in every preset)."""
     seen: dict[str, set[Any]] = {k: set() for k in ("schedule", "stack", "node", "precision", "recompute", "fsdp",
                                                    "zero_stage", "cp_comm", "fp8_recipe", "moe", "vpp>1", "cp>1",
-                                                   "ep>1", "sp", "offload", "mode")}
+                                                   "ep>1", "sp", "offload", "mode", "synchronous_p2p")}
     for i in range(300):
         cfg = fc.random_config(fc.case_rng(0, i))
         lay, tr = cfg["layout"], cfg["train"]
         seen["schedule"].add(lay["schedule"])
-        seen["stack"].add(tr["stack"])
+        stack = tr["stack"]
+        seen["stack"].add(stack["preset"] if isinstance(stack, dict) else stack)
+        seen["synchronous_p2p"].add(stack.get("synchronous_p2p") if isinstance(stack, dict) else "none")
         seen["node"].add(cfg["hardware"]["node"])
         seen["precision"].add(tr["precision"])
         seen["recompute"].add(lay["recompute"])
@@ -113,6 +116,7 @@ def test_generator_covers_every_choice() -> None:
     for flag in ("moe", "vpp>1", "cp>1", "ep>1", "sp", "offload"):
         assert seen[flag] == {True, False}, flag
     assert seen["mode"] == {"symmetric", "full"}
+    assert seen["synchronous_p2p"] == {"none", "one_chunk", "all"}
 
 
 def test_cases_are_reproducible_from_their_seed() -> None:
