@@ -242,7 +242,7 @@ def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0,
             sync = op.sync_before or (model.sync_before_optimizer and op.category == "optimizer")
             # what a wait before the op could hide (RunAhead): before a sync at its start, only the issue the
             # CPU still owed (a negative backlog); else the stall of its kernels up to its first sync
-            hideable = max(-backlog, 0.0) if sync else -1.0
+            hideable: float | None = max(-backlog, 0.0) if sync else None
             if sync:
                 backlog = drained(backlog, model.sync_s)
             hit = memo.get(id(op.kernels))
@@ -252,12 +252,12 @@ def host_pass(ops: Sequence[Op], model: HostModel, backlog_s: float = 0.0,
             for seg in hit[1]:
                 s, backlog = run_segment(seg, backlog, model.sync_s)
                 stall += s
-                if hideable < 0.0:
+                if hideable is None:
                     hideable = s
                 sync = sync or seg.sync_after
             if stall > 0.0 or sync:
                 op = replace(op, duration_s=op.duration_s + stall, host_stall_s=op.host_stall_s + stall,
-                             host_sync=sync, host_hideable_s=op.host_hideable_s + min(max(hideable, 0.0), stall))
+                             host_sync=sync, host_hideable_s=op.host_hideable_s + min(hideable or 0.0, stall))
         elif isinstance(op, CommOp):
             if op.host_issued:
                 backlog -= model.cpu_collective_s  # the CPU issues no kernel meanwhile
