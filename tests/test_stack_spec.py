@@ -70,6 +70,8 @@ def _differ(a: SoftwareStack, b: SoftwareStack) -> set[str]:
 
 def test_derived_presets_differ_from_their_base_by_the_fields_they_name() -> None:
     assert _differ(STACKS["megatron-core"], STACKS["megatron-te"]) == {"loss", "grad_dtype"}
+    assert _differ(STACKS["megatron-te-2024"], STACKS["megatron-te"]) == {"grad_dtype"}
+    assert STACKS["megatron-te-2024"].grad_dtype == "fp32" and STACKS["megatron-te"].grad_dtype == "bf16"
     assert _differ(STACKS["torchtitan-compile-2024"], STACKS["torchtitan-compile"]) == {"loss", "eager_loss"}
     assert _differ(STACKS["torchtitan-compile"], STACKS["torchtitan-eager"]) == {
         "norm", "rope", "activation", "loss", "cpu_launch_s", "eager_loss", "compiled_blocks"}

@@ -243,9 +243,9 @@ class TrainConfig(BaseModel):
     dropout: bool | None = None
     """Dropout masks kept for backward; None = on for GPT-style (GELU) models, off for Llama-style."""
     stack: str | StackOverride = DEFAULT_STACK
-    """Software stack (``simtrain.spec.stacks``): a preset name, megatron-te, megatron-core, megatron-legacy,
-    torchtitan-eager, torchtitan-compile, torchtitan-compile-2024, composer-fsdp, deepspeed, pytorch-eager; or
-    a preset with fields overridden, ``{preset: torchtitan-compile, attn: {kernel: fa3}, cpu_launch_s:
+    """Software stack (``simtrain.spec.stacks``): a preset name, megatron-te, megatron-te-2024, megatron-core,
+    megatron-legacy, torchtitan-eager, torchtitan-compile, torchtitan-compile-2024, composer-fsdp, deepspeed,
+    pytorch-eager; or a preset with fields overridden, ``{preset: torchtitan-compile, attn: {kernel: fa3}, cpu_launch_s:
     2.0e-6}`` (``StackOverride``): kernel fusion, CPU launch cost, FlashAttention 2 or 3, FP8, TP, FSDP,
     pipeline runtime and optimizer behaviour. ``stack_spec`` is the stack it stands for."""
 

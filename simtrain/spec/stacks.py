@@ -216,6 +216,21 @@ def _presets() -> dict[str, SoftwareStack]:
         "asked)",
         # Megatron-LM's main_grad: fp32 unless --grad-reduce-in-bf16 (dp.grad_dtype)
         loss=MEGATRON_UNFUSED_LOSS, grad_dtype="fp32"))
+    # NeMo of 2023-2024 (NeMo 1.x with NeMo-Framework-Launcher's hydra configs, NeMo 2.0's first recipes)
+    # reduced gradients in fp32; megatron-te's bf16 is what Megatron-Bridge's performance recipes set
+    # (``cfg.ddp.grad_reduce_in_fp32 = False``) [src]:
+    # - NeMo 1.x, Megatron-core's distributed optimizer: megatron_base_model.py
+    #   ``setup_mcore_distributed_parallel`` passes ``grad_reduce_in_fp32=(optim.get('grad_sync_dtype',
+    #   'fp32') == 'fp32')``, and the launcher's configs (conf/training/llama/llama3_1_8b.yaml etc.) set no
+    #   ``grad_sync_dtype``;
+    # - NeMo 1.x, ``distributed_fused_adam`` (apex DistributedFusedAdam, the launcher's llama3_1_70b.yaml):
+    #   ``grad_sync_dtype`` defaults to the optimizer state's dtype, fp32;
+    # - NeMo 2.0: recipes/precision/mixed_precision.py ``bf16_mixed`` sets ``grad_reduce_in_fp32=True``.
+    add(derive(
+        out["megatron-te"], "megatron-te-2024", "NeMo of 2023-2024 (NeMo 1.x with the NeMo Framework Launcher's "
+        "configs, NeMo 2.0's first recipes): as megatron-te but with the gradients reduced in fp32 (NeMo's "
+        "default grad_sync_dtype / grad_reduce_in_fp32)",
+        grad_dtype="fp32"))
     # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
     # without FlashAttention (Megatron-LM 2021-2022; Korthikanti et al. 2022 sec. 5).
     add(derive(
@@ -405,11 +420,17 @@ _FRAMEWORK_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: NeMo dated before Megatron-Bridge (a 23.xx or 24.xx container, or NeMo 1.x's launcher), and not Bridge:
+#: ``megatron-te-2024``.
+_NEMO_2024 = re.compile(r"^(?!.*bridge).*nemo.*(\b2[34]\.\d\d\b|launcher)")
+
+
 def stack_from_text(text: str | None, version: str | None = None) -> tuple[SoftwareStack, str | None]:
     """The stack a free-text ``framework`` cell names, and an assumption when it had to guess.
 
     ``version`` is free text that may date the framework (a row's ``source``): torchtitan with
-    torch.compile dated 2024 is ``torchtitan-compile-2024`` (its loss was not compiled yet).
+    torch.compile dated 2024 is ``torchtitan-compile-2024`` (its loss was not compiled yet); NeMo dated
+    23.xx or 24.xx, or run by NeMo 1.x's launcher, is ``megatron-te-2024`` (fp32 gradient reduction).
     Returns the matching stack and None, or the default stack and the assumption made.
     """
     raw = (text or "").strip()
@@ -419,6 +440,8 @@ def stack_from_text(text: str | None, version: str | None = None) -> tuple[Softw
             if re.search(pattern, low):
                 if name == "torchtitan-compile" and re.search(r"\b2024|2024\d\d", (version or "").lower()):
                     return STACKS["torchtitan-compile-2024"], None
+                if name == "megatron-te" and _NEMO_2024.search(f"{low} {(version or '').lower()}"):
+                    return STACKS["megatron-te-2024"], None
                 stack = STACKS[name]
                 if name == "torchtitan-eager" and "eager" not in low:
                     return stack, f"framework {raw!r}: torchtitan without torch.compile assumed eager"

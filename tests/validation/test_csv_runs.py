@@ -151,8 +151,10 @@ def test_an_hsdp_row_simulates_hybrid_sharding() -> None:
 
 
 @pytest.mark.parametrize(("cell", "stack", "assumed"), [
-    ("Megatron-Core r0.8.0", "megatron-core", False), ("NeMo 24.07 (Megatron-Core)", "megatron-te", False),
-    ("Megatron-Bridge / NeMo 25.11", "megatron-te", False),
+    ("Megatron-Core r0.8.0", "megatron-core", False), ("NeMo 24.07 (Megatron-Core)", "megatron-te-2024", False),
+    ("NeMo (Megatron-Core, NeMo launcher gpt3_175b_hydra.yaml)", "megatron-te-2024", False),
+    ("NeMo dev container (Megatron-Core)", "megatron-te", False), ("NeMo 25.04", "megatron-te", False),
+    ("Megatron-Bridge / NeMo 25.11", "megatron-te", False), ("Megatron-Bridge / NeMo 24.12", "megatron-te", False),
     ("Megatron-LM (2021)", "megatron-legacy", False), ("Megatron-LM (2022)", "megatron-legacy", False),
     ("torchtitan (eager)", "torchtitan-eager", False), ("torchtitan (compile+Float8)", "torchtitan-compile", False),
     ("torchtitan + torch.compile (asyncTP)", "torchtitan-compile", False),
@@ -162,6 +164,12 @@ def test_an_hsdp_row_simulates_hybrid_sharding() -> None:
 def test_stack_from_framework_text(cell: str, stack: str, assumed: bool) -> None:
     s, note = stack_from_text(cell)
     assert s.name == stack and (note is not None) == assumed
+
+
+def test_a_nemo_row_is_dated_by_its_source_too() -> None:
+    # the framework cell names NeMo without a version; the source dates the container
+    assert stack_from_text("NeMo (Megatron-Core)", "NeMo 24.09 container")[0].name == "megatron-te-2024"
+    assert stack_from_text("NeMo (Megatron-Core)", "NeMo 25.07 container")[0].name == "megatron-te"
 
 
 def test_unknown_stack_name_is_a_config_error() -> None:

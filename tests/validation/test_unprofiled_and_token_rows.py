@@ -26,9 +26,10 @@ from simtrain.validation.fidelity import simulate_row, validate_runs
 
 from .conftest import SMALL_ROWS
 
-#: The NeMo row of the small CSV (GPT-tiny, TP 2, FP8 on H100): NeMo's stack is megatron-te, the fallback too,
-#: so the same row with a JAX framework simulates identically and differs only in what it says and its range.
-NEMO = {k: str(v) for k, v in SMALL_ROWS[1].items()}
+#: The NeMo row of the small CSV (GPT-tiny, TP 2, FP8 on H100), run by Megatron-Bridge: its stack is megatron-te,
+#: the fallback too, so the same row with a JAX framework simulates identically and differs only in what it says
+#: and its range (the row's own NeMo 24.07 is megatron-te-2024: gradients reduced in fp32).
+NEMO = {**{k: str(v) for k, v in SMALL_ROWS[1].items()}, "framework": "Megatron-Bridge / NeMo 25.11"}
 JAX = {**NEMO, "run_id": "tiny-maxtext", "framework": "MaxText (JAX/XLA, PGLE)"}
 
 
