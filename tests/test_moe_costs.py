@@ -11,11 +11,14 @@ import pytest
 
 from simtrain.cost.costs import TILE_M, ComputeCostModel
 from simtrain.cost.grouped import expected_tiles, routed_tile_factor
+from simtrain.cost.host import C10D_COLLECTIVE_CPU_S
 from simtrain.hardware.load import load_gpu
-from simtrain.lower.blocks.moe import ROUTER_BYTES, SORT_MAP_BYTES
+from simtrain.lower.blocks.moe import COUNT_BYTES, ROUTER_BYTES, SORT_MAP_BYTES, MoEKernels
+from simtrain.lower.blocks.segments import Comm
 from simtrain.lower.kernels import KernelDesc, MemoryBound
 from simtrain.lower.layer_plan import build_block
 from simtrain.plan.load import load_config
+from simtrain.spec.collective_kinds import ALL_GATHER
 from simtrain.studies.simulate import simulate
 
 SMALL_MOE = dict(name="moe-small", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=4, ffn_hidden=2048,
@@ -137,6 +140,42 @@ def test_router_and_permutation_index_kernels() -> None:
     assert {n for n in bwd if n.startswith("router.")} == {"router.aux_loss.bwd", "router.aux_scores.bwd",
                                                           "router.topk.bwd", "router.grad_sum"}
     assert "expert.sort_map" not in bwd and "moe.row_id_map" not in bwd
+
+
+def _comms(run_overrides: list[str], backward: bool) -> list[Comm]:
+    run = load_config(BASE, run_overrides)
+    b = build_block(run.model, run.layout, run.train)
+    moe = run.model.moe_component()
+    return [s for s in (b.moe_backward(moe) if backward else b.moe_forward(moe)) if isinstance(s, Comm)]
+
+
+def test_token_counts_are_gathered_over_ep_before_an_all_to_all_dispatch() -> None:
+    """The all-to-all dispatcher all-gathers its int64 tokens-per-expert counts over the EP group once per
+    forward, after counting them and before the permutation's row maps (Megatron-core
+    ``MoEAlltoAllTokenDispatcher.preprocess``): 8 experts x 8 bytes from each of the 8 EP ranks. None in
+    backward, none with DeepEP (it counts inside its kernels), none without EP."""
+    fwd = _comms([], False)
+    gathers = [c for c in fwd if c.coll == ALL_GATHER and c.axis == "ep"]
+    assert [c.size_bytes for c in gathers] == [COUNT_BYTES * 8 * 8] and COUNT_BYTES == 8.0
+    assert fwd.index(gathers[0]) == 0  # before the dispatch's all-to-all
+    run = load_config(BASE)
+    segs = build_block(run.model, run.layout, run.train).moe_forward(run.model.moe_component())
+    before, after = segs[segs.index(gathers[0]) - 1], segs[segs.index(gathers[0]) + 1]
+    assert isinstance(before, tuple) and before[-1].name == "moe.tokens_per_expert"
+    assert isinstance(after, tuple) and after[0].name == "moe.row_id_map" and after[-1].name == "moe.permute"
+    assert not [c for c in _comms([], True) if c.coll == ALL_GATHER]
+    assert not [c for c in _comms(["layout.ep_dispatcher=deepep"], False) if c.coll == ALL_GATHER]
+    assert not [c for c in _comms(["layout.ep=1"], False) if c.coll == ALL_GATHER]
+
+
+def test_the_count_exchange_slows_an_all_to_all_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: the same run with the exchange taken out is faster. This toy step is bound by the host:
+    each exchange costs about its ``torch.distributed`` call's CPU time (``C10D_COLLECTIVE_CPU_S``), issued
+    right before the MoE's host sync, plus a small-message NCCL latency; 4 MoE layers x 2 micro-batches."""
+    with_exchange = simulate(load_config(BASE)).step_time_s
+    monkeypatch.setattr(MoEKernels, "_count_exchange", lambda self, c: [])
+    without = simulate(load_config(BASE)).step_time_s
+    assert 0.0 < with_exchange - without <= 4 * 2 * (C10D_COLLECTIVE_CPU_S + 20e-6)
 
 
 def test_one_router_kernel_costed_by_hand() -> None:

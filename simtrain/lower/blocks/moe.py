@@ -26,6 +26,9 @@ from simtrain.spec.layer_desc import MoE
 ROUTER_BYTES = 4.0
 #: Bytes per entry of the permutation's row maps (int32 row indices) [src].
 SORT_MAP_BYTES = 4.0
+#: Bytes per tokens-per-expert count the all-to-all dispatcher gathers over the EP group: int64
+#: (``routing_map.sum(dim=0).long()``, megatron/core/transformer/moe/token_dispatcher.py ``preprocess``) [src].
+COUNT_BYTES = 8.0
 
 
 class MoEKernels(BlockShape):
@@ -136,6 +139,21 @@ class MoEKernels(BlockShape):
                 MemoryBound("moe.row_id_map", 2 * SORT_MAP_BYTES * te),
                 MemoryBound("moe.row_id_map", 2 * SORT_MAP_BYTES * te))
 
+    def _count_exchange(self, c: MoE) -> list[Segment]:
+        """The exchange of the tokens-per-expert counts before an all-to-all dispatch: every EP rank needs
+        the counts every other rank sends it to size its receive buffers (the all-to-all's output splits).
+        Megatron-core's ``MoEAlltoAllTokenDispatcher.preprocess`` all-gathers its int64 counts over the
+        expert (tensor x expert) group with ``gather_from_sequence_parallel_region``, a synchronous
+        ``all_gather_into_tensor`` the next kernels wait for, before copying them to the host
+        (megatron/core/transformer/moe/token_dispatcher.py); torchtitan's expert parallelism exchanges them
+        with an ``all_to_all_single`` (torchtitan/distributed/expert_parallel.py ``_token_dispatch``). Once
+        per MoE layer's forward (a recomputed forward repeats it); the backward reuses the splits. DeepEP's
+        dispatch counts inside its own kernels (``get_dispatch_layout``, notify), so none there; nor without
+        EP. Size: the nccl-tests all-gather size, experts x 8 bytes per rank."""
+        if self.ep == 1 or self.ep_dedup:
+            return []
+        return [Comm(ALL_GATHER, COUNT_BYTES * c.n_experts * self.ep, "ep")]
+
     def _shared(self, c: MoE, backward: bool) -> tuple[KernelDesc, ...]:
         h, n_up = c.hidden, c.n_up
         tokens, _, _, _, _, f_s = self._moe_dims(c)
@@ -174,8 +192,13 @@ class MoEKernels(BlockShape):
         """
         h = c.hidden
         tokens, k, _, _, _, _ = self._moe_dims(c)
-        router = (Gemm("router", tokens, c.n_experts, h), *self._routing(c, False),
-                  *self._permute_maps(c), MemoryBound("moe.permute", 2 * 2.0 * tokens * k * h))
+        counts, *row_maps = self._permute_maps(c)
+        permute = (*row_maps, MemoryBound("moe.permute", 2 * 2.0 * tokens * k * h))
+        exchange = self._count_exchange(c)
+        # the counts, gathered before the permutation builds its row maps
+        route: list[Segment] = ([(Gemm("router", tokens, c.n_experts, h), *self._routing(c, False), counts),
+                                 *exchange, permute] if exchange else
+                                [(Gemm("router", tokens, c.n_experts, h), *self._routing(c, False), counts, *permute)])
         dispatch, combine, gathered = self._moe_comms(c)
         experts: list[Segment] = [self._sorted_experts(c, False)]
         if self.etp > 1:
@@ -183,8 +206,8 @@ class MoEKernels(BlockShape):
         unpermute = (MemoryBound("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
         shared = self._shared(c, False)
         if self.ep_overlap:
-            return [router, dispatch.overlapped(), shared, *experts, combine, unpermute]
-        return [router, dispatch, *experts, combine, (*unpermute, *shared)]
+            return [*route, dispatch.overlapped(), shared, *experts, combine, unpermute]
+        return [*route, dispatch, *experts, combine, (*unpermute, *shared)]
 
     def moe_backward(self, c: MoE) -> list[Segment]:
         """Mirror of the forward: combine's backward is a dispatch-sized all-to-all and vice versa."""
