@@ -178,6 +178,24 @@ def test_the_count_exchange_slows_an_all_to_all_step(monkeypatch: pytest.MonkeyP
     assert 0.0 < with_exchange - without <= 4 * 2 * (C10D_COLLECTIVE_CPU_S + 20e-6)
 
 
+def test_routing_probabilities_travel_in_their_own_all_to_all_on_megatron_core_0_13() -> None:
+    """Megatron-core 0.13 and later (stack ``moe.probs_all_to_all``: megatron-te) send each routed copy's fp32
+    probability in a second all-to-all right after the tokens', and its gradient back right before the
+    tokens' gradient all-to-all; 2 copies (top-2) of each of the rank's T tokens, 4 bytes each. The
+    Megatron-core of 2024 (megatron-te-2024, megatron-core), torchtitan and DeepEP send none."""
+    run = load_config(BASE)
+    t = build_block(run.model, run.layout, run.train).T
+    fwd = [c for c in _comms([], False) if c.axis == "ep" and c.coll != ALL_GATHER]
+    bwd = [c for c in _comms([], True) if c.axis == "ep"]
+    # forward: tokens, probabilities, combine; backward: combine's gradient, probabilities', tokens'
+    assert [c.size_bytes for c in fwd][1] == [c.size_bytes for c in bwd][1] == ROUTER_BYTES * t * 2
+    assert len(fwd) == len(bwd) == 3 and fwd[0].size_bytes == fwd[2].size_bytes > fwd[1].size_bytes
+    for other in (["train.stack=megatron-te-2024"], ["train.stack=megatron-core"], ["train.stack=torchtitan-compile"],
+                  ["layout.ep_dispatcher=deepep"]):
+        assert len([c for c in _comms(other, False) if c.axis == "ep" and c.coll != ALL_GATHER]) == 2, other
+        assert len([c for c in _comms(other, True) if c.axis == "ep"]) == 2, other
+
+
 def test_one_router_kernel_costed_by_hand() -> None:
     """A router kernel is memory-bound: its bytes at the HBM rate a memory op reaches, plus the launch
     tail (fused: one kernel under the Megatron stack)."""

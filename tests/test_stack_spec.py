@@ -22,7 +22,7 @@ from simtrain.studies.estimate import Estimator
 from simtrain.studies.simulate import cluster_of, simulate
 from simtrain.studies.sweep import sweep
 
-#: Every preset's 40 fields as the SoftwareStack dataclass held them before the spec (written by that code; each field added since carries the value its commit gave it).
+#: Every preset's 41 fields as the SoftwareStack dataclass held them before the spec (written by that code; each field added since carries the value its commit gave it).
 GOLDEN = json.loads((Path(__file__).parent / "data" / "stack_presets.json").read_text())
 
 TINY = dict(name="tiny", n_layers=4, hidden=1024, n_heads=8, n_kv_heads=8, ffn_hidden=2816, activation="swiglu",
@@ -47,7 +47,7 @@ def test_every_preset_equals_the_old_stack_field_by_field() -> None:
     assert set(STACKS) == set(GOLDEN)
     for name, fields in GOLDEN.items():
         stack = STACKS[name]
-        assert len(fields) == 40
+        assert len(fields) == 41
         for field, value in fields.items():
             assert _plain(getattr(stack, field)) == value, f"{name}.{field}"
 
@@ -69,8 +69,8 @@ def _differ(a: SoftwareStack, b: SoftwareStack) -> set[str]:
 
 
 def test_derived_presets_differ_from_their_base_by_the_fields_they_name() -> None:
-    assert _differ(STACKS["megatron-core"], STACKS["megatron-te"]) == {"loss", "grad_dtype"}
-    assert _differ(STACKS["megatron-te-2024"], STACKS["megatron-te"]) == {"grad_dtype"}
+    assert _differ(STACKS["megatron-core"], STACKS["megatron-te"]) == {"loss", "grad_dtype", "moe_probs_all_to_all"}
+    assert _differ(STACKS["megatron-te-2024"], STACKS["megatron-te"]) == {"grad_dtype", "moe_probs_all_to_all"}
     assert STACKS["megatron-te-2024"].grad_dtype == "fp32" and STACKS["megatron-te"].grad_dtype == "bf16"
     assert _differ(STACKS["torchtitan-compile-2024"], STACKS["torchtitan-compile"]) == {"loss", "eager_loss"}
     assert _differ(STACKS["torchtitan-compile"], STACKS["torchtitan-eager"]) == {

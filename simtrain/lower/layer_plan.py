@@ -283,7 +283,7 @@ def build_block(model: ModelSpec, lay: LayoutConfig, train: TrainConfig) -> Bloc
                         fp8_tp_gather=stack.fp8_tp_gather and tensorwise_sp,
                         dtensor_tp=stack.dtensor_tp, tp_overlap=tp_overlap_on(lay), torch_cp=stack.torch_cp,
                         expert_load=shape.expert_load, tp_async_grad_allreduce=stack.tp_async_grad_allreduce,
-                        ep_dedup=ep_dedup(model, lay),
+                        ep_dedup=ep_dedup(model, lay), probs_all_to_all=stack.moe_probs_all_to_all,
                         # TE's grouped linear pads FP8 experts by copies; fp8.weight_cache marks the TE stacks
                         fp8_expert_padding=train.precision == "fp8" and stack.fp8_expert_padding_copies)
 

@@ -266,6 +266,20 @@ class RowDefaults(BaseModel):
         return _refuse_bool(value)
 
 
+class MoeSpec(BaseModel):
+    """Expert-parallel token dispatch."""
+
+    model_config = _SPEC
+    probs_all_to_all: bool = False
+    """The all-to-all dispatcher sends each routed copy's probability after its tokens, in a second EP
+    all-to-all (fp32, one value per copy), and its gradient back in backward: Megatron-core 0.13 and later
+    apply the probabilities in the experts' activation ("Memory efficient token permutation by moving the
+    probs multiplication from unpermutation to activation function of GroupedMLP", MCore v0.13 release
+    notes; ``MoEAlltoAllTokenDispatcher.token_dispatch``: ``global_probs = all_to_all(self.ep_group,
+    permuted_probs, ...)``). False: the probabilities stay on the sending rank and weigh the outputs at the
+    unpermutation (Megatron-core before 0.13, torchtitan). DeepEP's dispatch carries them in its own kernel."""
+
+
 class LaunchSpec(BaseModel):
     """Host-side cost of launching kernels."""
 

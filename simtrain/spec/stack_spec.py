@@ -84,6 +84,7 @@ from simtrain.spec.stack_groups import (  # noqa: F401  (re-exported: the groups
     FsdpSpec,
     FusionSpec,
     LaunchSpec,
+    MoeSpec,
     OpFusion,
     P2PSync,
     PipelineSpec,
@@ -119,6 +120,8 @@ class SoftwareStack(BaseModel):
     """Pipeline runtime."""
     dp: DataParallelSpec = DataParallelSpec()
     """Data-parallel (DDP / ZeRO) and optimizer behaviour."""
+    moe: MoeSpec = MoeSpec()
+    """Expert-parallel token dispatch."""
     launch: LaunchSpec = LaunchSpec()
     """Host launch cost."""
     defaults: RowDefaults = RowDefaults()
@@ -337,6 +340,11 @@ class SoftwareStack(BaseModel):
         """``launch.grad_norm_sync``."""
         return self.launch.grad_norm_sync
 
+    @property
+    def moe_probs_all_to_all(self) -> bool:
+        """``moe.probs_all_to_all``."""
+        return self.moe.probs_all_to_all
+
 
 #: Each field's flat name -> (group, field): the names the stack had before it was split by concern, read as
 #: attributes (``SoftwareStack.tp_comm_overlap``) and accepted in overrides (``train.stack.tp_comm_overlap``).
@@ -356,6 +364,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "fp32_grad_accumulation_pass": ("pipeline", "fp32_grad_accumulation_pass"),
     "synchronous_p2p": ("pipeline", "synchronous_p2p"),
     "zero_stage": ("defaults", "zero_stage"), "zero1_grad_all_reduce": ("dp", "zero1_grad_all_reduce"),
+    "moe_probs_all_to_all": ("moe", "probs_all_to_all"),
     "grad_dtype": ("dp", "grad_dtype"), "ddp_grad_passes": ("dp", "grad_passes"),
     "foreach_optimizer": ("dp", "foreach_optimizer"),
     "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),

@@ -60,6 +60,7 @@ from simtrain.spec.stack_spec import (
     FsdpSpec,
     FusionSpec,
     LaunchSpec,
+    MoeSpec,
     OpFusion,
     PipelineSpec,
     SoftwareStack,
@@ -209,13 +210,16 @@ def _presets() -> dict[str, SoftwareStack]:
         "gradient reduction); NeMo performance recipes",
         attention="cudnn", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
         cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True, grouped_gemm_per_expert=True,
-        tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True, loss=MEGATRON_FUSED_LOSS))
+        tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True, loss=MEGATRON_FUSED_LOSS,
+        moe_probs_all_to_all=True))
     add(derive(
         out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
         "Engine, as megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless "
         "asked)",
         # Megatron-LM's main_grad: fp32 unless --grad-reduce-in-bf16 (dp.grad_dtype)
-        loss=MEGATRON_UNFUSED_LOSS, grad_dtype="fp32"))
+        # the Megatron-Core of the rows it stands for (r0.8-0.9, 2024) weighs the routing probabilities at
+        # the unpermutation (MoE probabilities' all-to-all from v0.13: stack_groups.MoeSpec)
+        loss=MEGATRON_UNFUSED_LOSS, grad_dtype="fp32", moe_probs_all_to_all=False))
     # NeMo of 2023-2024 (NeMo 1.x with NeMo-Framework-Launcher's hydra configs, NeMo 2.0's first recipes)
     # reduced gradients in fp32; megatron-te's bf16 is what Megatron-Bridge's performance recipes set
     # (``cfg.ddp.grad_reduce_in_fp32 = False``) [src]:
@@ -229,8 +233,9 @@ def _presets() -> dict[str, SoftwareStack]:
     add(derive(
         out["megatron-te"], "megatron-te-2024", "NeMo of 2023-2024 (NeMo 1.x with the NeMo Framework Launcher's "
         "configs, NeMo 2.0's first recipes): as megatron-te but with the gradients reduced in fp32 (NeMo's "
-        "default grad_sync_dtype / grad_reduce_in_fp32)",
-        grad_dtype="fp32"))
+        "default grad_sync_dtype / grad_reduce_in_fp32; Megatron-Core before 0.13: the MoE routing "
+        "probabilities stay on the sending rank)",
+        grad_dtype="fp32", moe_probs_all_to_all=False))
     # Megatron legacy kernels (apex fused LayerNorm, fused bias-GELU, fused scale-mask-softmax): fused, but
     # without FlashAttention (Megatron-LM 2021-2022; Korthikanti et al. 2022 sec. 5).
     add(derive(
@@ -309,6 +314,8 @@ class StackOverride(BaseModel):
     """Pipeline runtime (the fields given replace the preset's)."""
     dp: DataParallelSpec | None = None
     """Data-parallel and optimizer behaviour (the fields given replace the preset's)."""
+    moe: MoeSpec | None = None
+    """Expert-parallel token dispatch (the fields given replace the preset's)."""
     launch: LaunchSpec | None = None
     """Host launch cost (the fields given replace the preset's)."""
     _key: str = PrivateAttr("")

@@ -154,6 +154,19 @@ class MoEKernels(BlockShape):
             return []
         return [Comm(ALL_GATHER, COUNT_BYTES * c.n_experts * self.ep, "ep")]
 
+    def _probs_exchange(self, c: MoE) -> list[Segment]:
+        """The routing probabilities' own all-to-all, right after the tokens' (and its mirror in backward,
+        before the tokens' gradient all-to-all): Megatron-core 0.13 and later weigh the experts' activation
+        by them, so the all-to-all dispatcher sends each routed copy's fp32 probability along
+        (``MoEAlltoAllTokenDispatcher.token_dispatch``: ``global_probs = all_to_all(self.ep_group,
+        permuted_probs, self.output_splits, self.input_splits)``). Only under ``probs_all_to_all``, with EP,
+        and not with DeepEP, whose dispatch kernel carries them. Size: one fp32 per routed copy, times the
+        busiest rank's load as the tokens'."""
+        if not self.probs_all_to_all or self.ep == 1 or self.ep_dedup:
+            return []
+        tokens, k, _, _, _, _ = self._moe_dims(c)
+        return [Comm(ALL_TO_ALL, ROUTER_BYTES * tokens * k * self.expert_load, "ep")]
+
     def _shared(self, c: MoE, backward: bool) -> tuple[KernelDesc, ...]:
         h, n_up = c.hidden, c.n_up
         tokens, _, _, _, _, f_s = self._moe_dims(c)
@@ -205,9 +218,10 @@ class MoEKernels(BlockShape):
             experts = [Comm(ALL_GATHER, gathered, "etp"), *experts, Comm(REDUCE_SCATTER, gathered, "etp")]
         unpermute = (MemoryBound("moe.unpermute", (k + 1) * 2.0 * tokens * h),)
         shared = self._shared(c, False)
+        probs = self._probs_exchange(c)
         if self.ep_overlap:
-            return [*route, dispatch.overlapped(), shared, *experts, combine, unpermute]
-        return [*route, dispatch, *experts, combine, (*unpermute, *shared)]
+            return [*route, dispatch.overlapped(), shared, *probs, *experts, combine, unpermute]
+        return [*route, dispatch, *probs, *experts, combine, (*unpermute, *shared)]
 
     def moe_backward(self, c: MoE) -> list[Segment]:
         """Mirror of the forward: combine's backward is a dispatch-sized all-to-all and vice versa."""
@@ -223,6 +237,7 @@ class MoEKernels(BlockShape):
         grad_combine = Comm(combine.coll, combine.size_bytes, "ep")
         grad_dispatch = Comm(combine.coll, combine.size_bytes, "ep")  # gradients travel in BF16
         shared = self._shared(c, True)
+        probs = self._probs_exchange(c)  # the probabilities' gradient, sent back before the tokens'
         if self.ep_overlap:
-            return [unpermute, grad_combine.overlapped(), shared, *experts, grad_dispatch, router]
-        return [(*unpermute, *shared), grad_combine, *experts, grad_dispatch, router]
+            return [unpermute, grad_combine.overlapped(), shared, *experts, *probs, grad_dispatch, router]
+        return [(*unpermute, *shared), grad_combine, *experts, *probs, grad_dispatch, router]

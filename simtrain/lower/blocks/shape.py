@@ -59,6 +59,9 @@ class BlockShape:
     ep_dedup: bool = False
     """Dispatch crosses the network once per remote node a token is routed to (DeepEP/HybridEP,
     ``layout.ep_dispatcher``), not once per expert copy."""
+    probs_all_to_all: bool = False
+    """The all-to-all dispatcher sends the routing probabilities in a second EP all-to-all (stack
+    ``moe.probs_all_to_all``: Megatron-core 0.13 and later)."""
     fp8_expert_padding: bool = False
     """FP8 grouped GEMMs need every expert's rows a multiple of 16 (32 for MXFP8): Transformer Engine's
     ``Fp8Padding`` / ``Fp8Unpadding`` copy the experts' input and output into padded buffers (and back in
