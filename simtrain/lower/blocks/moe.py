@@ -139,6 +139,11 @@ class MoEKernels(BlockShape):
                 MemoryBound("moe.row_id_map", 2 * SORT_MAP_BYTES * te),
                 MemoryBound("moe.row_id_map", 2 * SORT_MAP_BYTES * te))
 
+    @property
+    def _all_to_all_dispatch(self) -> bool:
+        """Tokens are dispatched by NCCL all-to-alls over an EP group (not by DeepEP's kernels, not without EP)."""
+        return self.ep > 1 and not self.ep_dedup
+
     def _count_exchange(self, c: MoE) -> list[Segment]:
         """The exchange of the tokens-per-expert counts before an all-to-all dispatch: every EP rank needs
         the counts every other rank sends it to size its receive buffers (the all-to-all's output splits).
@@ -150,7 +155,7 @@ class MoEKernels(BlockShape):
         per MoE layer's forward (a recomputed forward repeats it); the backward reuses the splits. DeepEP's
         dispatch counts inside its own kernels (``get_dispatch_layout``, notify), so none there; nor without
         EP. Size: the nccl-tests all-gather size, experts x 8 bytes per rank."""
-        if self.ep == 1 or self.ep_dedup:
+        if not self._all_to_all_dispatch:
             return []
         return [Comm(ALL_GATHER, COUNT_BYTES * c.n_experts * self.ep, "ep")]
 
@@ -162,7 +167,7 @@ class MoEKernels(BlockShape):
         permuted_probs, self.output_splits, self.input_splits)``). Only under ``probs_all_to_all``, with EP,
         and not with DeepEP, whose dispatch kernel carries them. Size: one fp32 per routed copy, times the
         busiest rank's load as the tokens'."""
-        if not self.probs_all_to_all or self.ep == 1 or self.ep_dedup:
+        if not (self.probs_all_to_all and self._all_to_all_dispatch):
             return []
         tokens, k, _, _, _, _ = self._moe_dims(c)
         return [Comm(ALL_TO_ALL, ROUTER_BYTES * tokens * k * self.expert_load, "ep")]
@@ -206,12 +211,11 @@ class MoEKernels(BlockShape):
         h = c.hidden
         tokens, k, _, _, _, _ = self._moe_dims(c)
         counts, *row_maps = self._permute_maps(c)
+        router = (Gemm("router", tokens, c.n_experts, h), *self._routing(c, False), counts)
         permute = (*row_maps, MemoryBound("moe.permute", 2 * 2.0 * tokens * k * h))
         exchange = self._count_exchange(c)
         # the counts, gathered before the permutation builds its row maps
-        route: list[Segment] = ([(Gemm("router", tokens, c.n_experts, h), *self._routing(c, False), counts),
-                                 *exchange, permute] if exchange else
-                                [(Gemm("router", tokens, c.n_experts, h), *self._routing(c, False), counts, *permute)])
+        route: list[Segment] = [router, *exchange, permute] if exchange else [(*router, *permute)]
         dispatch, combine, gathered = self._moe_comms(c)
         experts: list[Segment] = [self._sorted_experts(c, False)]
         if self.etp > 1:
