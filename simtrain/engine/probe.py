@@ -24,8 +24,9 @@ runs the same ops, though, so this module
    (``timing.compile_schedule``);
 4. bounds each stage's step by its busiest communication stream (its per-micro-batch load times the
    micro-batches: ZeRO-2/3 reductions slower than the compute they hide behind queue up);
-5. adds each stage's step-level work: the probe's wait before its first forward (ZeRO-1/2 parameter
-   gathers: only the first chunk's, as the later chunks' gathers hide behind earlier forwards) and its
+5. adds each stage's step-level work: the probe's waits in its first forward (ZeRO-1/2 parameter
+   gathers, each layer waiting for its own buckets: only the first chunk's, as the later chunks' gathers
+   hide behind earlier forwards) and its
    tail after its last backward (exposed gradient reduction, embedding sync, optimizer, a blocking
    parameter gather).
 
@@ -329,6 +330,9 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
         p2p = [0.0] * n_chunks
         probe = StageProbe(ops=len(ops), stream_s=[{} for _ in range(n_chunks)])
         prev = 0.0
+        # the step's parameter gathers, lowered before the first action; a layer's first forward waits
+        # for its own buckets (``_StageLowering._gathers_for``)
+        gathers = set(range(sp[0][1])) if zero12 and sp else set()
         for n, (a, i0, i1) in enumerate(sp):
             comp = [i for i in range(i0, i1) if ops[i].stream == Stream.COMPUTE]
             held = probe.stream_s[a.chunk]
@@ -342,8 +346,9 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
             first, last = starts[comp[0]], ends[comp[-1]]
             gap = first - prev
             if zero12:  # the step's parameter gathers: the first forward waits, later ones hide
-                probe.head_s += gap if n == 0 else 0.0
-                gap = 0.0
+                waits = _gather_waits(ops, comp, starts, ends, gathers)
+                probe.head_s += gap + waits if n == 0 else 0.0
+                gap = -waits
             dur[a.chunk][a.kind] = dur[a.chunk].get(a.kind, 0.0) + gap + last - first
             busy[a.chunk] += sum(ends[i] - starts[i] for i in comp if ops[i].category in COMPUTE_CATEGORIES)
             prev = last
@@ -356,6 +361,17 @@ def time_probes(programs: list[Program], spans: dict[int, list[tuple[Action, int
             probe.costs.append(ActionCosts(d.get("F", 0.0), d.get("B", 0.0), d.get("W", 0.0), None, p2p[c]))
             probe.compute_s.append(busy[c])
         out[s] = probe
+    return out
+
+
+def _gather_waits(ops: list[Op], comp: list[int], starts: list[float], ends: list[float], gathers: set[int]) -> float:
+    """Seconds the compute ops ``comp`` (after the first) idle before those that wait for a parameter gather
+    (an op of ``gathers``): the buckets a later layer of the first forward waits for, step-level work that
+    the other micro-batches' forwards do not repeat."""
+    out = 0.0
+    for before, i in zip(comp, comp[1:], strict=False):
+        if gathers.intersection(ops[i].deps):
+            out += max(starts[i] - ends[before], 0.0)
     return out
 
 

@@ -16,6 +16,7 @@ runs the cost pass over it with one cost source.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from simtrain.lower.emit import edge_segments
@@ -100,23 +101,35 @@ def _finish_stage(sl: _StageLowering) -> None:
 
 def _param_gathers_at_start(sl: _StageLowering) -> None:
     """ZeRO-1/2 with overlapped parameter gather: the previous step's updated parameters are
-    all-gathered bucket by bucket while this step's forward runs (Megatron --overlap-param-gather);
-    each chunk's first forward waits for its buckets."""
+    all-gathered bucket by bucket while this step's forward runs (Megatron --overlap-param-gather).
+
+    Buckets follow the parameters in forward order (the dense buffer over the data axis, the routed
+    experts' over ``edp``), issued in that order, and each unit's first forward (the embedding, a layer,
+    the head) waits only for the buckets that carry its parameters: Megatron's forward pre-hook of a
+    module waits for its own bucket's all-gather and dispatches the next one
+    (megatron/core/distributed/param_and_grad_buffer.py ``finish_param_sync``), so the later buckets'
+    all-gathers run beside the earlier layers' forward."""
     lay = sl.run.layout
     if lay.shard_stage not in (1, 2) or not dp_overlaps(lay, sl.stack)[1]:
         return
     bucket = lay.grad_bucket_MiB * MiB
     for c in range(len(sl.layers)):
-        ids = []
-        for params, axis, degree in ((sl.chunk_params(c), lay.data_axis, lay.data_degree),
-                                     (sl.chunk_expert_params(c), "edp", sl.edp)):
-            size = 2.0 * params if degree > 1 else 0.0
-            while size > 0:
-                part = min(size, bucket)
-                ids.append(sl.dp_collective(ALL_GATHER, axis, part, "dp.param_all_gather", ()).idx)
-                size -= part
-        if ids:
-            sl.param_gathers[c] = ids
+        units = sl.gather_units(c)
+        parts: list[tuple[int, int, float, str]] = []  # (first unit, buffer, bytes, axis)
+        for buf, axis, degree in ((0, lay.data_axis, lay.data_degree), (1, "edp", sl.edp)):
+            if degree <= 1:
+                continue
+            ends = list(itertools.accumulate(2.0 * u[buf] for u in units))
+            start = 0.0
+            while start < ends[-1]:
+                part = min(ends[-1] - start, bucket)
+                parts.append((next(i for i, e in enumerate(ends) if e > start), buf, part, axis))
+                start += part
+        parts.sort(key=lambda p: (p[0], p[1]))
+        gathers = [(first, sl.dp_collective(ALL_GATHER, axis, part, "dp.param_all_gather", ()).idx)
+                   for first, _, part, axis in parts]
+        if gathers:
+            sl.param_gathers[c] = gathers
 
 
 def _chunk_memory(sl: _StageLowering, chunk: int) -> ChunkMemory:

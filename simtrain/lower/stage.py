@@ -63,7 +63,10 @@ class _StageLowering:
     sends: dict[tuple[str, int, int], int] = field(default_factory=dict)
     dp_ops: list[int] = field(default_factory=list)
     deferred: list[tuple[Collective, float, str]] = field(default_factory=list)
-    param_gathers: dict[int, list[int]] = field(default_factory=dict)
+    param_gathers: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Per chunk, its overlapped parameter all-gathers in issue order, each as (the first forward unit whose
+    parameters it carries, op index); units: the embedding 0, the chunk's layers 1.., the head last
+    (``gather_units``)."""
     fsdp_gathers: dict[tuple[str, int, int, int], list[int]] = field(default_factory=dict)
     fsdp_copied: set[tuple[str, int, int, int]] = field(default_factory=set)
     """Gathers whose FSDP2 copy-out has been emitted (``SoftwareStack.fsdp_param_copies``)."""
@@ -127,6 +130,24 @@ class _StageLowering:
         """Parameters of one chunk on this rank."""
         return sum(self.plan(chunk, i).params_per_rank for i in range(self.layers[chunk])) + self._extra_params(chunk)
 
+    def gather_units(self, chunk: int) -> list[tuple[float, float]]:
+        """(dense, routed-expert) parameters on this rank of each unit of ``chunk`` in forward order: the input
+        embedding (0 off the first position), each layer, the head with the MTP modules (0 off the last)."""
+        last = self.vstage(chunk) == self.n_virtual - 1
+        mtp_experts = sum(p.expert_params_per_rank for p in self._mtp()) if last else 0.0
+        layers = [(self.plan(chunk, i).params_per_rank, self.plan(chunk, i).expert_params_per_rank)
+                  for i in range(self.layers[chunk])]
+        return [(self._embed_params(chunk), 0.0), *layers, (self._head_params(chunk), mtp_experts)]
+
+    def _gathers_for(self, chunk: int, unit: int) -> list[int]:
+        """The parameter all-gathers the first forward of ``unit`` of ``chunk`` waits for and no earlier unit
+        did: those carrying parameters of units up to it (Megatron's forward pre-hook waits for the bucket of
+        each module's parameters, ``finish_param_sync``)."""
+        pending = self.param_gathers.get(chunk, [])
+        ready = [idx for first, idx in pending if first <= unit]
+        self.param_gathers[chunk] = [(first, idx) for first, idx in pending if first > unit]
+        return ready
+
     def chunk_expert_params(self, chunk: int) -> float:
         """Routed-expert parameters of one chunk on this rank (MTP blocks' on the last position)."""
         mtp = sum(p.expert_params_per_rank for p in self._mtp()) if self.vstage(chunk) == self.n_virtual - 1 else 0.0
@@ -143,8 +164,9 @@ class _StageLowering:
         v = self.vstage(a.chunk)
         if v > 0:
             self.em.recv_key = ("F", a.microbatch, v)
-        if self.gathers_before(a.chunk, a.microbatch):
-            self.em.extra_deps = list(self.param_gathers.get(a.chunk, []))
+        gathers = self.gathers_before(a.chunk, a.microbatch)
+        if gathers:
+            self.em.extra_deps.extend(self._gathers_for(a.chunk, 0))
         if v == 0:
             yield from self.em.segment_steps(self.block.embedding_forward(), "fwd", a.microbatch, a.chunk,
                                              mem_start=embedding_activation_bytes(self.run.model, self._shape))
@@ -153,11 +175,15 @@ class _StageLowering:
         for i in order:
             plan = self.plan(a.chunk, i)
             self._fsdp_gather("F", a, order, i)
+            if gathers:
+                self.em.extra_deps.extend(self._gathers_for(a.chunk, i + 1))
             end = -(plan.act_bytes - plan.ckpt_bytes) if self._recompute_layer(i) else 0.0
             yield from self.em.segment_steps(plan.fwd, "fwd", a.microbatch, a.chunk, mem_start=plan.act_bytes,
                                              mem_end=end)
             if offload is not None:
                 offload.after_forward(i)
+        if gathers:
+            self.em.extra_deps.extend(self._gathers_for(a.chunk, len(order) + 1))
         if v == self.n_virtual - 1:
             yield from self.em.segment_steps(self.block.head_forward(), "fwd", a.microbatch, a.chunk,
                                              mem_start=head_activation_bytes(self.run.model, self._shape))
