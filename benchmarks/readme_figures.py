@@ -379,7 +379,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(README, "async TP in BF16 {bf16:.1f} % (FP8 {fp8:.1f} %;",
            _row_errors(bf16="torchtitan-asynctp-llama3-8b-bf16-asyncTP", fp8="torchtitan-asynctp-llama3-8b-fp8-asyncTP"),
            tol=0.01),
-    Figure(README, "+{e70:.1f} % and 7.1B {e:.1f} %", _row_errors(e70="mlm-h100-70B", e="mlm-h100-7.1B"), tol=0.01),
+    Figure(README, "and its 7.1B {e:.1f} %", _row_errors(e="mlm-h100-7.1B"), tol=0.01),
     Figure(README, "MPT-70B at micro-batch 2 is {e:.1f} %", _row_errors(e="mpt-a100_80gb-70b-s2048-g32-bf16"), tol=0.01),
     Figure(README, "2,048 A100: ~{days:.1f} days, ~{gpuh_m:.2f}M GPU-hours", _llama65b_run, slow=True),
     Figure(README, "predicts {days:.1f} days and {gpuh:,.0f} GPU-hours ({mfu:.1f} % MFU)", _llama65b_run, slow=True),

@@ -119,7 +119,9 @@ def _tiny(layout: dict[str, Any], nodes: int, seqs: int, model: dict[str, Any] =
 NO_SHARED_LINK = {
     "tp8": _tiny(dict(tp=8), 1, 4),
     "tp8-full-recompute": _tiny(dict(tp=8, recompute="full"), 1, 4),
-    "dp8": _tiny(dict(dp=8), 1, 16),
+    # 40 MiB buckets: several gradient all-reduces on the DP stream (Megatron's default, 40M parameters,
+    # would make this tiny model's gradients one bucket, reduced in line after the backward)
+    "dp8": _tiny(dict(dp=8, grad_bucket_MiB=40), 1, 16),
     # MoE, experts over the node's 8 GPUs, the hottest expert taking 3x the mean: the routed-expert
     # kernels of the simulated (hottest) rank run 3x longer in both evaluators (simtrain.plan.routing)
     "moe-ep8-skewed": {**_tiny(dict(dp=8, ep=8), 1, 16, TINY_MOE),

@@ -121,7 +121,8 @@ def test_estimate_adds_the_same_offload_waits_as_the_engine() -> None:
     """The layout search's closed form charges what the engine's copies cost (8 GPUs, 6 of 8 layers
     offloaded at 52.8 GB/s: ~0.13 s of waits) and the same peak memory."""
     base = {"model": {"preset": "llama3-8b", "n_layers": L}, "hardware": {"node": "dgx-h100", "n_nodes": 1},
-            "layout": {"dp": 8, "zero_stage": 1}, "train": {"seq_len": 4096, "global_batch_seqs": 16}}
+            "layout": {"dp": 8, "zero_stage": 1, "grad_bucket_MiB": 40},  # the buckets this test was written with
+            "train": {"seq_len": 4096, "global_batch_seqs": 16}}
     sims, ests = [], []
     for n in (0, 6):
         run = load_config(_cfg(n, base=base))

@@ -81,3 +81,41 @@ def test_blocking_gather_unchanged_without_overlap() -> None:
     opt = next(op.idx for op in prog.ops if op.category == "optimizer")
     assert all(op.idx > opt for op in _gathers(prog.ops))
     assert all(not deps for _, deps in _first_forward_deps(prog.ops))
+
+
+def test_megatron_bucket_rule() -> None:
+    """Megatron-core DDP (the megatron-* stacks) without a layout bucket: max(40M, 1M x dp) parameters on the
+    first stage's first chunk, one bucket on any other; the layout's ``grad_bucket_MiB`` wins; other stacks
+    keep ``DEFAULT_BUCKET_MiB``."""
+    from simtrain.lower.stack_rules import dp_bucket_bytes
+    from simtrain.spec.config import DEFAULT_BUCKET_MiB
+
+    def layout(**kw: Any) -> Any:
+        return _run(grad_bucket_MiB=None, **kw).layout
+
+    mega = _run(grad_bucket_MiB=None).train.stack_spec
+    assert mega.megatron_buckets
+    assert dp_bucket_bytes(layout(), mega, 2.0, 0, 0) == 40e6 * 2.0  # dp 16: the 40M floor
+    wide = layout().model_copy(update={"dp": 128})
+    assert wide.data_degree == 128
+    assert dp_bucket_bytes(wide, mega, 4.0, 0, 0) == 128e6 * 4.0  # 1M per data-parallel rank
+    assert dp_bucket_bytes(layout(), mega, 2.0, 1, 0) == float("inf")
+    assert dp_bucket_bytes(layout(), mega, 2.0, 0, 1) == float("inf")
+    assert dp_bucket_bytes(_run().layout, mega, 2.0, 1, 1) == 64 * 2**20
+    other = load_config({**BASE, "layout": {**BASE["layout"], "grad_bucket_MiB": None},
+                         "train": {**BASE["train"], "stack": "deepspeed"}}).train.stack_spec
+    assert not other.megatron_buckets
+    assert dp_bucket_bytes(layout(), other, 2.0, 1, 0) == DEFAULT_BUCKET_MiB * 2**20
+
+
+def test_later_stages_reduce_and_gather_one_bucket() -> None:
+    """Under PP on a Megatron stack, a stage after the first reduce-scatters its gradients and all-gathers its
+    parameters as one bucket each (the whole stage), and its first forward waits for that one gather; the
+    first stage keeps several buckets."""
+    run = _run(grad_bucket_MiB=None, pp=2, dp=8)
+    first, second = lower_program(run).programs
+    assert len(_gathers(second.ops)) == 1
+    assert len([op for op in second.ops if op.name == "dp.reduce_scatter"]) == 1
+    waits = [deps for _, deps in _first_forward_deps(second.ops) if deps]
+    assert len(waits) == 1
+    assert len(_gathers(first.ops)) > 1

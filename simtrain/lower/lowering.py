@@ -38,6 +38,7 @@ from simtrain.lower.memory import (
 )
 from simtrain.lower.ops import OpKind, Program
 from simtrain.lower.stack_rules import (
+    dp_bucket_bytes,
     dp_overlaps,
     optimizer_bytes_per_param,
 )
@@ -45,7 +46,6 @@ from simtrain.lower.stage import _StageLowering
 from simtrain.plan.schedules import Action, schedule_of, split_backward_keys
 from simtrain.spec.collective_kinds import ALL_GATHER, ALL_REDUCE
 from simtrain.spec.config import RunConfig
-from simtrain.spec.units import MiB
 
 
 @dataclass(slots=True)
@@ -112,8 +112,8 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
     lay = sl.run.layout
     if lay.shard_stage not in (1, 2) or not dp_overlaps(lay, sl.stack)[1]:
         return
-    bucket = lay.grad_bucket_MiB * MiB
     for c in range(len(sl.layers)):
+        bucket = dp_bucket_bytes(lay, sl.stack, 2.0, sl.stage, c)
         units = sl.gather_units(c)
         parts: list[tuple[int, int, float, str]] = []  # (first unit, buffer, bytes, axis)
         for buf, axis, degree in ((0, lay.data_axis, lay.data_degree), (1, "edp", sl.edp)):

@@ -25,7 +25,7 @@ from itertools import zip_longest
 from simtrain.lower.nvfp4 import NVFP4_WEIGHT_CACHE_BYTES
 from simtrain.plan.routing import worst_rank_load
 from simtrain.plan.schedules import Action, split_backward_keys
-from simtrain.spec.config import LayoutConfig, TrainConfig
+from simtrain.spec.config import DEFAULT_BUCKET_MiB, LayoutConfig, TrainConfig
 from simtrain.spec.layer_desc import MLP, ActivationShape, Attention, MoE, Norm, RecomputeModule, SavePolicy
 from simtrain.spec.model_spec import ModelSpec
 
@@ -326,7 +326,7 @@ def static_memory(params: float, layer_params: float, model_layers_on_rank: int,
     weights = 0.0 if torch_fsdp else 2.0 * params / (shard if stage >= 3 else 1)
     grads = grad_b * params / (shard if stage >= 2 else 1)
     optimizer = opt_b * params / (shard if stage >= 1 else 1)
-    bucket = layout.grad_bucket_MiB * MiB
+    bucket = (layout.grad_bucket_MiB or DEFAULT_BUCKET_MiB) * MiB  # ZeRO-2's two buckets (not Megatron's)
     if stage >= 3 and unsharded_params > 0 and shard > 1:
         buffers = (2.0 + grad_b) * (unsharded_params + (root_params if torch_fsdp else 0.0))
     elif stage >= 3:

@@ -9,13 +9,15 @@ estimate (``simtrain.studies.estimate``) both call these, so the two charge the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from simtrain.lower.blocks import AMAX_CASTS_TE, AMAX_CASTS_TORCHAO
 from simtrain.lower.kernels import MemoryBound
 from simtrain.spec.collective_kinds import ALL_REDUCE, REDUCE_SCATTER, Collective
-from simtrain.spec.config import LayoutConfig, TrainConfig
+from simtrain.spec.config import DEFAULT_BUCKET_MiB, LayoutConfig, TrainConfig
 from simtrain.spec.stack_spec import P2PSync, SoftwareStack
+from simtrain.spec.units import MiB
 
 # DeepSpeed BF16_Optimizer.update_hp_grads: hp_grad.add_(lp.grad.to(float32)) reads the BF16 gradient (2 B)
 # and writes its FP32 copy (4 B), then add_ reads both FP32 tensors and writes one (12 B)
@@ -54,6 +56,30 @@ def fsdp1_grad_bytes(grad_bytes: float) -> float:
     (2 + ``grad_bytes``, only when it is not bf16) and the in-place pre-divide (2 x ``grad_bytes``)."""
     cast = 0.0 if grad_bytes == 2.0 else 2.0 + grad_bytes
     return 4.0 + cast + 2.0 * grad_bytes
+
+
+#: Megatron-core DDP's default bucket, parameters: ``max(MEGATRON_BUCKET_MIN_PARAMS,
+#: MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp)`` (``DistributedDataParallelConfig.bucket_size``: "MCore uses a
+#: default value of max(40000000, 1000000 * dp_size) parameters (larger DP sizes need larger buckets to
+#: ensure collectives do not become latency-bound)") [src].
+MEGATRON_BUCKET_MIN_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+def dp_bucket_bytes(layout: LayoutConfig, stack: SoftwareStack, bytes_per_param: float, stage: int,
+                    chunk: int) -> float:
+    """Bytes per data-parallel bucket of ``stage``'s model ``chunk`` (gradients at ``bytes_per_param``, or the
+    bf16 parameters ZeRO-1/2 all-gathers): the layout's ``grad_bucket_MiB`` where set; under the stack's
+    Megatron-core bucketing (``SoftwareStack.megatron_buckets``) ``max(40M, 1M x dp)`` parameters on the first
+    stage's first chunk and one bucket (infinite) on every other; else ``DEFAULT_BUCKET_MiB``."""
+    if layout.grad_bucket_MiB is not None:
+        return layout.grad_bucket_MiB * MiB
+    if not stack.megatron_buckets:
+        return DEFAULT_BUCKET_MiB * MiB
+    if stage > 0 or chunk > 0:
+        return math.inf
+    params = max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * layout.data_degree)
+    return params * bytes_per_param
 
 
 def fsdp_keeps_unsharded(layout: LayoutConfig, stack: SoftwareStack) -> bool:

@@ -25,6 +25,7 @@ from simtrain.lower.memory import (
 from simtrain.lower.offload import sync_layers
 from simtrain.lower.ops import Op, OpKind, Program, Stream
 from simtrain.lower.stack_rules import (
+    dp_bucket_bytes,
     dp_overlaps,
     fp32_grad_accumulation_kernel,
     fsdp1_grad_bytes,
@@ -38,7 +39,6 @@ from simtrain.plan.schedules import Action, Route
 from simtrain.spec.collective_kinds import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Collective
 from simtrain.spec.config import RunConfig
 from simtrain.spec.stacks import SoftwareStack
-from simtrain.spec.units import MiB
 
 
 @dataclass(slots=True)
@@ -465,7 +465,9 @@ class BucketFiller:
             return
         self.pending += params
         self.pending_expert += expert_params
-        if (self.pending + self.pending_expert) * self._grad_bytes >= self.sl.run.layout.grad_bucket_MiB * MiB:
+        bucket = dp_bucket_bytes(self.sl.run.layout, self.sl.stack, self._grad_bytes, self.sl.stage,
+                                 self.action.chunk)
+        if (self.pending + self.pending_expert) * self._grad_bytes >= bucket:
             self.flush()
 
     @property

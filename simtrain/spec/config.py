@@ -29,6 +29,10 @@ from simtrain.spec.variability_spec import VariabilitySpec
 from simtrain.spec.whatif_spec import WhatIfSpec
 
 # use_attribute_docstrings: each field's docstring is its description in the JSON Schema (simtrain schema).
+#: Data-parallel bucket size when neither the layout nor the stack sets one, MiB (simtrain's default before
+#: the stacks' own rules; PyTorch DDP's ``bucket_cap_mb`` is 25) [assumed].
+DEFAULT_BUCKET_MiB = 40.0
+
 _STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
@@ -143,8 +147,10 @@ class LayoutConfig(BaseModel):
     """Overlap the ZeRO/distributed-optimizer parameter all-gather with forward (``--overlap-param-gather``)."""
     tp_comm_overlap: bool = False
     """Overlap TP collectives with GEMMs (Megatron ``--tp-comm-overlap``; torchtitan async TP)."""
-    grad_bucket_MiB: float = Field(40.0, gt=0)
-    """Gradient bucket size of the data-parallel reduction, MiB."""
+    grad_bucket_MiB: float | None = Field(None, gt=0)
+    """Gradient bucket size of the data-parallel reduction (and of ZeRO-1/2's overlapped parameter all-gather),
+    MiB. None: the stack's rule (``train.stack.dp.megatron_buckets``: Megatron-core's ``max(40M, 1M x dp)``
+    parameters on the first stage's first chunk, one bucket elsewhere), else ``DEFAULT_BUCKET_MiB``."""
     fsdp_prefetch_layers: Layers = 1
     """FSDP: layers whose parameters are all-gathered ahead of use."""
     cp_comm: Literal["p2p", "all_gather", "a2a"] = "p2p"

@@ -230,6 +230,15 @@ class DataParallelSpec(BaseModel):
     Megatron-core DDP accumulates into the contiguous bucket and only scales it (1); PyTorch DDP's
     reducer copies each grad into the flat bucket, divides it by the world size and copies it back
     (3; torch/csrc/distributed/c10d/reducer.cpp, without gradient_as_bucket_view)."""
+    megatron_buckets: bool = False
+    """Megatron-core DDP's bucketing where the layout sets no ``grad_bucket_MiB``: ``max(40M, 1M x dp)``
+    parameters per gradient (and ZeRO-1 parameter all-gather) bucket on the first pipeline stage's first
+    model chunk, one bucket for each later stage and chunk (megatron/core/distributed/
+    distributed_data_parallel.py: ``bucket_size = max(40000000, 1000000 * dp_size)``, "larger DP sizes need
+    larger buckets"; "Turn off bucketing if we are on a pipeline stage that is not the first ... or for
+    model chunks after the first in the interleaved schedule": ``if pp_rank > 0 or disable_bucketing:
+    self.bucket_size = None``, Megatron-LM ``get_model`` passing ``disable_bucketing=(model_chunk_idx > 0)``)
+    [src]. Off: ``simtrain.spec.config.DEFAULT_BUCKET_MiB`` everywhere."""
     foreach_optimizer: bool = False
     """The optimizer step runs PyTorch's multi-tensor (``foreach``) AdamW and ``clip_grad_norm_(foreach=True)``
     instead of one fused kernel (torchtitan's default: ``"fused": fused, "foreach": not fused`` with

@@ -306,6 +306,11 @@ class SoftwareStack(BaseModel):
         return self.dp.grad_passes
 
     @property
+    def megatron_buckets(self) -> bool:
+        """``dp.megatron_buckets``."""
+        return self.dp.megatron_buckets
+
+    @property
     def foreach_optimizer(self) -> bool:
         """``dp.foreach_optimizer``."""
         return self.dp.foreach_optimizer
@@ -366,7 +371,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "zero_stage": ("defaults", "zero_stage"), "zero1_grad_all_reduce": ("dp", "zero1_grad_all_reduce"),
     "moe_probs_all_to_all": ("moe", "probs_all_to_all"),
     "grad_dtype": ("dp", "grad_dtype"), "ddp_grad_passes": ("dp", "grad_passes"),
-    "foreach_optimizer": ("dp", "foreach_optimizer"),
+    "foreach_optimizer": ("dp", "foreach_optimizer"), "megatron_buckets": ("dp", "megatron_buckets"),
     "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),
     "moe_token_count_sync": ("launch", "moe_token_count_sync"), "grad_norm_sync": ("launch", "grad_norm_sync"),
     "loss_check_sync": ("launch", "loss_check_sync"), "grouped_gemm_per_expert": ("launch", "grouped_gemm_per_expert"),

@@ -211,7 +211,7 @@ def _presets() -> dict[str, SoftwareStack]:
         attention="cudnn", fp8_recipe="delayed", tp_comm_overlap=True, zero_stage=1,
         cpu_launch_s=MEGATRON_CPU_LAUNCH_S, grad_norm_sync=True, loss_check_sync=True, grouped_gemm_per_expert=True,
         tp_async_grad_allreduce=True, grad_dtype="bf16", fp8_weight_cache=True, loss=MEGATRON_FUSED_LOSS,
-        moe_probs_all_to_all=True))
+        moe_probs_all_to_all=True, megatron_buckets=True))
     add(derive(
         out["megatron-te"], "megatron-core", "Megatron-LM / Megatron-Core training scripts with Transformer "
         "Engine, as megatron-te but with the cross-entropy unfused (--cross-entropy-loss-fusion is off unless "
