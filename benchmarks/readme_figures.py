@@ -465,6 +465,23 @@ def check(figure: Figure) -> Check:
     return Check(figure, list(m.groups()), computed, [m.span(i + 1) for i in range(len(m.groups()))], raw)
 
 
+def number_spans(figures: list[Figure]) -> list[tuple[str, tuple[int, int], Figure]]:
+    """Where each figure's numbers stand in its document, (doc, span, figure), sorted (no values computed)."""
+    out = []
+    for f in figures:
+        m = f.pattern().search((ROOT / f.doc).read_text(encoding="utf-8"))
+        if m is not None:
+            out += [(f.doc, m.span(i + 1), f) for i in range(len(m.groups()))]
+    return sorted(out, key=lambda e: (e[0], e[1]))
+
+
+def overlapping(figures: list[Figure]) -> list[tuple[Figure, Figure]]:
+    """Pairs of figures quoting the same characters of a document: ``fix`` would write both into one number
+    (two edits of one span garble it), so each number has one figure."""
+    spans = number_spans(figures)
+    return [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if a[0] == b[0] and b[1][0] < a[1][1]]
+
+
 def fix(checks: list[Check]) -> int:
     """Replace drifted numbers in their documents (numbers only; phrases not found are left)."""
     by_doc: dict[str, list[tuple[tuple[int, int], str]]] = {}
@@ -475,7 +492,10 @@ def fix(checks: list[Check]) -> int:
     for doc, edits in by_doc.items():
         path = ROOT / doc
         text = path.read_text(encoding="utf-8")
-        for (a, b), new in sorted(set(edits), reverse=True):
+        ordered = sorted(set(edits), reverse=True)
+        if any(later[0][1] > earlier[0][0] for earlier, later in zip(ordered, ordered[1:], strict=False)):
+            raise SystemExit(f"{doc}: two figures quote one number; give each number one figure (overlapping())")
+        for (a, b), new in ordered:
             text = text[:a] + new + text[b:]
         path.write_text(text, encoding="utf-8")
     return sum(len(e) for e in by_doc.values())

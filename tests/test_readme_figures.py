@@ -55,3 +55,11 @@ def test_tolerance_covers_only_the_rounding_of_stored_errors() -> None:
     assert not rf.Check(f, ["8.3"], ["8.6"], [], [8.55]).ok
     strict = rf.Figure("x", "median {m:.1f} %", lambda: {"m": 8.55})
     assert not rf.Check(strict, ["8.5"], ["8.6"], [], [8.55]).ok
+
+
+def test_no_two_figures_quote_one_number() -> None:
+    """Each quoted number belongs to one figure: two figures matching the same characters would both be
+    checked against it, and ``--fix`` would write two edits into one span (it did, garbling a README number
+    once); the fixer now refuses such edits."""
+    assert rf.overlapping(list(rf.FIGURES)) == []
+    assert rf.overlapping([rf.FIGURES[0], rf.FIGURES[0]])  # the check sees a number quoted twice
