@@ -16,6 +16,7 @@ runs the cost pass over it with one cost source.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 
@@ -123,7 +124,7 @@ def _param_gathers_at_start(sl: _StageLowering) -> None:
             start = 0.0
             while start < ends[-1]:
                 part = min(ends[-1] - start, bucket)
-                parts.append((next(i for i, e in enumerate(ends) if e > start), buf, part, axis))
+                parts.append((bisect.bisect_right(ends, start), buf, part, axis))  # the unit holding byte `start`
                 start += part
         parts.sort(key=lambda p: (p[0], p[1]))
         gathers = [(first, sl.dp_collective(ALL_GATHER, axis, part, "dp.param_all_gather", ()).idx)
