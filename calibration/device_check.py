@@ -8,7 +8,11 @@ one GPU, so no collectives), into ``<out>/profile`` (a profile folder); (2) a re
 transformers' ``LlamaForCausalLM`` (Llama-3.2-1B dimensions, randomly initialised, BF16 weights,
 SDPA attention, AdamW) timed over several steps with its peak memory; (3) simtrain's prediction of
 that step on the calibrated machine (``hardware.node: calibrated``); then the comparison is printed
-and written as JSON. Output goes under ``$OUT`` when it is set (else ``./device_check_out``).
+and written as JSON; (4) the same step on simtrain's shipped profile of the GPU, with each kernel's time
+under it beside the calibration's (``calibration.device_compare``: the out-of-sample prediction); (5) a
+sustained GEMM, its rate over time against the first window's (``calibration.sustained``). nvidia-smi's
+clocks, power and temperature are sampled throughout. Output goes under ``$OUT`` when it is set (else
+``./device_check_out``).
 
 Known accounting differences printed with the memory numbers: the real step keeps BF16 AdamW
 moments (4 bytes/param) while simtrain's default accounting is Megatron's fp32 master weights and
@@ -27,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from calibration.device_compare import per_kernel, shipped_gemm_tflops, shipped_hardware
+from calibration.sustained import SmiSampler, sustained_gemm
 from simtrain.engine.trace import write_atomic
 from simtrain.spec.model import ModelSpec
 
@@ -58,12 +64,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--fresh", action="store_true", help="recalibrate from scratch")
+    p.add_argument("--sustained-s", type=float, default=30.0,
+                   help="seconds of the sustained-GEMM test after the comparison (0: skip; dry run: 1 s)")
+    p.add_argument("--sustained-n", type=int, default=8192, help="its GEMM size n (n x n x n; dry run: 128)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Calibrate, measure, predict, compare; returns the exit status."""
     args = _parser().parse_args(argv)
+    with SmiSampler() as sampler:  # no samples without nvidia-smi (the dry run)
+        return _check(args, sampler)
+
+
+def _check(args: argparse.Namespace, sampler: SmiSampler) -> int:
+    """``main`` with nvidia-smi's clocks sampled throughout."""
     import torch
 
     from calibration.cli import calibrate
@@ -78,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print("device_check: no CUDA device; running the CPU dry run", flush=True)
     model, seq, mbs = (TINY, 64, 2) if dry else (LLAMA_1B, args.seq_len, args.micro_batch_size)
     device = "cpu" if dry else "cuda"
-    t0 = time.perf_counter()
+    t0, t_wall0 = time.perf_counter(), time.time()
     cfg_path = out / "run.yaml"
     write_atomic(cfg_path, yaml.safe_dump(run_config(model, seq, mbs, ""), sort_keys=False))
     cal_args = ["--device", device, "--config", str(cfg_path), "--out", str(out / "profile"), "--no-collectives"]
@@ -90,10 +105,31 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     real = train_steps(model, seq, mbs, 3 if dry else args.steps, 1 if dry else args.warmup, torch.device(device),
                        torch.float32 if dry else torch.bfloat16)
-    pred = simulate(run_config(model, seq, mbs, str(out / "profile")))
+    t_real = time.time()
+    calibrated_cfg = run_config(model, seq, mbs, str(out / "profile"))
+    pred = simulate(calibrated_cfg)
     result = _report(model, seq, mbs, real, pred, t_cal, time.perf_counter() - t0, device)
+    # out of sample: the same step on the shipped profile of this GPU (a dry run rehearses it on the H100's)
+    name = "NVIDIA H100 80GB HBM3" if dry else torch.cuda.get_device_name(0)
+    hardware, note = shipped_hardware(name)
+    shipped_cfg = {**run_config(model, seq, mbs, ""), "hardware": hardware}
+    shipped = simulate(shipped_cfg).step_time_s
+    result["shipped"] = {"device_name": name, "gpu": hardware["gpu"], "note": note, "predicted_step_s": shipped,
+                         "step_error": shipped / real["median_s"] - 1.0,
+                         "per_kernel": per_kernel(calibrated_cfg, shipped_cfg)}
+    result["clocks"] = {"calibration": sampler.between(t_wall0, t_wall0 + t_cal),
+                        "real_step": sampler.between(t_wall0 + t_cal, t_real)}
     write_atomic(out / "device_check.json", json.dumps(result, indent=2))
     _print(result, out)
+    seconds = min(args.sustained_s, 1.0) if dry else args.sustained_s
+    if seconds > 0:  # last, so a time limit that ends it keeps everything above
+        n = 128 if dry else args.sustained_n
+        gemm = sustained_gemm(torch.device(device), torch.float32 if dry else torch.bfloat16, n, seconds,
+                              window_s=0.1 if dry else 0.5, sampler=sampler)
+        gemm["shipped_tflops"] = shipped_gemm_tflops(hardware["gpu"], n)
+        result["sustained_gemm"] = gemm
+        write_atomic(out / "device_check.json", json.dumps(result, indent=2))
+        _print_sustained(gemm)
     return 0
 
 
@@ -123,7 +159,27 @@ def _print(r: dict[str, Any], out: Path) -> None:
               f"{r['measured_peak_reserved_bytes'] / gib:.2f} GiB reserved; predicted {r['predicted_peak_bytes'] / gib:.2f} "
               f"GiB (error vs reserved {100 * r['peak_error']:+.1f} %; simtrain counts fp32 Adam state, the real "
               "step keeps bf16 moments)")
+    if "shipped" in r:
+        sh = r["shipped"]
+        print(f"  shipped profile {sh['gpu']} (not calibrated): predicted {sh['predicted_step_s']:.4f} s, error "
+              f"{100 * sh['step_error']:+.1f} %" + (f" ({sh['note']})" if sh["note"] else ""))
+        print("  kernels, seconds per step: calibrated (measured here) vs shipped; the ten longest:")
+        for row in sh["per_kernel"][:10]:
+            ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
+            print(f"    {row['kernel']:<28} {row['calibrated_s']:.5f}  {row['shipped_s']:.5f}  {ratio}")
+    for phase, c in (r.get("clocks") or {}).items():
+        if c:
+            print(f"  {phase}: SM {c['sm_mhz']:.0f} MHz, {c['power_w']:.0f} W, {c['temp_c']:.0f} C (median)")
     print(f"  calibration {r['calibration_s']:.0f} s, total {r['total_s']:.0f} s; results in {out}")
+
+
+def _print_sustained(g: dict[str, Any]) -> None:
+    print(f"  sustained GEMM {g['n']}^3 {g['dtype']}, {g['seconds']:.0f} s back to back: first window "
+          f"{g['burst_tflops']:.1f} TFLOP/s, last quarter {g['sustained_tflops']:.1f} (x{g['ratio']:.3f}), "
+          f"shipped profile {g['shipped_tflops']:.1f}")
+    for label in ("burst_clocks", "sustained_clocks"):
+        if c := g.get(label):
+            print(f"    {label.split('_')[0]}: SM {c['sm_mhz']:.0f} MHz, {c['power_w']:.0f} W, {c['temp_c']:.0f} C")
 
 
 if __name__ == "__main__":

@@ -179,6 +179,15 @@ def test_device_check_dry_run(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "device_check.json").read_text())
     assert res["measured_step_s"] > 0 and res["predicted_step_s"] > 0
     assert "predicted" in proc.stdout and (tmp_path / "profile" / "profile.yaml").is_file()
+    # out of sample: the same step on the shipped H100 profile (rehearsed on the CPU), kernel by kernel
+    shipped = res["shipped"]
+    assert shipped["gpu"] == "h100-sxm" and shipped["predicted_step_s"] > 0 and "shipped profile" in proc.stdout
+    kernels = {r["kernel"]: r for r in shipped["per_kernel"]}
+    assert {"qkv", "mlp_up.dgrad", "optimizer.step"} <= set(kernels)
+    assert all(r["calibrated_s"] > 0 and r["shipped_s"] > 0 for r in kernels.values())
+    # then the sustained GEMM, written into the same file
+    gemm = res["sustained_gemm"]
+    assert gemm["n"] == 128 and len(gemm["windows"]) >= 2 and gemm["sustained_tflops"] > 0 and gemm["shipped_tflops"] > 0
 
 
 def test_measure_keeps_a_result_written_before_a_rank_died_in_teardown(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
