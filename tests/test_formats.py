@@ -135,6 +135,43 @@ def test_megatron_round_trip_simulates_the_same_step() -> None:
     assert simulate(back).step_time_s == simulate(run).step_time_s
 
 
+def test_megatron_ddp_bucket_size_sets_the_first_chunks_buckets() -> None:
+    """``--ddp-bucket-size`` (parameters) sizes the first stage's first-chunk buckets, as Megatron-core's DDP does:
+    later stages keep one bucket; it goes back out on export, and a bad value names the flag."""
+    from simtrain.cost.cost_pass import lower
+    from simtrain.cost.costs import ComputeCostModel
+    from simtrain.lower.ops import CommOp
+    from simtrain.studies.simulate import cluster_of
+
+    args = ("--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --vocab-size 32000 "
+            "--micro-batch-size 1 --global-batch-size 32 --bf16 --pipeline-model-parallel-size 2 "
+            "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+    default = read_megatron(args, node="dgx-h100").config
+    run = read_megatron(args + " --ddp-bucket-size 120000000", node="dgx-h100").config
+    assert default.train.stack_spec.megatron_bucket_params is None
+    assert run.train.stack_spec.megatron_bucket_params == 120_000_000 and run.train.stack_spec.megatron_buckets
+
+    def scatters(r: RunConfig) -> list[list[float]]:
+        low = lower(r, ComputeCostModel(cluster_of(r).gpu, stack=r.train.stack_spec))
+        return [[op.comm_bytes for op in p.ops if isinstance(op, CommOp) and op.name == "dp.reduce_scatter"]
+                for p in low.programs]
+
+    mine, theirs = scatters(run), scatters(default)
+    # stage 0 (4 layers of 50.4M parameters and the 69.7M embeddings, fp32 gradients): the default's 40M
+    # (dp 4: max(40M, 4M)) closes a bucket at every layer, 120M at every third unit; the last stage is one
+    # bucket either way
+    assert len(theirs[0]) == 5 and max(theirs[0]) == pytest.approx(69.7e6 * 4, rel=1e-3)
+    assert len(mine[0]) == 2 and max(mine[0]) <= (120e6 + 69.7e6) * 4
+    assert len(mine[1]) == len(theirs[1]) == 1 and mine[1] == theirs[1]
+    assert sum(mine[0]) == pytest.approx(sum(theirs[0]))
+    text, skipped = write_megatron(run)
+    assert "--ddp-bucket-size 120000000" in text and skipped == []
+    assert read_megatron(text, node="dgx-h100").config.train.stack_spec.megatron_bucket_params == 120_000_000
+    with pytest.raises(ConfigError) as exc:
+        read_megatron(args + " --ddp-bucket-size 0", node="dgx-h100")
+    assert exc.value.problems[0].path == "--ddp-bucket-size"
+
+
 def test_megatron_bad_values_name_the_flag() -> None:
     with pytest.raises(ConfigError) as exc:
         read_megatron("--num-layers 32 --hidden-size x --num-attention-heads 32 --vocab-size 32000", node="dgx-h100")

@@ -342,6 +342,12 @@ def _train(args: _Args, dp: int) -> dict[str, Any]:
         # megatron-te differs from megatron-core by the fused cross-entropy only (simtrain.spec.stacks).
         "stack": "megatron-te" if args.has("--cross-entropy-loss-fusion") else "megatron-core",
     }  # fmt: skip
+    bucket = args.num("--ddp-bucket-size")  # parameters per DDP bucket (arguments.py; None: Megatron's default)
+    if bucket is not None:
+        if bucket <= 0:
+            args.problems.append(problem("--ddp-bucket-size", bucket, "a positive number of parameters"))
+        else:
+            train["stack"] = {"preset": train["stack"], "megatron_bucket_params": bucket}
     fp8 = args.text("--fp8-format")
     if fp8 is not None:
         train["precision"] = "fp8"

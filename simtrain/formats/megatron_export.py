@@ -141,8 +141,11 @@ def _train_flags(run: RunConfig, out: list[tuple[str, Any]], skipped: list[str])
         out.append(("--cross-entropy-loss-fusion", None))
     elif tr.stack_name != "megatron-core":
         skipped.append(f"train.stack {tr.stack_name}: Megatron-LM arguments read back as megatron-core")
-    if not isinstance(tr.stack, str):
-        skipped.append(f"train.stack overrides {tr.stack.overrides()}: not written (the preset's values are read back)")
+    bucket = tr.stack_spec.megatron_bucket_params if tr.stack_spec.megatron_buckets else None
+    if bucket is not None:
+        out.append(("--ddp-bucket-size", bucket))
+    if not isinstance(tr.stack, str) and (rest := _unwritten(tr.stack.overrides())):
+        skipped.append(f"train.stack overrides {rest}: not written (the preset's values are read back)")
     dropout = tr.dropout if tr.dropout is not None else run.model.activation == "gelu"
     value = "0.1" if dropout else "0.0"
     out += [("--attention-dropout", value), ("--hidden-dropout", value)]
@@ -181,3 +184,10 @@ def _quote(value: Any) -> str:
     if isinstance(value, list):
         return " ".join(shlex.quote(str(v)) for v in value)
     return shlex.quote(str(value))
+
+
+def _unwritten(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A stack's overrides (nested by group) less those the arguments carry (``--ddp-bucket-size``)."""
+    out = {g: {k: v for k, v in fields.items() if (g, k) != ("dp", "megatron_bucket_params")}
+           for g, fields in overrides.items()}
+    return {g: f for g, f in out.items() if f}

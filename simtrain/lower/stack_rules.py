@@ -70,15 +70,17 @@ def dp_bucket_bytes(layout: LayoutConfig, stack: SoftwareStack, bytes_per_param:
                     chunk: int) -> float:
     """Bytes per data-parallel bucket of ``stage``'s model ``chunk`` (gradients at ``bytes_per_param``, or the
     bf16 parameters ZeRO-1/2 all-gathers): the layout's ``grad_bucket_MiB`` where set; under the stack's
-    Megatron-core bucketing (``SoftwareStack.megatron_buckets``) ``max(40M, 1M x dp)`` parameters on the first
-    stage's first chunk and one bucket (infinite) on every other; else ``DEFAULT_BUCKET_MiB``."""
+    Megatron-core bucketing (``SoftwareStack.megatron_buckets``) ``megatron_bucket_params`` (``--ddp-bucket-size``)
+    or by default ``max(40M, 1M x dp)`` parameters on the first stage's first chunk and one bucket (infinite) on
+    every other; else ``DEFAULT_BUCKET_MiB``."""
     if layout.grad_bucket_MiB is not None:
         return layout.grad_bucket_MiB * MiB
     if not stack.megatron_buckets:
         return DEFAULT_BUCKET_MiB * MiB
     if stage > 0 or chunk > 0:
         return math.inf
-    params = max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * layout.data_degree)
+    params = stack.megatron_bucket_params or max(MEGATRON_BUCKET_MIN_PARAMS,
+                                                 MEGATRON_BUCKET_PARAMS_PER_DP_RANK * layout.data_degree)
     return params * bytes_per_param
 
 

@@ -239,6 +239,10 @@ class DataParallelSpec(BaseModel):
     model chunks after the first in the interleaved schedule": ``if pp_rank > 0 or disable_bucketing:
     self.bucket_size = None``, Megatron-LM ``get_model`` passing ``disable_bucketing=(model_chunk_idx > 0)``)
     [src]. Off: ``simtrain.spec.config.DEFAULT_BUCKET_MiB`` everywhere."""
+    megatron_bucket_params: int | None = Field(None, gt=0, le=10**13)
+    """With ``megatron_buckets``: parameters per bucket on the first stage's first chunk as Megatron-LM's
+    ``--ddp-bucket-size`` sets them (``DistributedDataParallelConfig.bucket_size``); later stages and chunks
+    still keep one bucket. None: Megatron's default, ``max(40M, 1M x dp)``."""
     foreach_optimizer: bool = False
     """The optimizer step runs PyTorch's multi-tensor (``foreach``) AdamW and ``clip_grad_norm_(foreach=True)``
     instead of one fused kernel (torchtitan's default: ``"fused": fused, "foreach": not fused`` with

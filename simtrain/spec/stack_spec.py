@@ -311,6 +311,11 @@ class SoftwareStack(BaseModel):
         return self.dp.megatron_buckets
 
     @property
+    def megatron_bucket_params(self) -> int | None:
+        """``dp.megatron_bucket_params``."""
+        return self.dp.megatron_bucket_params
+
+    @property
     def foreach_optimizer(self) -> bool:
         """``dp.foreach_optimizer``."""
         return self.dp.foreach_optimizer
@@ -372,6 +377,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "moe_probs_all_to_all": ("moe", "probs_all_to_all"),
     "grad_dtype": ("dp", "grad_dtype"), "ddp_grad_passes": ("dp", "grad_passes"),
     "foreach_optimizer": ("dp", "foreach_optimizer"), "megatron_buckets": ("dp", "megatron_buckets"),
+    "megatron_bucket_params": ("dp", "megatron_bucket_params"),
     "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),
     "moe_token_count_sync": ("launch", "moe_token_count_sync"), "grad_norm_sync": ("launch", "grad_norm_sync"),
     "loss_check_sync": ("launch", "loss_check_sync"), "grouped_gemm_per_expert": ("launch", "grouped_gemm_per_expert"),
