@@ -81,7 +81,11 @@ def test_schedule_facts_match_the_pre_refactor_snapshot() -> None:
         kind, p, m = key.split("/")
         sched, p_, m_ = schedule_of(kind), int(p), int(m)
         pl = plan(sched, p_, m_)
-        assert (None if pl is None else [pl.first, pl.period, pl.target]) == want["plan"], key
+        if want["plan"] is None and pl is not None:  # since the snapshot: 1F1B's one-micro-batch fallback
+            assert kind == "1f1b" and [pl.first, pl.period, pl.target] == [p_ + 1, 1, m_], key
+            assert plan(sched, p_, m_) == pl and sched.period(p_) > 1
+        else:
+            assert (None if pl is None else [pl.first, pl.period, pl.target]) == want["plan"], key
         assert plan(kind, p_, m_) == pl
         assert sched.peak_microbatches(p_, m_) == want["peak_mb"], key
         assert sched.chunk_runs(m_) == want["chunk_runs"], key

@@ -29,6 +29,8 @@ CASES: dict[str, tuple[dict[str, Any], int, int, dict[str, Any]]] = {
     "cpu-offload": (dict(tp=2, dp=4, zero_stage=1, offload_activation_layers=5), 24, 1, TINY),
     "moe-ep4-pp2": (dict(pp=2, dp=4, ep=4), 40, 1, TINY_MOE),
     "2n-tp8-pp2-zero1": (dict(tp=8, pp=2, zero_stage=1), 40, 2, TINY),
+    # three runs a period (4) apart exceed the budget; 1F1B's short period (1) fits: 5, 6, 7
+    "pp4-1f1b-short-period": (dict(pp=4, dp=2), 32, 1, TINY),
 }
 
 
@@ -77,6 +79,17 @@ def _took_shortcut(result: Any) -> bool:
     return any(n.startswith("steady state:") for n in result.notes)
 
 
+def test_only_1f1b_has_a_short_period() -> None:
+    """Interleaved 1F1B repeats with a group of p micro-batches and DualPipe with 2p: no shorter fallback."""
+    from simtrain.plan.schedules import schedule_of
+
+    assert schedule_of("1f1b").short_period(8) == 1 and schedule_of("1f1b").period(8) == 8
+    for name, period in (("interleaved_1f1b", 8), ("dualpipe", 16), ("gpipe", 8), ("zb_h1", 8)):
+        assert schedule_of(name).short_period(8) == schedule_of(name).period(8) == period
+    short = plan("1f1b", 4, 32)
+    assert short is not None and short.period == 1 and tuple(short.counts()) == (5, 6, 7)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_shortcut_gives_what_every_microbatch_gives(name: str) -> None:
     cfg = _cfg(*CASES[name])
@@ -121,6 +134,8 @@ def test_declined_shortcut_falls_back_to_every_microbatch(monkeypatch: pytest.Mo
     ("1f1b", 1, 32, (2, 3, 4, 5)),         # a period past the least count (1); 14 <= 0.6 x 32 < 20
     ("1f1b", 4, 96, (8, 12, 16, 20)),
     ("1f1b", 4, 98, (10, 14, 18)),         # congruent to m mod P: 98 = 18 + 20 x 4
+    ("1f1b", 8, 64, (9, 10, 11)),          # 16 + 24 + 32 > 38.4: 1F1B's short period, a micro-batch
+    ("1f1b", 64, 512, (65, 66, 67, 68)),   # a 1T model on 64 stages (Korthikanti et al. 2022)
     ("interleaved_1f1b", 8, 384, (16, 24, 32, 40, 48, 56)),  # 216 <= 230.4 < 280
     ("dualpipe", 4, 144, (16, 24, 32)),    # DualPipe: period 2p, at least 2p micro-batches
 ])
@@ -132,8 +147,8 @@ def test_plan_counts(schedule: str, pp: int, m: int, counts: tuple[int, ...]) ->
         assert (m - c) % steady.period == 0 and c + steady.periods_added(c) * steady.period == m
 
 
-@pytest.mark.parametrize(("schedule", "pp", "m"), [("1f1b", 1, 8), ("1f1b", 8, 64), ("interleaved_1f1b", 8, 8),
-                                                    ("dualpipe", 16, 120)])
+@pytest.mark.parametrize(("schedule", "pp", "m"), [("1f1b", 1, 8), ("1f1b", 8, 40), ("interleaved_1f1b", 8, 8),
+                                                    ("interleaved_1f1b", 8, 64), ("dualpipe", 16, 120)])
 def test_plan_declines_when_three_short_runs_exceed_the_budget(schedule: str, pp: int, m: int) -> None:
     assert plan(schedule, pp, m) is None
 

@@ -98,14 +98,18 @@ class SteadyPlan:
 def plan(schedule: Schedule | str, pp: int, microbatches: int) -> SteadyPlan | None:
     """The short runs for a step of ``microbatches`` per pipeline under ``schedule`` (a schedule object or
     a registered name; any other name raises ``UnknownSchedule``) on ``pp`` stages, or None when even
-    three of them would exceed the work budget. The period and least count are the schedule's."""
+    three of them would exceed the work budget. The period and least count are the schedule's: its
+    ``period``, else, when three runs that far apart do not fit the budget, its ``short_period``."""
     sched = schedule if isinstance(schedule, Schedule) else schedule_of(schedule)
-    period, least = sched.period(pp), sched.least_microbatches(pp)
-    first = microbatches % period or period
-    while first < least + period:  # one period past the schedule's least count: interleaved 1F1B at
-        first += period            # m = p caps its warm-up, and its steady state starts a period later
-    steady = SteadyPlan(first, period, microbatches)
-    return steady if len(list(steady.counts())) >= 3 else None
+    least = sched.least_microbatches(pp)
+    for period in dict.fromkeys((sched.period(pp), sched.short_period(pp))):
+        first = microbatches % period or period
+        while first < least + period:  # one period past the schedule's least count: interleaved 1F1B at
+            first += period            # m = p caps its warm-up, and its steady state starts a period later
+        steady = SteadyPlan(first, period, microbatches)
+        if len(list(steady.counts())) >= 3:
+            return steady
+    return None
 
 
 def extrapolate(results: Sequence[EngineResult], k: int) -> EngineResult | None:

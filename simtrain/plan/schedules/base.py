@@ -175,6 +175,12 @@ class Schedule(ABC):
         interleaved: the chunks of a group of ``p``)."""
         return max(p, 1)
 
+    def short_period(self, p: int) -> int:
+        """The shortest period of the steady state, micro-batches: what the steady-state shortcut falls back to
+        when three runs ``period`` apart would exceed its work budget (a deep pipeline with few micro-batches
+        per stage). ``period`` itself unless the schedule's steady state repeats with every micro-batch."""
+        return self.period(p)
+
     def least_microbatches(self, p: int) -> int:
         """Least micro-batch count of a full pipeline (the steady-state shortcut starts a period past it)."""
         return p
