@@ -169,7 +169,7 @@ def _print(r: dict[str, Any], out: Path) -> None:
             print(f"    {row['kernel']:<28} {row['calibrated_s']:.5f}  {row['shipped_s']:.5f}  {ratio}")
     for phase, c in (r.get("clocks") or {}).items():
         if c:
-            print(f"  {phase}: SM {c['sm_mhz']:.0f} MHz, {c['power_w']:.0f} W, {c['temp_c']:.0f} C (median)")
+            print(f"  {phase}: {_clocks_text(c)} (median)")
     print(f"  calibration {r['calibration_s']:.0f} s, total {r['total_s']:.0f} s; results in {out}")
 
 
@@ -179,7 +179,13 @@ def _print_sustained(g: dict[str, Any]) -> None:
           f"shipped profile {g['shipped_tflops']:.1f}")
     for label in ("burst_clocks", "sustained_clocks"):
         if c := g.get(label):
-            print(f"    {label.split('_')[0]}: SM {c['sm_mhz']:.0f} MHz, {c['power_w']:.0f} W, {c['temp_c']:.0f} C")
+            print(f"    {label.split('_')[0]}: {_clocks_text(c)}")
+
+
+def _clocks_text(c: dict[str, float]) -> str:
+    """The fields nvidia-smi reported, e.g. "SM 1755 MHz, 690 W, 71 C"."""
+    units = (("sm_mhz", "SM {:.0f} MHz"), ("power_w", "{:.0f} W"), ("temp_c", "{:.0f} C"))
+    return ", ".join(fmt.format(c[key]) for key, fmt in units if key in c)
 
 
 if __name__ == "__main__":

@@ -34,24 +34,34 @@ SMI_PERIOD_S = 0.2
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One nvidia-smi reading: wall time (s since the epoch), SM clock (MHz), board power (W), die temperature (C)."""
+    """One nvidia-smi reading: wall time (s since the epoch), SM clock (MHz), board power (W), die temperature
+    (C); a field the driver did not report ("[N/A]") is None."""
 
     t: float
-    sm_mhz: float
-    power_w: float
-    temp_c: float
+    sm_mhz: float | None
+    power_w: float | None
+    temp_c: float | None
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
 
 
 def _parse(line: str) -> Sample | None:
-    """A ``SMI_FIELDS`` csv line (``--format=csv,noheader,nounits``) as a Sample; None for one it cannot read."""
+    """A ``SMI_FIELDS`` csv line (``--format=csv,noheader,nounits``) as a Sample; None for a line without a
+    readable timestamp or with no readable field."""
     parts = [p.strip() for p in line.split(",")]
     if len(parts) != len(SMI_FIELDS):
         return None
     try:
         t = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-        return Sample(t, float(parts[1]), float(parts[2]), float(parts[3]))
-    except ValueError:  # "[N/A]" or a driver's other format
+    except ValueError:  # a driver's other format
         return None
+    values = [_number(p) for p in parts[1:]]
+    return None if all(v is None for v in values) else Sample(t, *values)
 
 
 @dataclass
@@ -70,7 +80,7 @@ class SmiSampler:
             return self
         try:
             self._proc = subprocess.Popen([exe, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits",
-                                           f"-lms={int(SMI_PERIOD_S * 1000)}", "-i", str(self.index)],
+                                           f"--loop-ms={int(SMI_PERIOD_S * 1000)}", "-i", str(self.index)],
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             return self
@@ -95,14 +105,16 @@ class SmiSampler:
             self._reader.join(timeout=5)
 
     def between(self, t0: float, t1: float) -> dict[str, float] | None:
-        """Median SM clock (MHz), power (W) and temperature (C) of the samples in wall-time window [t0, t1];
-        None when there are none."""
+        """Median SM clock (MHz), power (W) and temperature (C) of the samples in wall-time window [t0, t1]
+        (a field no sample reported is left out), and their count; None when there are none."""
         inside = [s for s in self.samples if t0 <= s.t <= t1]
         if not inside:
             return None
-        return {"sm_mhz": statistics.median(s.sm_mhz for s in inside),
-                "power_w": statistics.median(s.power_w for s in inside),
-                "temp_c": statistics.median(s.temp_c for s in inside), "samples": float(len(inside))}
+        out = {"samples": float(len(inside))}
+        for key in ("sm_mhz", "power_w", "temp_c"):
+            if values := [v for s in inside if (v := getattr(s, key)) is not None]:
+                out[key] = statistics.median(values)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,4 +212,5 @@ def _median_clocks(clocks: list[dict[str, float] | None]) -> dict[str, float] | 
     have = [c for c in clocks if c]
     if not have:
         return None
-    return {k: statistics.median(c[k] for c in have) for k in ("sm_mhz", "power_w", "temp_c")}
+    return {k: statistics.median(c[k] for c in have if k in c) for k in ("sm_mhz", "power_w", "temp_c")
+            if any(k in c for c in have)}

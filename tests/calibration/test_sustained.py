@@ -35,8 +35,10 @@ def test_parse_reads_the_drivers_csv_and_skips_what_it_cannot() -> None:
     s = _parse("2026/12/07 02:40:01.250, 1755, 690.50, 71")
     assert s is not None and (s.sm_mhz, s.power_w, s.temp_c) == (1755.0, 690.5, 71.0)
     assert s.t == pytest.approx(time.mktime((2026, 12, 7, 2, 40, 1, 0, 0, -1)) + 0.25)
-    assert _parse("2026/12/07 02:40:01.250, [N/A], 690.50, 71") is None
-    assert _parse("garbage") is None
+    # a field the driver does not report is left out, not the whole reading
+    assert _parse("2026/12/07 02:40:01.250, [N/A], 690.50, 71") == Sample(s.t, None, 690.5, 71.0)
+    assert _parse("2026/12/07 02:40:01.250, [N/A], [N/A], [N/A]") is None
+    assert _parse("garbage") is None and _parse("12:40:01, 1755, 690.50, 71") is None
 
 
 def test_between_takes_the_median_of_the_window_only() -> None:
@@ -44,6 +46,8 @@ def test_between_takes_the_median_of_the_window_only() -> None:
     c = smi.between(2.0, 4.0)
     assert c == {"sm_mhz": 1003.0, "power_w": 503.0, "temp_c": 63.0, "samples": 3.0}
     assert smi.between(20.0, 30.0) is None
+    no_power = SmiSampler(samples=[Sample(1.0, 1500.0, None, 60.0), Sample(2.0, 1600.0, None, 70.0)])
+    assert no_power.between(0.0, 3.0) == {"samples": 2.0, "sm_mhz": 1550.0, "temp_c": 65.0}
 
 
 def test_sampler_reads_nvidia_smi_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
