@@ -8,7 +8,8 @@ one GPU, so no collectives), into ``<out>/profile`` (a profile folder); (2) a re
 transformers' ``LlamaForCausalLM`` (Llama-3.2-1B dimensions, randomly initialised, BF16 weights,
 SDPA attention, AdamW) timed over several steps with its peak memory; (3) simtrain's prediction of
 that step on the calibrated machine (``hardware.node: calibrated``); then the comparison is printed
-and written as JSON; (4) the same step on simtrain's shipped profile of the GPU, with each kernel's time
+and written as JSON; before it, two more real steps under torch.profiler (``calibration.step_trace``: the
+Chrome trace, the device's busy and idle time); (4) the same step on simtrain's shipped profile of the GPU, with each kernel's time
 under it beside the calibration's (``calibration.device_compare``: the out-of-sample prediction); (5) a
 sustained GEMM, its rate over time against the first window's (``calibration.sustained``). nvidia-smi's
 clocks, power and temperature are sampled throughout. Output goes under ``$OUT`` when it is set (else
@@ -32,6 +33,7 @@ from typing import Any
 import yaml
 
 from calibration.device_compare import per_kernel, shipped_gemm_tflops, shipped_hardware
+from calibration.step_trace import trace_steps
 from calibration.sustained import SmiSampler, sustained_gemm
 from simtrain.engine.trace import write_atomic
 from simtrain.spec.model import ModelSpec
@@ -105,10 +107,16 @@ def _check(args: argparse.Namespace, sampler: SmiSampler) -> int:
         torch.cuda.empty_cache()
     real = train_steps(model, seq, mbs, 3 if dry else args.steps, 1 if dry else args.warmup, torch.device(device),
                        torch.float32 if dry else torch.bfloat16)
+    if not dry:
+        torch.cuda.empty_cache()
+    # the real step from inside: a torch.profiler trace of two more steps, the device's busy and idle time
+    traced = trace_steps(model, seq, mbs, torch.device(device), torch.float32 if dry else torch.bfloat16,
+                         out / "real_step_trace")
     t_real = time.time()
     calibrated_cfg = run_config(model, seq, mbs, str(out / "profile"))
     pred = simulate(calibrated_cfg)
     result = _report(model, seq, mbs, real, pred, t_cal, time.perf_counter() - t0, device)
+    result["real_step_trace"] = traced
     # out of sample: the same step on the shipped profile of this GPU (a dry run rehearses it on the H100's)
     name = "NVIDIA H100 80GB HBM3" if dry else torch.cuda.get_device_name(0)
     hardware, note = shipped_hardware(name)
@@ -167,6 +175,12 @@ def _print(r: dict[str, Any], out: Path) -> None:
         for row in sh["per_kernel"][:10]:
             ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
             print(f"    {row['kernel']:<28} {row['calibrated_s']:.5f}  {row['shipped_s']:.5f}  {ratio}")
+    if tr := r.get("real_step_trace"):
+        print(f"  real step under torch.profiler: {tr['step_s']:.4f} s, device busy {tr['busy_s']:.4f} s "
+              f"({100 * tr['idle_fraction']:.1f} % idle), {tr['kernels_per_step']:.0f} kernels per step; trace "
+              f"{tr['trace']}")
+        for k in tr["top_kernels"][:5]:
+            print(f"    {k['seconds_per_step']:.5f} s  x{k['calls_per_step']:.0f}  {k['name'][:70]}")
     for phase, c in (r.get("clocks") or {}).items():
         if c:
             print(f"  {phase}: {_clocks_text(c)} (median)")

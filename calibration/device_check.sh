@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check on one H100/H200 (under 8 minutes): calibrate compute and memory for a ~1B Llama, run a
 # real BF16 training step of transformers' Llama (SDPA), print predicted vs measured step time and
-# peak memory, the same step on simtrain's shipped profile of this GPU kernel by kernel, then a 30 s
-# sustained GEMM with nvidia-smi's clocks (calibration/sustained.py; --sustained-s 0 skips it). Results (device_check.json, the log, and the calibrated profile folder) go under
+# peak memory, a torch.profiler trace of the real step (device busy vs idle), the same step on
+# simtrain's shipped profile of this GPU kernel by kernel, then a 30 s sustained GEMM with
+# nvidia-smi's clocks (calibration/sustained.py; --sustained-s 0 skips it). Results (device_check.json,
+# real_step_trace.json.gz, the log, and the calibrated profile folder) go under
 # $OUT when it is set, else ./device_check_out. Extra arguments go to `python -m calibration.device_check`
 # (e.g. --dry-run to rehearse on a CPU). To keep the profile: copy $OUT/profile to calibrated/<name>/ of
 # the user profile directory ($SIMTRAIN_PROFILES_DIR, else ~/.local/share/simtrain/profiles on Linux) and

@@ -185,6 +185,8 @@ def test_device_check_dry_run(tmp_path: Path) -> None:
     kernels = {r["kernel"]: r for r in shipped["per_kernel"]}
     assert {"qkv", "mlp_up.dgrad", "optimizer.step"} <= set(kernels)
     assert all(r["calibrated_s"] > 0 and r["shipped_s"] > 0 for r in kernels.values())
+    # the real step under torch.profiler, its Chrome trace beside the JSON
+    assert res["real_step_trace"]["kernels_per_step"] > 0 and (tmp_path / "real_step_trace.json.gz").is_file()
     # then the sustained GEMM, written into the same file
     gemm = res["sustained_gemm"]
     assert gemm["n"] == 128 and len(gemm["windows"]) >= 2 and gemm["sustained_tflops"] > 0 and gemm["shipped_tflops"] > 0

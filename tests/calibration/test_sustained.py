@@ -102,3 +102,29 @@ def test_per_kernel_of_one_config_against_itself_is_one_everywhere() -> None:
     faster = per_kernel(cfg, {**cfg, "hardware": {"gpu": "h200", "gpus_per_node": 1}})
     assert all(r["ratio"] <= 1.0 + 1e-12 for r in faster if r["ratio"] is not None)
     assert any(r["ratio"] < 0.95 for r in faster if r["ratio"] is not None)
+
+
+def test_busy_seconds_is_the_union_of_intervals() -> None:
+    from calibration.step_trace import busy_seconds
+
+    assert busy_seconds([]) == 0.0
+    assert busy_seconds([(0.0, 1.0), (0.5, 1.5), (2.0, 3.0), (2.2, 2.8), (4.0, 4.0)]) == pytest.approx(2.5)
+    assert busy_seconds([(3.0, 4.0), (0.0, 1.0)]) == pytest.approx(2.0)  # order does not matter
+
+
+def test_trace_steps_writes_a_chrome_trace_and_its_summary(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    from calibration.device_check import TINY
+    from calibration.step_trace import trace_steps
+
+    r = trace_steps(TINY, 32, 2, torch.device("cpu"), torch.float32, tmp_path / "trace", steps=2, warmup=1)
+    assert r["trace"] == str(tmp_path / "trace.json.gz") and not list(tmp_path.glob("*.tmp.json"))
+    events = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))["traceEvents"]
+    assert any(e.get("name") == "aten::linear" for e in events)
+    assert 0 < r["busy_s"] <= r["step_s"] and r["idle_s"] == pytest.approx(r["step_s"] - r["busy_s"])
+    assert r["kernels_per_step"] > 0 and r["top_kernels"][0]["seconds_per_step"] > 0
+    # 2 layers x (q, k, v, o, gate, up, down) + the LM head: 15 linear layers per forward
+    linear = next(k for k in r["top_kernels"] if k["name"] == "aten::linear")
+    assert linear["calls_per_step"] == 15
