@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,38 +108,63 @@ def _check(args: argparse.Namespace, sampler: SmiSampler) -> int:
         torch.cuda.empty_cache()
     real = train_steps(model, seq, mbs, 3 if dry else args.steps, 1 if dry else args.warmup, torch.device(device),
                        torch.float32 if dry else torch.bfloat16)
-    if not dry:
-        torch.cuda.empty_cache()
-    # the real step from inside: a torch.profiler trace of two more steps, the device's busy and idle time
-    traced = trace_steps(model, seq, mbs, torch.device(device), torch.float32 if dry else torch.bfloat16,
-                         out / "real_step_trace")
     t_real = time.time()
     calibrated_cfg = run_config(model, seq, mbs, str(out / "profile"))
     pred = simulate(calibrated_cfg)
     result = _report(model, seq, mbs, real, pred, t_cal, time.perf_counter() - t0, device)
-    result["real_step_trace"] = traced
-    # out of sample: the same step on the shipped profile of this GPU (a dry run rehearses it on the H100's)
-    name = "NVIDIA H100 80GB HBM3" if dry else torch.cuda.get_device_name(0)
-    hardware, note = shipped_hardware(name)
-    shipped_cfg = {**run_config(model, seq, mbs, ""), "hardware": hardware}
-    shipped = simulate(shipped_cfg).step_time_s
-    result["shipped"] = {"device_name": name, "gpu": hardware["gpu"], "note": note, "predicted_step_s": shipped,
-                         "step_error": shipped / real["median_s"] - 1.0,
-                         "per_kernel": per_kernel(calibrated_cfg, shipped_cfg)}
     result["clocks"] = {"calibration": sampler.between(t_wall0, t_wall0 + t_cal),
                         "real_step": sampler.between(t_wall0 + t_cal, t_real)}
-    write_atomic(out / "device_check.json", json.dumps(result, indent=2))
+    write_atomic(out / "device_check.json", json.dumps(result, indent=2))  # the costly part is safe from here on
+    dtype = torch.float32 if dry else torch.bfloat16
+    ok: list[bool] = []
+
+    def part(key: str, fn: Callable[[], dict[str, Any]]) -> None:
+        ok.append(measure_part(result, key, fn, out / "device_check.json"))
+
+    if not dry:
+        torch.cuda.empty_cache()
+    # the real step from inside: a torch.profiler trace of two more steps, the device's busy and idle time
+    part("real_step_trace", lambda: trace_steps(model, seq, mbs, torch.device(device), dtype, out / "real_step_trace"))
+    # out of sample: the same step on the shipped profile of this GPU (a dry run rehearses it on the H100's)
+    name = "NVIDIA H100 80GB HBM3" if dry else torch.cuda.get_device_name(0)
+
+    def shipped() -> dict[str, Any]:
+        hardware, note = shipped_hardware(name)
+        shipped_cfg = {**run_config(model, seq, mbs, ""), "hardware": hardware}
+        step = simulate(shipped_cfg).step_time_s
+        return {"device_name": name, "gpu": hardware["gpu"], "note": note, "predicted_step_s": step,
+                "step_error": step / real["median_s"] - 1.0, "per_kernel": per_kernel(calibrated_cfg, shipped_cfg)}
+
+    part("shipped", shipped)
     _print(result, out)
     seconds = min(args.sustained_s, 1.0) if dry else args.sustained_s
     if seconds > 0:  # last, so a time limit that ends it keeps everything above
-        n = 128 if dry else args.sustained_n
-        gemm = sustained_gemm(torch.device(device), torch.float32 if dry else torch.bfloat16, n, seconds,
-                              window_s=0.1 if dry else 0.5, sampler=sampler)
-        gemm["shipped_tflops"] = shipped_gemm_tflops(hardware["gpu"], n)
-        result["sustained_gemm"] = gemm
-        write_atomic(out / "device_check.json", json.dumps(result, indent=2))
-        _print_sustained(gemm)
-    return 0
+
+        def gemm() -> dict[str, Any]:
+            n = 128 if dry else args.sustained_n
+            g = sustained_gemm(torch.device(device), dtype, n, seconds, window_s=0.1 if dry else 0.5, sampler=sampler)
+            g["shipped_tflops"] = shipped_gemm_tflops(shipped_hardware(name)[0]["gpu"], n)
+            return g
+
+        part("sustained_gemm", gemm)
+        if "error" not in result["sustained_gemm"]:
+            _print_sustained(result["sustained_gemm"])
+    return 0 if all(ok) else 1
+
+
+def measure_part(result: dict[str, Any], key: str, fn: Callable[[], dict[str, Any]], path: Path) -> bool:
+    """One measurement after the comparison: ``result[key] = fn()``, then ``result`` written to ``path`` at once.
+    A failure is recorded under ``key`` (``{"error": ...}``) and printed instead of raised, so it cannot lose what
+    was measured before it (the calibration and the real step); returns whether ``fn`` succeeded."""
+    try:
+        result[key] = fn()
+        done = True
+    except Exception as exc:  # noqa: BLE001 - any failure of an extra part is reported, not raised
+        result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"  {key} failed: {type(exc).__name__}: {exc}", flush=True)
+        done = False
+    write_atomic(path, json.dumps(result, indent=2))
+    return done
 
 
 def _report(model: ModelSpec, seq: int, mbs: int, real: dict[str, Any], pred: Any, t_cal: float, t_all: float,
@@ -167,7 +193,7 @@ def _print(r: dict[str, Any], out: Path) -> None:
               f"{r['measured_peak_reserved_bytes'] / gib:.2f} GiB reserved; predicted {r['predicted_peak_bytes'] / gib:.2f} "
               f"GiB (error vs reserved {100 * r['peak_error']:+.1f} %; simtrain counts fp32 Adam state, the real "
               "step keeps bf16 moments)")
-    if "shipped" in r:
+    if "shipped" in r and "error" not in r["shipped"]:
         sh = r["shipped"]
         print(f"  shipped profile {sh['gpu']} (not calibrated): predicted {sh['predicted_step_s']:.4f} s, error "
               f"{100 * sh['step_error']:+.1f} %" + (f" ({sh['note']})" if sh["note"] else ""))
@@ -175,7 +201,7 @@ def _print(r: dict[str, Any], out: Path) -> None:
         for row in sh["per_kernel"][:10]:
             ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
             print(f"    {row['kernel']:<28} {row['calibrated_s']:.5f}  {row['shipped_s']:.5f}  {ratio}")
-    if tr := r.get("real_step_trace"):
+    if (tr := r.get("real_step_trace")) and "error" not in tr:
         print(f"  real step under torch.profiler: {tr['step_s']:.4f} s, device busy {tr['busy_s']:.4f} s "
               f"({100 * tr['idle_fraction']:.1f} % idle), {tr['kernels_per_step']:.0f} kernels per step; trace "
               f"{tr['trace']}")

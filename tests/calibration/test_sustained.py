@@ -128,3 +128,22 @@ def test_trace_steps_writes_a_chrome_trace_and_its_summary(tmp_path: Path) -> No
     # 2 layers x (q, k, v, o, gate, up, down) + the LM head: 15 linear layers per forward
     linear = next(k for k in r["top_kernels"] if k["name"] == "aten::linear")
     assert linear["calls_per_step"] == 15
+
+
+def test_a_failing_extra_part_is_recorded_and_keeps_what_came_before(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from calibration.device_check import measure_part
+
+    path = tmp_path / "device_check.json"
+    result: dict = {"measured_step_s": 0.5}
+
+    def broken() -> dict:
+        raise RuntimeError("CUPTI unavailable")
+
+    assert measure_part(result, "real_step_trace", broken, path) is False
+    assert measure_part(result, "shipped", lambda: {"predicted_step_s": 0.4}, path) is True
+    on_disk = json.loads(path.read_text())
+    assert on_disk == {"measured_step_s": 0.5, "real_step_trace": {"error": "RuntimeError: CUPTI unavailable"},
+                       "shipped": {"predicted_step_s": 0.4}}
+    assert "real_step_trace failed: RuntimeError: CUPTI unavailable" in capsys.readouterr().out
