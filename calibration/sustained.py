@@ -119,17 +119,25 @@ class SmiSampler:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """One timed window of back-to-back GEMMs: its end (s after the loop began) and rate (TFLOP/s)."""
+    """One timed window of back-to-back GEMMs: its end (s after the loop began), rate (TFLOP/s), the GPU's clocks
+    in it (None without samples) and its GEMM count."""
 
     end_s: float
     tflops: float
     clocks: dict[str, float] | None = None
+    gemms: int = 0
 
 
-def _windows_cuda(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, seconds: float, per_window: int
-                  ) -> tuple[float, list[tuple[float, float]]]:
-    """Enqueue windows of ``per_window`` GEMMs until ``seconds`` of them are queued by the GPU's clock, with an
-    event between windows and no host sync; (wall time at the first event, [(end s, seconds) per window])."""
+def _windows_cuda(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, seconds: float, window_s: float
+                  ) -> tuple[float, list[tuple[float, float, int]]]:
+    """Enqueue windows of GEMMs (as many as one timed call says fill ``window_s``) until ``seconds`` of them have
+    run by the GPU's clock, with an event between windows and no host sync; (wall time at the first event,
+    [(end s, seconds, GEMMs) per window])."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    torch.mm(a, b, out=out)
+    torch.cuda.synchronize()
+    per_window = max(1, int(window_s / max(time.perf_counter() - t, 1e-9)))
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True)]
     t_wall0 = time.time()
@@ -148,21 +156,24 @@ def _windows_cuda(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, seconds: 
     torch.cuda.synchronize()
     ends = [events[0].elapsed_time(e) * 1e-3 for e in events[1:]]
     starts = [0.0, *ends[:-1]]
-    return t_wall0, [(e, e - s) for s, e in zip(starts, ends, strict=True)]
+    return t_wall0, [(e, e - s, per_window) for s, e in zip(starts, ends, strict=True)]
 
 
-def _windows_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, seconds: float, per_window: int
-                 ) -> tuple[float, list[tuple[float, float]]]:
-    """The CPU counterpart of ``_windows_cuda``: windows timed by the wall clock."""
+def _windows_cpu(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, seconds: float, window_s: float
+                 ) -> tuple[float, list[tuple[float, float, int]]]:
+    """The CPU counterpart of ``_windows_cuda``: each window runs GEMMs until ``window_s`` of wall time has passed
+    (a shared CPU's speed changes between windows, so a count fixed in advance would not fill them)."""
     t_wall0 = time.time()
     t0 = time.perf_counter()
-    res: list[tuple[float, float]] = []
+    res: list[tuple[float, float, int]] = []
     while not res or res[-1][0] < seconds:
-        w0 = time.perf_counter()
-        for _ in range(per_window):
+        w0 = w1 = time.perf_counter()
+        count = 0
+        while count == 0 or w1 - w0 < window_s:
             torch.mm(a, b, out=out)
-        w1 = time.perf_counter()
-        res.append((w1 - t0, w1 - w0))
+            count += 1
+            w1 = time.perf_counter()
+        res.append((w1 - t0, w1 - w0, count))
     return t_wall0, res
 
 
@@ -182,27 +193,18 @@ def sustained_gemm(device: torch.device, dtype: torch.dtype, n: int, seconds: fl
     out = torch.empty(n, n, dtype=dtype, device=device)
     flops = 2.0 * n**3
     torch.mm(a, b, out=out)  # one call: library handles and the kernel choice
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    torch.mm(a, b, out=out)
-    if cuda:
-        torch.cuda.synchronize()
-    per_call = max(time.perf_counter() - t, 1e-9)
-    per_window = max(1, int(window_s / per_call))
-    run = _windows_cuda if cuda else _windows_cpu
-    t_wall0, raw = run(a, b, out, seconds + window_s, per_window)
+    run = _windows_cuda if device.type == "cuda" else _windows_cpu
+    t_wall0, raw = run(a, b, out, seconds + window_s, window_s)
     windows = []
-    for end, dur in raw:
+    for end, dur, count in raw:
         clocks = sampler.between(t_wall0 + end - dur, t_wall0 + end) if sampler is not None else None
-        windows.append(Window(end, per_window * flops / dur / 1e12, clocks))
+        windows.append(Window(end, count * flops / dur / 1e12, clocks, count))
     timed = windows[1:] or windows  # the first window warms the GPU up (clocks ramp from idle)
     tail = timed[-max(1, len(timed) // 4):]
     burst = timed[0].tflops
     sustained = statistics.median(w.tflops for w in tail)
     return {"n": n, "dtype": str(dtype).removeprefix("torch."), "seconds": windows[-1].end_s,
-            "gemms_per_window": per_window, "windows": [asdict(w) for w in windows], "burst_tflops": burst,
+            "windows": [asdict(w) for w in windows], "burst_tflops": burst,
             "sustained_tflops": sustained, "ratio": sustained / burst, "max_tflops": max(w.tflops for w in timed),
             "burst_clocks": timed[0].clocks, "sustained_clocks": _median_clocks([w.clocks for w in tail])}
 

@@ -66,7 +66,8 @@ def test_sampler_reads_nvidia_smi_in_the_background(tmp_path: Path, monkeypatch:
 def test_sustained_gemm_times_back_to_back_windows_on_the_cpu() -> None:
     g = sustained_gemm(torch.device("cpu"), torch.float32, 96, 0.5, window_s=0.05)
     ends = [w["end_s"] for w in g["windows"]]
-    assert ends == sorted(ends) and ends[-1] >= 0.5 and len(ends) >= 3
+    assert ends == sorted(ends) and ends[-1] >= 0.5 and len(ends) >= 5  # windows of 0.05 s by the clock
+    assert all(w["gemms"] >= 1 for w in g["windows"])
     rates = [w["tflops"] for w in g["windows"][1:]]
     assert g["burst_tflops"] == rates[0] and g["max_tflops"] == max(rates)
     assert min(rates) <= g["sustained_tflops"] <= max(rates) and g["ratio"] == g["sustained_tflops"] / g["burst_tflops"]
