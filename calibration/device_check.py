@@ -127,9 +127,9 @@ def _check(args: argparse.Namespace, sampler: SmiSampler) -> int:
     part("real_step_trace", lambda: trace_steps(model, seq, mbs, torch.device(device), dtype, out / "real_step_trace"))
     # out of sample: the same step on the shipped profile of this GPU (a dry run rehearses it on the H100's)
     name = "NVIDIA H100 80GB HBM3" if dry else torch.cuda.get_device_name(0)
+    hardware, note = shipped_hardware(name)
 
     def shipped() -> dict[str, Any]:
-        hardware, note = shipped_hardware(name)
         shipped_cfg = {**run_config(model, seq, mbs, ""), "hardware": hardware}
         step = simulate(shipped_cfg).step_time_s
         return {"device_name": name, "gpu": hardware["gpu"], "note": note, "predicted_step_s": step,
@@ -143,7 +143,7 @@ def _check(args: argparse.Namespace, sampler: SmiSampler) -> int:
         def gemm() -> dict[str, Any]:
             n = 128 if dry else args.sustained_n
             g = sustained_gemm(torch.device(device), dtype, n, seconds, window_s=0.1 if dry else 0.5, sampler=sampler)
-            g["shipped_tflops"] = shipped_gemm_tflops(shipped_hardware(name)[0]["gpu"], n)
+            g["shipped_tflops"] = shipped_gemm_tflops(hardware["gpu"], n)
             return g
 
         part("sustained_gemm", gemm)

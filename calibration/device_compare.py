@@ -17,6 +17,7 @@ from typing import Any
 
 from simtrain.cost.cost_pass import lower
 from simtrain.cost.costs import ComputeCostModel
+from simtrain.hardware.load import load_gpu
 from simtrain.hardware.profile import compute_calibration
 from simtrain.lower.ops import CostedComputeOp
 from simtrain.plan.load import load_config
@@ -64,7 +65,5 @@ def per_kernel(calibrated: dict[str, Any], shipped: dict[str, Any]) -> list[dict
 
 def shipped_gemm_tflops(gpu: str, n: int) -> float:
     """The shipped profile ``gpu``'s modelled rate (TFLOP/s) of one BF16 ``n`` x ``n`` x ``n`` GEMM."""
-    run = load_config({"name": "gemm-rate", "model": {"preset": "llama3-8b"}, "hardware": {"gpu": gpu, "gpus_per_node": 1},
-                       "layout": {"dp": 1}, "train": {"seq_len": 1024, "micro_batch_size": 1, "global_batch_seqs": 1}})
-    k = ComputeCostModel(cluster_of(run).gpu).gemm("mlp_up", n, n, n)
+    k = ComputeCostModel(load_gpu(gpu)).gemm("mlp_up", n, n, n)
     return k.flops / k.time_s / 1e12
