@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,21 @@ STEADY_TRIES = 3
 def measure_steady(config: str, processes: int, steps: int, warmup: int, threads: int, workdir: Path,
                    tries: int = STEADY_TRIES, max_steal: float = MAX_STEAL_FRACTION) -> dict[str, Any]:
     """``measure``, repeated (at most ``tries`` times) while the hypervisor stole more than
-    ``max_steal`` of the CPU time during it; the least disturbed batch is returned.
+    ``max_steal`` of the CPU time during it; the least disturbed batch is returned (``least_stolen``)."""
+    return least_stolen(lambda: measure(config, processes, steps, warmup, threads, workdir), tries, max_steal)
+
+
+def least_stolen(batch: Callable[[], dict[str, Any]], tries: int = STEADY_TRIES,
+                 max_steal: float = MAX_STEAL_FRACTION) -> dict[str, Any]:
+    """``batch()`` (a measurement with a ``steal_fraction``), repeated (at most ``tries`` times) while the
+    hypervisor stole more than ``max_steal`` of the CPU time during it; the least disturbed one.
 
     On a shared virtual machine a batch can run while the host gives "our" cores to another guest
     (``calibration.steal``): its step times then say nothing about the workload.
     """
     batches = []
     for _ in range(tries):
-        batches.append(measure(config, processes, steps, warmup, threads, workdir))
+        batches.append(batch())
         if batches[-1]["steal_fraction"] <= max_steal:
             break
     return min(batches, key=lambda b: b["steal_fraction"])

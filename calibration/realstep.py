@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,21 +140,31 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    return run_rank("calibration.realstep", args.out, args.timeout_s, device, args.ddp,
+                    lambda: train_steps(spec, args.seq_len, args.micro_batch_size, args.steps, args.warmup, device,
+                                        dtype, args.ddp))
+
+
+def run_rank(module: str, out: str, timeout_s: float, device: torch.device, group: bool,
+             work: Callable[[], dict[str, Any]]) -> int:
+    """Run ``work`` as this process's part of a real step: inside a process group (NCCL on GPUs, gloo on a
+    CPU) when ``group``; rank 0 writes its result to ``out`` (JSON, atomically). A failure is one clear
+    line on stderr naming ``module`` and the rank, and exit status 1; the group is left either way."""
     ok = False
     try:
-        if args.ddp:
+        if group:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    timeout=datetime.timedelta(seconds=args.timeout_s))
-        res = train_steps(spec, args.seq_len, args.micro_batch_size, args.steps, args.warmup, device, dtype, args.ddp)
-        if not args.ddp or dist.get_rank() == 0:
-            write_atomic(args.out, json.dumps(res, indent=2))
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        res = work()
+        if not group or dist.get_rank() == 0:
+            write_atomic(out, json.dumps(res, indent=2))
         ok = True
     except Exception as exc:  # noqa: BLE001 - one clear line per failed rank
-        print(f"calibration.realstep: rank {os.environ.get('RANK', '0')} failed: {type(exc).__name__}: {exc}",
+        print(f"{module}: rank {os.environ.get('RANK', '0')} failed: {type(exc).__name__}: {exc}",
               file=sys.stderr, flush=True)
         return 1
     finally:
-        if args.ddp and dist.is_initialized():
+        if group and dist.is_initialized():
             _shutdown(together=ok)
     return 0
 

@@ -1,0 +1,156 @@
+"""A real pipeline-parallel training step: transformers' Llama split into stages, run by torch's own
+pipeline schedules (``torch.distributed.pipelining``), to compare simtrain's pipeline engine with.
+
+Each rank builds the same ``LlamaForCausalLM`` (``calibration.realstep.build_model``, one seed) and keeps its
+stage: stage 0 the token embedding and the first layers, the last stage the last layers, the final norm,
+the LM head and transformers' own causal-LM loss (``loss_function``); each stage holds as many layers as
+simtrain's layout gives it (``stage_layers``). Each decoder layer is called the way
+``LlamaModel.forward`` calls it (rotary embeddings and the causal mask made per stage, as that forward makes
+them once). ``PipelineStage`` sends the activations and their gradients between stages (gloo on a CPU: one
+``isend``/``irecv`` pair per micro-batch and direction), and ``Schedule1F1B`` or ``ScheduleGPipe`` orders
+the micro-batches. One step = the schedule's ``step`` over ``--microbatches`` micro-batches, then
+``AdamW.step()`` and ``zero_grad()`` on every stage; its time is the slowest rank's, between barriers.
+
+    (started as ranks by ``calibration.launch.launch_local(..., module="calibration.realstep_pp")``)
+    python -m calibration.realstep_pp --model-json spec.json --seq-len 256 --micro-batch-size 2 \\
+        --microbatches 4 --schedule 1f1b --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from calibration.realstep import build_model, run_rank
+from simtrain.lower.layer_plan import split_layers
+from simtrain.spec.model import ModelSpec
+
+#: torch's schedule class for each simtrain schedule name this step runs.
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def stage_layers(n_layers: int, stages: int) -> list[range]:
+    """The decoder layers of each stage, as many as simtrain's layout gives it (``split_layers``: the
+    first and last stages, which also hold the embedding and the LM head, take fewer when the layers do
+    not divide evenly): the real step runs the layout simtrain simulates."""
+    out, start = [], 0
+    for (n,) in split_layers(n_layers, stages, 1):
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+class LlamaStage(nn.Module):
+    """One pipeline stage of a ``LlamaForCausalLM``: its layers, with the embedding on the first stage and
+    the final norm and LM head on the last (the loss is the schedule's ``loss_fn``)."""
+
+    def __init__(self, full: Any, layers: range, first: bool, last: bool):
+        super().__init__()
+        inner = full.model
+        self.config = full.config
+        self.embed_tokens = inner.embed_tokens if first else None
+        self.layers = nn.ModuleList(inner.layers[i] for i in layers)
+        self.rotary_emb = inner.rotary_emb
+        self.norm = inner.norm if last else None
+        self.lm_head = full.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import create_causal_mask
+
+        hidden = self.embed_tokens(x) if self.embed_tokens is not None else x
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                                  position_ids=position_ids)
+        pos = self.rotary_emb(hidden, position_ids=position_ids)
+        for layer in self.layers:
+            out = layer(hidden, attention_mask=mask, position_embeddings=pos, position_ids=position_ids)
+            hidden = out[0] if isinstance(out, tuple) else out
+        if self.norm is not None and self.lm_head is not None:
+            hidden = self.lm_head(self.norm(hidden))
+        return hidden
+
+
+def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatches: int, schedule: str,
+                steps: int, warmup: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """``warmup + steps`` pipeline steps of ``microbatches`` micro-batches on this rank's stage (inside an
+    initialised process group whose ranks are the stages); the timed steps, the slowest rank's."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank, stages = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1234)  # the same full model on every rank: each keeps its own stage of it
+    built, impl = build_model(spec, dtype, torch.device("cpu"))
+    full: Any = built  # transformers' LlamaForCausalLM (its submodules, not nn.Module's generic attributes)
+    if impl != "transformers.LlamaForCausalLM":
+        raise RuntimeError("the pipeline step splits transformers' LlamaForCausalLM; transformers is not installed")
+    module = LlamaStage(full, stage_layers(spec.n_layers, stages)[rank], rank == 0, rank == stages - 1).to(device)
+    module.train()
+    vocab = spec.vocab
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return full.loss_function(logits=logits, labels=labels, vocab_size=vocab)
+
+    stage = PipelineStage(module, rank, stages, device)
+    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    sched = kind(stage, n_microbatches=microbatches, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, vocab, (micro_batch_size * microbatches, seq_len), generator=gen).to(device)
+    times = []
+    for _ in range(warmup + steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            sched.step(ids)
+        elif rank == stages - 1:
+            sched.step(target=ids, losses=[])
+        else:
+            sched.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    timed = torch.tensor(times[warmup:], dtype=torch.float64)
+    dist.all_reduce(timed, op=dist.ReduceOp.MAX)
+    step_times = timed.tolist()
+    return {"implementation": f"{impl} split by torch.distributed.pipelining ({kind.__name__})",
+            "step_times_s": step_times, "median_s": statistics.median(step_times), "stages": stages,
+            "microbatches": microbatches, "schedule": schedule, "threads": torch.get_num_threads(),
+            "layers_per_stage": [len(r) for r in stage_layers(spec.n_layers, stages)]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m calibration.realstep_pp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-json", required=True, help="a simtrain ModelSpec as JSON (ModelSpec.model_dump)")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--micro-batch-size", type=int, required=True)
+    p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--out", required=True, help="where rank 0 writes the JSON result")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One stage (rank) of the real pipeline step; rank 0 writes the result JSON."""
+    args = _parser().parse_args(argv)
+    spec = ModelSpec.model_validate(json.loads(Path(args.model_json).read_text()))
+    torch.set_num_threads(args.threads)
+    cpu = torch.device("cpu")
+    return run_rank("calibration.realstep_pp", args.out, args.timeout_s, cpu, True,
+                    lambda: train_steps(spec, args.seq_len, args.micro_batch_size, args.microbatches, args.schedule,
+                                        args.steps, args.warmup, cpu, torch.float32))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

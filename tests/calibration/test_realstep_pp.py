@@ -1,0 +1,104 @@
+"""The real pipelined step (calibration.realstep_pp) and its comparison with simtrain (calibration.compare_pp).
+
+The stages must be the model simtrain simulates, cut where simtrain cuts it: chained, they compute
+transformers' own ``LlamaForCausalLM`` logits and loss; their parameters partition the model's, stage by
+stage as simtrain's per-stage weights; and the step runs for real under torch's pipeline schedules over
+gloo. The timing comparison itself (calibrate, measure, compare) is ``benchmarks/cpu_pp_loop.py``'s, whose
+last table is ``benchmarks/results/cpu_pp_loop.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from calibration import compare_pp  # noqa: E402
+from calibration.compare_pp import PipelineCase, measure_pp  # noqa: E402
+from calibration.realstep import build_model  # noqa: E402
+from calibration.realstep_pp import LlamaStage, stage_layers  # noqa: E402
+from calibration.shapes import read_run  # noqa: E402
+from simtrain import simulate  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+TINY = str(DATA / "tiny_llama.yaml")
+
+
+def _stages(n_layers: int, stages: int) -> tuple[Any, list[LlamaStage]]:
+    spec = read_run(TINY).model.model_copy(update={"n_layers": n_layers})
+    torch.manual_seed(0)
+    full, impl = build_model(spec, torch.float32, torch.device("cpu"))
+    assert impl == "transformers.LlamaForCausalLM"
+    ranges = stage_layers(n_layers, stages)
+    return full, [LlamaStage(full, r, s == 0, s == stages - 1) for s, r in enumerate(ranges)]
+
+
+@pytest.mark.parametrize("n_layers, stages", [(2, 2), (5, 2), (7, 3)])
+def test_chained_stages_compute_the_models_logits_and_loss(n_layers: int, stages: int) -> None:
+    full, parts = _stages(n_layers, stages)
+    ids = torch.randint(0, full.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    x = ids
+    with torch.no_grad():
+        for part in parts:
+            x = part(x)
+        ref = full(input_ids=ids, labels=ids)
+        loss = full.loss_function(logits=x, labels=ids, vocab_size=full.config.vocab_size)
+    assert torch.allclose(x, ref.logits, rtol=1e-5, atol=1e-6)
+    assert float(loss) == pytest.approx(float(ref.loss), rel=1e-6)
+
+
+@pytest.mark.parametrize("n_layers, stages", [(2, 2), (5, 2), (7, 3)])
+def test_stage_parameters_partition_the_model_as_simtrain_splits_it(n_layers: int, stages: int) -> None:
+    """Each parameter on exactly one stage; each stage's count in the same proportion to simtrain's
+    per-stage weight bytes as the whole model's count to simtrain's weights without pipelining."""
+    full, parts = _stages(n_layers, stages)
+    ids = [{id(p) for p in part.parameters()} for part in parts]
+    assert sum(len(s) for s in ids) == len(set().union(*ids)) == len(list(full.parameters()))
+    counts = [sum(p.numel() for p in part.parameters()) for part in parts]
+    base = [f"model.n_layers={n_layers}"]  # weights do not depend on the hardware: one H100 per stage here
+    whole = simulate(TINY, [*base, "hardware.gpus_per_node=1"]).memory[0].components["weights"]
+    bytes_per_param = whole / sum(p.numel() for p in full.parameters())
+    piped = simulate(TINY, [*base, f"hardware.gpus_per_node={stages}", f"layout.pp={stages}",
+                            f"train.global_batch_seqs={2 * stages}"]).memory
+    assert [m.components["weights"] / bytes_per_param for m in piped] == pytest.approx(counts, rel=1e-9)
+
+
+def test_stage_layers_follow_simtrains_layout() -> None:
+    assert stage_layers(4, 2) == [range(0, 2), range(2, 4)]
+    assert stage_layers(5, 2) == [range(0, 2), range(2, 5)]  # the last stage also holds the LM head
+    assert [len(r) for r in stage_layers(126, 16)] == [7] + [8] * 14 + [7]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_real_pipelined_step_runs_on_two_ranks(tmp_path: Path, schedule: str) -> None:
+    case = PipelineCase(2, 2, schedule)
+    res = measure_pp(TINY, case, steps=2, warmup=1, threads=1, workdir=tmp_path, timeout_s=120)
+    name = "Schedule1F1B" if schedule == "1f1b" else "ScheduleGPipe"
+    assert res["implementation"] == f"transformers.LlamaForCausalLM split by torch.distributed.pipelining ({name})"
+    assert res["stages"] == 2 and res["microbatches"] == 2 and res["layers_per_stage"] == [1, 1]
+    assert len(res["step_times_s"]) == 2 and all(t > 0 for t in res["step_times_s"])
+    assert 0.0 <= res["steal_fraction"] <= 1.0
+
+
+def test_compare_pp_pools_the_batches_and_simulates_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_simulate(config: str, overrides: list[str]) -> Any:
+        seen.append(overrides)
+        return type("R", (), {"step_time_s": 3.0})()
+
+    monkeypatch.setattr(compare_pp, "simulate", fake_simulate)
+    batches = [{"step_times_s": [1.0, 2.0], "implementation": "x"}, {"step_times_s": [4.0], "implementation": "x"}]
+    c = compare_pp.compare_pp(TINY, "prof", PipelineCase(2, 4, "gpipe"), batches)
+    assert c.measured_s == (1.0, 2.0, 4.0) and c.measured_median_s == 2.0 and c.error == pytest.approx(0.5)
+    assert seen == [["layout.dp=1", "layout.pp=2", "layout.schedule=gpipe", "train.global_batch_seqs=8",
+                     "hardware.profile=prof"]]
+
+
+def test_an_unknown_schedule_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'zb'.*1f1b, gpipe"):
+        measure_pp(TINY, PipelineCase(2, 2, "zb"), 1, 1, 1, tmp_path)
