@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from benchmarks.cpu_loop_grid import calibrate, describe  # noqa: E402
+from calibration.compare import Comparison, compare, measure_steady  # noqa: E402
 from calibration.compare_pp import PipelineCase, compare_pp, measure_pp_steady  # noqa: E402
 from calibration.timing import Clock  # noqa: E402
 from simtrain.engine.trace import write_atomic  # noqa: E402
@@ -53,26 +54,36 @@ def outside(predicted: float, halves: list[float]) -> float:
 
 def one_config(config: str, cases: list[PipelineCase], steps: int, warmup: int, work: Path,
                env: dict[str, str]) -> list[dict[str, Any]]:
-    """Measure every case, calibrate, measure again, compare: one row per case."""
+    """Measure every case and the unpipelined step, calibrate, measure again, compare: one row per case, the
+    first the one-process step (stages 1: the calibration's own error here, which the pipelined rows share)."""
     name = f"pp-{Path(config).stem}"
+    solo_before = measure_steady(config, 1, steps, warmup, 1, work)
     before = [measure_pp_steady(config, c, steps, warmup, 1, work) for c in cases]
     calibrate_s = calibrate(config, name, Clock.WALL, True, env)
     after = [measure_pp_steady(config, c, steps, warmup, 1, work) for c in cases]
+    solo_after = measure_steady(config, 1, steps, warmup, 1, work)
     os.environ["SIMTRAIN_PROFILES_DIR"] = env["SIMTRAIN_PROFILES_DIR"]
     rows = []
     try:
+        rows.append(row(config, 1, "-", 1, compare(config, name, 1, [solo_before, solo_after]), solo_before,
+                        solo_after, calibrate_s))
         for case, b, a in zip(cases, before, after, strict=True):
-            c = compare_pp(config, name, case, [b, a])
-            halves = [statistics.median(b["step_times_s"]), statistics.median(a["step_times_s"])]
-            rows.append({**describe(config), "stages": case.stages, "schedule": case.schedule,
-                         "microbatches": case.microbatches, "measured_s": c.measured_median_s,
-                         "predicted_s": c.predicted_s, "error": c.error, "outside": outside(c.predicted_s, halves),
-                         "before_after_s": halves, "repeatability": max(halves) / min(halves) - 1.0,
-                         "steal": [b["steal_fraction"], a["steal_fraction"]], "calibrate_s": calibrate_s,
-                         "implementation": c.implementation})
+            rows.append(row(config, case.stages, case.schedule, case.microbatches, compare_pp(config, name, case, [b, a]),
+                            b, a, calibrate_s))
     finally:
         del os.environ["SIMTRAIN_PROFILES_DIR"]
     return rows
+
+
+def row(config: str, stages: int, schedule: str, microbatches: int, c: Comparison, before: dict[str, Any],
+        after: dict[str, Any], calibrate_s: float) -> dict[str, Any]:
+    """One table row: the case, the comparison, and the two batches' medians and steal."""
+    halves = [statistics.median(before["step_times_s"]), statistics.median(after["step_times_s"])]
+    return {**describe(config), "stages": stages, "schedule": schedule, "microbatches": microbatches,
+            "measured_s": c.measured_median_s, "predicted_s": c.predicted_s, "error": c.error,
+            "outside": outside(c.predicted_s, halves), "before_after_s": halves,
+            "repeatability": max(halves) / min(halves) - 1.0, "steal": [before["steal_fraction"], after["steal_fraction"]],
+            "calibrate_s": calibrate_s, "implementation": c.implementation}
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -85,11 +96,14 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                      f"{r['stages']} | {r['schedule']} | {r['microbatches']} | {r['measured_s']:.3f} | "
                      f"{r['predicted_s']:.3f} | {100 * r['error']:+.1f} % | {100 * r['outside']:+.1f} % | "
                      f"{100 * r['repeatability']:.1f} % | {100 * max(r['steal']):.1f} % |")
-    if rows:
-        errs = [r["error"] for r in rows]
-        lines += ["", f"{len(rows)} cases: median |error| {100 * statistics.median(abs(e) for e in errs):.1f} %, "
+    piped = [r for r in rows if r["stages"] > 1]
+    if piped:
+        errs = [r["error"] for r in piped]
+        lines += ["", f"{len(piped)} pipelined cases: median |error| {100 * statistics.median(abs(e) for e in errs):.1f} %, "
                   f"median signed {100 * statistics.median(errs):+.1f} %, worst {100 * max(errs, key=abs):+.1f} %."]
-    lines += ["", "error: the prediction against the pooled median of the real step measured before and after the "
+    lines += ["", "stages 1: the same step on one process (no pipeline), measured and calibrated in the same round: the "
+              "calibration's own error at that time, which the pipelined cases share.",
+              "error: the prediction against the pooled median of the real step measured before and after the "
               "calibration; outside: how far the prediction lies outside the range of those two batches' medians "
               "(0: inside); before/after: how far apart those medians are (the real step's own repeatability)."]
     return "\n".join(lines) + "\n"
