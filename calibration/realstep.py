@@ -114,19 +114,26 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, steps: int
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m calibration.realstep", description=__doc__.split("\n\n")[0])
+def step_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments every real step takes: the model, its batch, the timed and warm-up steps, threads, the
+    process group's timeout and where rank 0 writes the result."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--model-json", required=True, help="a simtrain ModelSpec as JSON (ModelSpec.model_dump)")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--micro-batch-size", type=int, required=True)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--out", required=True, help="where rank 0 writes the JSON result")
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = step_parser("python -m calibration.realstep", __doc__.split("\n\n")[0])
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--ddp", action="store_true", help="run as one rank of a DDP group (torchrun environment)")
-    p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--out", required=True, help="where rank 0 writes the JSON result")
     return p
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from calibration.realstep import build_model, run_rank
+from calibration.realstep import build_model, run_rank, step_parser
 from simtrain.lower.layer_plan import split_layers
 from simtrain.spec.model import ModelSpec
 
@@ -127,17 +127,9 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatch
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m calibration.realstep_pp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model-json", required=True, help="a simtrain ModelSpec as JSON (ModelSpec.model_dump)")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--micro-batch-size", type=int, required=True)
+    p = step_parser("python -m calibration.realstep_pp", __doc__.split("\n\n")[0])
     p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--out", required=True, help="where rank 0 writes the JSON result")
     return p
 
 
