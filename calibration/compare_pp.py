@@ -1,12 +1,12 @@
 """The CPU loop for pipeline parallelism: a real pipelined step against simtrain's pipeline engine.
 
     python -m calibration.compare_pp --config tests/calibration/data/cpu_llama.yaml --profile this-cpu \\
-        --microbatches 2 4 8 --schedules 1f1b gpipe
+        --microbatches 2 4 8 --schedules 1f1b gpipe interleaved_1f1b
 
 For each case (stages, micro-batches, schedule) the real step (``calibration.realstep_pp``: transformers'
 Llama split into stages, run by ``torch.distributed.pipelining`` over gloo, one process per stage and one
-thread each) is timed, and simtrain simulates the same run with ``layout.pp``, ``layout.schedule`` and a
-global batch of that many micro-batches on the profile (a CPU profile's node holds the stages'
+thread each) is timed, and simtrain simulates the same run with ``layout.pp``, ``layout.schedule`` (and
+``layout.vpp``, the chunks per rank of an interleaved schedule) and a global batch of that many micro-batches on the profile (a CPU profile's node holds the stages'
 processes). Printed: measured median, predicted, and the error (predicted / measured - 1).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from calibration.compare import Comparison, least_stolen
 from calibration.launch import RankFailed, launch_local
-from calibration.realstep_pp import SCHEDULES
+from calibration.realstep_pp import CHUNKED, SCHEDULES
 from calibration.shapes import read_run
 from calibration.steal import cpu_ticks, steal_fraction
 from simtrain import simulate
@@ -31,20 +31,27 @@ from simtrain import simulate
 @dataclass(frozen=True, slots=True)
 class PipelineCase:
     """One pipelined run of a config: ``stages`` processes, ``microbatches`` per step, a schedule of
-    ``calibration.realstep_pp.SCHEDULES`` (simtrain's ``layout.schedule`` of the same name)."""
+    ``calibration.realstep_pp.SCHEDULES`` (simtrain's ``layout.schedule`` of the same name) and, for an
+    interleaved one, ``chunks`` model chunks per rank (``layout.vpp``; 1 for the others)."""
 
     stages: int
     microbatches: int
     schedule: str
+    chunks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.chunks != 1 and self.schedule not in CHUNKED:
+            raise ValueError(f"chunks={self.chunks}: only {', '.join(CHUNKED)} place several chunks per rank")
 
     def overrides(self, micro_batch_size: int) -> list[str]:
         """simtrain overrides of the config for this case (no data parallelism)."""
-        return ["layout.dp=1", f"layout.pp={self.stages}", f"layout.schedule={self.schedule}",
-                f"train.global_batch_seqs={self.microbatches * micro_batch_size}"]
+        return ["layout.dp=1", f"layout.pp={self.stages}", f"layout.vpp={self.chunks}",
+                f"layout.schedule={self.schedule}", f"train.global_batch_seqs={self.microbatches * micro_batch_size}"]
 
     @property
     def label(self) -> str:
-        return f"pp{self.stages} {self.schedule} x{self.microbatches}"
+        chunks = f" v{self.chunks}" if self.chunks > 1 else ""
+        return f"pp{self.stages}{chunks} {self.schedule} x{self.microbatches}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ def measure_pp(config: str, case: PipelineCase, steps: int, warmup: int, threads
     out.unlink(missing_ok=True)
     args = ["--model-json", str(spec), "--seq-len", str(run.train.seq_len), "--micro-batch-size",
             str(run.train.micro_batch_size), "--microbatches", str(case.microbatches), "--schedule", case.schedule,
+            "--chunks", str(case.chunks),
             "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--out", str(out)]
     try:
         launch_local(args, case.stages, threads, timeout_s, log_dir=workdir / f"logs-pp{case.stages}",
@@ -105,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", required=True, help="calibrated profile name or path")
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--microbatches", type=int, nargs="+", default=[4])
-    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=["1f1b"])
+    p.add_argument("--schedules", nargs="+", choices=tuple(SCHEDULES), default=["1f1b"])
+    p.add_argument("--chunks", type=int, default=2, help=f"model chunks per rank under {', '.join(CHUNKED)}")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="simtrain-compare-pp-") as tmp:
         for schedule in args.schedules:
             for m in args.microbatches:
-                case = PipelineCase(args.stages, m, schedule)
+                case = PipelineCase(args.stages, m, schedule, args.chunks if schedule in CHUNKED else 1)
                 c = compare_pp(args.config, args.profile, case,
                                [measure_pp_steady(args.config, case, args.steps, args.warmup, args.threads, Path(tmp))])
                 print(f"{case.label}: measured {c.measured_median_s:.3f} s (median of {len(c.measured_s)}), "

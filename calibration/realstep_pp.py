@@ -7,9 +7,12 @@ the LM head and transformers' own causal-LM loss (``loss_function``); each stage
 simtrain's layout gives it (``stage_layers``). Each decoder layer is called the way
 ``LlamaModel.forward`` calls it (rotary embeddings and the causal mask made per stage, as that forward makes
 them once). ``PipelineStage`` sends the activations and their gradients between stages (gloo on a CPU: one
-``isend``/``irecv`` pair per micro-batch and direction), and ``Schedule1F1B`` or ``ScheduleGPipe`` orders
-the micro-batches. One step = the schedule's ``step`` over ``--microbatches`` micro-batches, then
-``AdamW.step()`` and ``zero_grad()`` on every stage; its time is the slowest rank's, between barriers.
+``isend``/``irecv`` pair per micro-batch and direction), and torch's schedule of the same name as simtrain's
+orders the micro-batches (``SCHEDULES``): ``Schedule1F1B``, ``ScheduleGPipe``, or, with ``--chunks`` model
+chunks per rank placed where simtrain's route places them, ``ScheduleInterleaved1F1B`` (rank ``r`` holds
+model stages ``r, r + p, ...``: Megatron's virtual stages, simtrain's ``layout.vpp``). One step = the
+schedule's ``step`` over ``--microbatches`` micro-batches, then ``AdamW.step()`` and ``zero_grad()`` on every
+rank; its time is the slowest rank's, between barriers.
 
     (started as ranks by ``calibration.launch.launch_local(..., module="calibration.realstep_pp")``)
     python -m calibration.realstep_pp --model-json spec.json --seq-len 256 --micro-batch-size 2 \\
@@ -31,22 +34,37 @@ import torch.distributed as dist
 from torch import nn
 
 from calibration.realstep import build_model, run_rank, step_parser
-from simtrain.lower.layer_plan import split_layers
+from simtrain.lower.layer_plan import layers_by_position
+from simtrain.plan.schedules import schedule_route
 from simtrain.spec.model import ModelSpec
 
-#: torch's schedule class for each simtrain schedule name this step runs.
-SCHEDULES = ("1f1b", "gpipe")
+#: torch's schedule class (``torch.distributed.pipelining``) for each simtrain schedule name
+#: (``layout.schedule``) this step runs. Both sides order the micro-batches alike: interleaved 1F1B's
+#: warm-up is ``(v - 1) * p + 2 * (p - 1 - rank)`` forwards in groups of ``p`` micro-batches in torch's
+#: ``ScheduleInterleaved1F1B`` and in Megatron's order that simtrain follows.
+SCHEDULES: dict[str, str] = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
+                             "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+
+#: Schedules that place several model chunks on each rank (``--chunks``, simtrain's ``layout.vpp``).
+CHUNKED = ("interleaved_1f1b",)
+
+
+def chunk_layers(n_layers: int, stages: int, chunks: int = 1, schedule: str = "1f1b") -> list[list[tuple[int, range]]]:
+    """Per rank, per chunk: the model stage (its position on a micro-batch's path) and its decoder layers,
+    where simtrain's layout puts them (``layers_by_position`` over the schedule's route: the first and last
+    model stages, which also hold the embedding and the LM head, take fewer when the layers do not divide
+    evenly; interleaved chunk ``c`` of rank ``r`` is model stage ``c * stages + r``)."""
+    route = schedule_route(schedule, stages, max(2 * stages, stages * chunks), chunks)
+    counts = layers_by_position(n_layers, route.length)
+    starts = [sum(counts[:k]) for k in range(route.length)]
+    return [[(k, range(starts[k], starts[k] + counts[k]))
+             for k in (route.position(0, s, c) for c in range(chunks))] for s in range(stages)]
 
 
 def stage_layers(n_layers: int, stages: int) -> list[range]:
-    """The decoder layers of each stage, as many as simtrain's layout gives it (``split_layers``: the
-    first and last stages, which also hold the embedding and the LM head, take fewer when the layers do
-    not divide evenly): the real step runs the layout simtrain simulates."""
-    out, start = [], 0
-    for (n,) in split_layers(n_layers, stages, 1):
-        out.append(range(start, start + n))
-        start += n
-    return out
+    """The decoder layers of each stage with one chunk per rank (``chunk_layers``): the real step runs
+    the layout simtrain simulates."""
+    return [chunks[0][1] for chunks in chunk_layers(n_layers, stages)]
 
 
 class LlamaStage(nn.Module):
@@ -80,40 +98,44 @@ class LlamaStage(nn.Module):
 
 
 def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatches: int, schedule: str,
-                steps: int, warmup: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """``warmup + steps`` pipeline steps of ``microbatches`` micro-batches on this rank's stage (inside an
-    initialised process group whose ranks are the stages); the timed steps, the slowest rank's."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+                steps: int, warmup: int, device: torch.device, dtype: torch.dtype, chunks: int = 1) -> dict[str, Any]:
+    """``warmup + steps`` pipeline steps of ``microbatches`` micro-batches on this rank's model chunks
+    (inside an initialised process group whose ranks are the pipeline stages); the timed steps, the
+    slowest rank's."""
+    from torch.distributed import pipelining
 
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: the real step runs {', '.join(SCHEDULES)}")
+    chunks = chunks if schedule in CHUNKED else 1
     rank, stages = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)  # the same full model on every rank: each keeps its own stage of it
     built, impl = build_model(spec, dtype, torch.device("cpu"))
     full: Any = built  # transformers' LlamaForCausalLM (its submodules, not nn.Module's generic attributes)
     if impl != "transformers.LlamaForCausalLM":
         raise RuntimeError("the pipeline step splits transformers' LlamaForCausalLM; transformers is not installed")
-    module = LlamaStage(full, stage_layers(spec.n_layers, stages)[rank], rank == 0, rank == stages - 1).to(device)
-    module.train()
+    n_model_stages = stages * chunks
+    mine = chunk_layers(spec.n_layers, stages, chunks, schedule)[rank]
+    modules = [LlamaStage(full, layers, k == 0, k == n_model_stages - 1).to(device) for k, layers in mine]
+    for m in modules:
+        m.train()
     vocab = spec.vocab
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return full.loss_function(logits=logits, labels=labels, vocab_size=vocab)
 
-    stage = PipelineStage(module, rank, stages, device)
-    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    sched = kind(stage, n_microbatches=microbatches, loss_fn=loss_fn)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    pipe = [pipelining.PipelineStage(m, k, n_model_stages, device) for m, (k, _) in zip(modules, mine, strict=True)]
+    kind = getattr(pipelining, SCHEDULES[schedule])
+    sched = kind(pipe if schedule in CHUNKED else pipe[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    params = [p for m in modules for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-4)
     gen = torch.Generator().manual_seed(99)
     ids = torch.randint(0, vocab, (micro_batch_size * microbatches, seq_len), generator=gen).to(device)
+    first, last = any(k == 0 for k, _ in mine), any(k == n_model_stages - 1 for k, _ in mine)
     times = []
     for _ in range(warmup + steps):
         dist.barrier()
         t0 = time.perf_counter()
-        if rank == 0:
-            sched.step(ids)
-        elif rank == stages - 1:
-            sched.step(target=ids, losses=[])
-        else:
-            sched.step()
+        sched.step(*((ids,) if first else ()), **({"target": ids, "losses": []} if last else {}))
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
@@ -122,14 +144,17 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatch
     step_times = timed.tolist()
     return {"implementation": f"{impl} split by torch.distributed.pipelining ({kind.__name__})",
             "step_times_s": step_times, "median_s": statistics.median(step_times), "stages": stages,
-            "microbatches": microbatches, "schedule": schedule, "threads": torch.get_num_threads(),
-            "layers_per_stage": [len(r) for r in stage_layers(spec.n_layers, stages)]}
+            "chunks": chunks, "microbatches": microbatches, "schedule": schedule, "threads": torch.get_num_threads(),
+            "layers_per_stage": [sum(len(r) for _, r in c) for c in chunk_layers(spec.n_layers, stages, chunks, schedule)],
+            "layers_per_chunk": [[len(r) for _, r in c] for c in chunk_layers(spec.n_layers, stages, chunks, schedule)]}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = step_parser("python -m calibration.realstep_pp", __doc__.split("\n\n")[0])
     p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
+    p.add_argument("--chunks", type=int, default=2,
+                   help=f"model chunks per rank under {', '.join(CHUNKED)} (simtrain's layout.vpp); others run 1")
     return p
 
 
@@ -141,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = torch.device("cpu")
     return run_rank("calibration.realstep_pp", args.out, args.timeout_s, cpu, True,
                     lambda: train_steps(spec, args.seq_len, args.micro_batch_size, args.microbatches, args.schedule,
-                                        args.steps, args.warmup, cpu, torch.float32))
+                                        args.steps, args.warmup, cpu, torch.float32, args.chunks))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ pytest.importorskip("transformers")
 from calibration import compare_pp  # noqa: E402
 from calibration.compare_pp import PipelineCase, measure_pp  # noqa: E402
 from calibration.realstep import build_model  # noqa: E402
-from calibration.realstep_pp import LlamaStage, stage_layers  # noqa: E402
+from calibration.realstep_pp import LlamaStage, chunk_layers, stage_layers  # noqa: E402
 from calibration.shapes import read_run  # noqa: E402
 from simtrain import simulate  # noqa: E402
+from simtrain.lower.layer_plan import split_layers  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 TINY = str(DATA / "tiny_llama.yaml")
@@ -73,6 +74,55 @@ def test_stage_layers_follow_simtrains_layout() -> None:
     assert [len(r) for r in stage_layers(126, 16)] == [7] + [8] * 14 + [7]
 
 
+@pytest.mark.parametrize("n_layers, stages, chunks", [(4, 2, 2), (10, 2, 2), (12, 3, 2), (12, 2, 3)])
+def test_interleaved_chunks_sit_where_simtrains_virtual_stages_put_them(n_layers: int, stages: int,
+                                                                        chunks: int) -> None:
+    """Chunk c of rank r is model stage c * p + r (Megatron's virtual stages); the model stages' layers are
+    consecutive in path order, cover the model once, and count what simtrain's split gives each chunk."""
+    plan = chunk_layers(n_layers, stages, chunks, "interleaved_1f1b")
+    assert [[k for k, _ in rank] for rank in plan] == [[c * stages + r for c in range(chunks)] for r in range(stages)]
+    by_position = sorted((k, r) for rank in plan for k, r in rank)
+    layers = [i for _, r in by_position for i in r]
+    assert layers == list(range(n_layers))
+    assert [[len(r) for _, r in rank] for rank in plan] == split_layers(n_layers, stages, chunks)
+
+
+def test_interleaved_chunks_chained_in_path_order_compute_the_models_logits() -> None:
+    spec = read_run(TINY).model.model_copy(update={"n_layers": 6})
+    torch.manual_seed(0)
+    full, _ = build_model(spec, torch.float32, torch.device("cpu"))
+    plan = chunk_layers(6, 2, 2, "interleaved_1f1b")
+    parts = [LlamaStage(full, r, k == 0, k == 3) for k, r in sorted(kr for rank in plan for kr in rank)]
+    ids = torch.randint(0, full.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    x = ids
+    with torch.no_grad():
+        for part in parts:
+            x = part(x)
+        ref = full(input_ids=ids)
+    assert torch.allclose(x, ref.logits, rtol=1e-5, atol=1e-6)
+
+
+def test_an_interleaved_case_simulates_its_chunks_and_refuses_chunks_elsewhere() -> None:
+    assert PipelineCase(2, 4, "interleaved_1f1b", 2).overrides(2) == [
+        "layout.dp=1", "layout.pp=2", "layout.vpp=2", "layout.schedule=interleaved_1f1b", "train.global_batch_seqs=8"]
+    assert PipelineCase(2, 4, "interleaved_1f1b", 2).label == "pp2 v2 interleaved_1f1b x4"
+    with pytest.raises(ValueError, match="chunks=2: only interleaved_1f1b"):
+        PipelineCase(2, 4, "1f1b", 2)
+
+
+def test_real_interleaved_step_runs_two_chunks_on_each_of_two_ranks(tmp_path: Path) -> None:
+    config = tmp_path / "tiny4.yaml"
+    config.write_text(Path(TINY).read_text().replace("n_layers: 2", "n_layers: 4"))
+    res = measure_pp(str(config), PipelineCase(2, 2, "interleaved_1f1b", 2), steps=2, warmup=1, threads=1,
+                     workdir=tmp_path, timeout_s=120)
+    assert res["implementation"].endswith("(ScheduleInterleaved1F1B)")
+    assert res["chunks"] == 2 and res["layers_per_chunk"] == [[1, 1], [1, 1]] and res["layers_per_stage"] == [2, 2]
+    assert len(res["step_times_s"]) == 2 and all(t > 0 for t in res["step_times_s"])
+    # simtrain simulates the same case on this config
+    run = simulate(str(config), [*PipelineCase(2, 2, "interleaved_1f1b", 2).overrides(2), "hardware.gpus_per_node=2"])
+    assert run.layout["vpp"] == 2 and run.layout["schedule"] == "interleaved_1f1b" and run.step_time_s > 0
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_real_pipelined_step_runs_on_two_ranks(tmp_path: Path, schedule: str) -> None:
     case = PipelineCase(2, 2, schedule)
@@ -95,10 +145,10 @@ def test_compare_pp_pools_the_batches_and_simulates_the_case(monkeypatch: pytest
     batches = [{"step_times_s": [1.0, 2.0], "implementation": "x"}, {"step_times_s": [4.0], "implementation": "x"}]
     c = compare_pp.compare_pp(TINY, "prof", PipelineCase(2, 4, "gpipe"), batches)
     assert c.measured_s == (1.0, 2.0, 4.0) and c.measured_median_s == 2.0 and c.error == pytest.approx(0.5)
-    assert seen == [["layout.dp=1", "layout.pp=2", "layout.schedule=gpipe", "train.global_batch_seqs=8",
+    assert seen == [["layout.dp=1", "layout.pp=2", "layout.vpp=1", "layout.schedule=gpipe", "train.global_batch_seqs=8",
                      "hardware.profile=prof"]]
 
 
 def test_an_unknown_schedule_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="'zb'.*1f1b, gpipe"):
+    with pytest.raises(ValueError, match="'zb'.*1f1b, gpipe, interleaved_1f1b"):
         measure_pp(TINY, PipelineCase(2, 2, "zb"), 1, 1, 1, tmp_path)
