@@ -1,12 +1,12 @@
 """The CPU loop for pipeline parallelism: calibrate this CPU for a config, time real pipelined steps of
 transformers' Llama under torch's own schedules, compare with simtrain's pipeline engine, write the table.
 
-    python benchmarks/cpu_pp_loop.py        # cpu_llama.yaml, pp2: 1F1B x2/4/8, GPipe x4, interleaved 1F1B (2 chunks) x4/8
+    python benchmarks/cpu_pp_loop.py   # cpu_llama.yaml, pp2: 1F1B x2/4/8, GPipe x4, interleaved 1F1B (v2) x4/8, DualPipeV x4/8
     python benchmarks/cpu_pp_loop.py --configs tests/calibration/data/grid/l8-s128-v4k.yaml --microbatches 4
 
 For each config the real step of every case (``calibration.compare_pp``: ``--stages`` processes over gloo,
 one thread each, ``torch.distributed.pipelining``'s ``Schedule1F1B`` / ``ScheduleGPipe`` /
-``ScheduleInterleaved1F1B``) is measured, then
+``ScheduleInterleaved1F1B`` / ``ScheduleDualPipeV``) is measured, then
 ``simtrain calibrate --device cpu --config CONFIG`` makes a fresh profile (wall clock, with the gloo
 collectives: its point-to-point curve prices the activations' sends), then every case is measured again;
 the two batches bracket the calibration in time and are pooled, and the prediction of ``simulate`` with
@@ -69,7 +69,7 @@ def one_config(config: str, cases: list[PipelineCase], steps: int, warmup: int, 
         rows.append(row(config, 1, "-", 1, compare(config, name, 1, [solo_before, solo_after]), solo_before,
                         solo_after, calibrate_s))
         for case, b, a in zip(cases, before, after, strict=True):
-            schedule = case.schedule + (f" v{case.chunks}" if case.chunks > 1 else "")
+            schedule = case.schedule + (f" v{case.chunks}" if case.schedule == "interleaved_1f1b" else "")
             rows.append(row(config, case.stages, schedule, case.microbatches, compare_pp(config, name, case, [b, a]),
                             b, a, calibrate_s))
     finally:
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interleaved", type=int, nargs="*", default=[4, 8],
                    help="interleaved 1F1B's micro-batch counts, multiples of --stages (none: skip it)")
     p.add_argument("--chunks", type=int, default=2, help="model chunks per rank under interleaved 1F1B (layout.vpp)")
+    p.add_argument("--dualpipev", type=int, nargs="*", default=[4, 8],
+                   help="DualPipeV's micro-batch counts, at least 2 x --stages (none: skip it)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=str(DEFAULT_OUT), help="output path without suffix (.json and .md are written)")
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cases = ([PipelineCase(args.stages, m, "1f1b") for m in args.microbatches]
              + [PipelineCase(args.stages, m, "gpipe") for m in args.gpipe]
-             + [PipelineCase(args.stages, m, "interleaved_1f1b", args.chunks) for m in args.interleaved])
+             + [PipelineCase(args.stages, m, "interleaved_1f1b", args.chunks) for m in args.interleaved]
+             + [PipelineCase(args.stages, m, "dualpipev", 2) for m in args.dualpipev])
     rows: list[dict[str, Any]] = []
     text = ""
     with tempfile.TemporaryDirectory(prefix="simtrain-pp-loop-") as tmp:

@@ -22,7 +22,7 @@ from typing import Any
 
 from calibration.compare import Comparison, least_stolen
 from calibration.launch import RankFailed, launch_local
-from calibration.realstep_pp import CHUNKED, SCHEDULES
+from calibration.realstep_pp import CHUNKED, SCHEDULES, chunks_of
 from calibration.shapes import read_run
 from calibration.steal import cpu_ticks, steal_fraction
 from simtrain import simulate
@@ -31,8 +31,9 @@ from simtrain import simulate
 @dataclass(frozen=True, slots=True)
 class PipelineCase:
     """One pipelined run of a config: ``stages`` processes, ``microbatches`` per step, a schedule of
-    ``calibration.realstep_pp.SCHEDULES`` (simtrain's ``layout.schedule`` of the same name) and, for an
-    interleaved one, ``chunks`` model chunks per rank (``layout.vpp``; 1 for the others)."""
+    ``calibration.realstep_pp.SCHEDULES`` (simtrain's ``layout.schedule`` of the same name) and its
+    ``chunks`` model chunks per rank: ``layout.vpp`` of an interleaved one, 2 for DualPipeV (whose V
+    simtrain places itself, ``layout.vpp`` 1), 1 for the others."""
 
     stages: int
     microbatches: int
@@ -40,12 +41,14 @@ class PipelineCase:
     chunks: int = 1
 
     def __post_init__(self) -> None:
-        if self.chunks != 1 and self.schedule not in CHUNKED:
-            raise ValueError(f"chunks={self.chunks}: only {', '.join(CHUNKED)} place several chunks per rank")
+        if self.chunks != chunks_of(self.schedule, self.chunks):
+            raise ValueError(f"chunks={self.chunks}: {self.schedule} runs {chunks_of(self.schedule, self.chunks)} "
+                             f"per rank (several only under {', '.join(CHUNKED)})")
 
     def overrides(self, micro_batch_size: int) -> list[str]:
         """simtrain overrides of the config for this case (no data parallelism)."""
-        return ["layout.dp=1", f"layout.pp={self.stages}", f"layout.vpp={self.chunks}",
+        vpp = self.chunks if self.schedule == "interleaved_1f1b" else 1
+        return ["layout.dp=1", f"layout.pp={self.stages}", f"layout.vpp={vpp}",
                 f"layout.schedule={self.schedule}", f"train.global_batch_seqs={self.microbatches * micro_batch_size}"]
 
     @property
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--microbatches", type=int, nargs="+", default=[4])
     p.add_argument("--schedules", nargs="+", choices=tuple(SCHEDULES), default=["1f1b"])
-    p.add_argument("--chunks", type=int, default=2, help=f"model chunks per rank under {', '.join(CHUNKED)}")
+    p.add_argument("--chunks", type=int, default=2, help="model chunks per rank under interleaved_1f1b")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="simtrain-compare-pp-") as tmp:
         for schedule in args.schedules:
             for m in args.microbatches:
-                case = PipelineCase(args.stages, m, schedule, args.chunks if schedule in CHUNKED else 1)
+                case = PipelineCase(args.stages, m, schedule, chunks_of(schedule, args.chunks))
                 c = compare_pp(args.config, args.profile, case,
                                [measure_pp_steady(args.config, case, args.steps, args.warmup, args.threads, Path(tmp))])
                 print(f"{case.label}: measured {c.measured_median_s:.3f} s (median of {len(c.measured_s)}), "

@@ -10,7 +10,8 @@ them once). ``PipelineStage`` sends the activations and their gradients between 
 ``isend``/``irecv`` pair per micro-batch and direction), and torch's schedule of the same name as simtrain's
 orders the micro-batches (``SCHEDULES``): ``Schedule1F1B``, ``ScheduleGPipe``, or, with ``--chunks`` model
 chunks per rank placed where simtrain's route places them, ``ScheduleInterleaved1F1B`` (rank ``r`` holds
-model stages ``r, r + p, ...``: Megatron's virtual stages, simtrain's ``layout.vpp``). One step = the
+model stages ``r, r + p, ...``: Megatron's virtual stages, simtrain's ``layout.vpp``) or ``ScheduleDualPipeV``
+(two chunks in a V: rank ``r`` holds model stages ``r`` and ``2p - 1 - r``). One step = the
 schedule's ``step`` over ``--microbatches`` micro-batches, then ``AdamW.step()`` and ``zero_grad()`` on every
 rank; its time is the slowest rank's, between barriers.
 
@@ -42,11 +43,20 @@ from simtrain.spec.model import ModelSpec
 #: (``layout.schedule``) this step runs. Both sides order the micro-batches alike: interleaved 1F1B's
 #: warm-up is ``(v - 1) * p + 2 * (p - 1 - rank)`` forwards in groups of ``p`` micro-batches in torch's
 #: ``ScheduleInterleaved1F1B`` and in Megatron's order that simtrain follows.
+#: torch's ``ScheduleDualPipeV`` follows deepseek-ai/DualPipe's ``dualpipev.py`` as simtrain's ``dualpipev``
+#: does; it runs each overlapped forward-and-backward pair's two halves one after the other (its runtime's
+#: ``OVERLAP_F_B`` performs the sub-actions in turn), as one CPU thread must.
 SCHEDULES: dict[str, str] = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe",
-                             "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+                             "interleaved_1f1b": "ScheduleInterleaved1F1B", "dualpipev": "ScheduleDualPipeV"}
 
-#: Schedules that place several model chunks on each rank (``--chunks``, simtrain's ``layout.vpp``).
-CHUNKED = ("interleaved_1f1b",)
+#: Schedules that place several model chunks on each rank: ``--chunks`` under interleaved 1F1B (simtrain's
+#: ``layout.vpp``), always two under DualPipeV (which simtrain's schedule places itself, ``layout.vpp`` 1).
+CHUNKED = ("interleaved_1f1b", "dualpipev")
+
+
+def chunks_of(schedule: str, chunks: int) -> int:
+    """Model chunks per rank that ``schedule`` runs when ``chunks`` are asked for (``CHUNKED``)."""
+    return 2 if schedule == "dualpipev" else chunks if schedule in CHUNKED else 1
 
 
 def chunk_layers(n_layers: int, stages: int, chunks: int = 1, schedule: str = "1f1b") -> list[list[tuple[int, range]]]:
@@ -106,7 +116,7 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatch
 
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule {schedule!r}: the real step runs {', '.join(SCHEDULES)}")
-    chunks = chunks if schedule in CHUNKED else 1
+    chunks = chunks_of(schedule, chunks)
     rank, stages = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)  # the same full model on every rank: each keeps its own stage of it
     built, impl = build_model(spec, dtype, torch.device("cpu"))
@@ -154,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, required=True, help="micro-batches per step")
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b")
     p.add_argument("--chunks", type=int, default=2,
-                   help=f"model chunks per rank under {', '.join(CHUNKED)} (simtrain's layout.vpp); others run 1")
+                   help="model chunks per rank under interleaved_1f1b (simtrain's layout.vpp); dualpipev runs 2, "
+                        "the others 1")
     return p
 
 

@@ -106,21 +106,41 @@ def test_an_interleaved_case_simulates_its_chunks_and_refuses_chunks_elsewhere()
     assert PipelineCase(2, 4, "interleaved_1f1b", 2).overrides(2) == [
         "layout.dp=1", "layout.pp=2", "layout.vpp=2", "layout.schedule=interleaved_1f1b", "train.global_batch_seqs=8"]
     assert PipelineCase(2, 4, "interleaved_1f1b", 2).label == "pp2 v2 interleaved_1f1b x4"
-    with pytest.raises(ValueError, match="chunks=2: only interleaved_1f1b"):
+    with pytest.raises(ValueError, match="chunks=2: 1f1b runs 1 per rank"):
         PipelineCase(2, 4, "1f1b", 2)
+    # DualPipeV: two chunks in a V that simtrain's schedule places itself (layout.vpp 1)
+    assert PipelineCase(2, 4, "dualpipev", 2).overrides(2)[2:4] == ["layout.vpp=1", "layout.schedule=dualpipev"]
+    with pytest.raises(ValueError, match="chunks=3: dualpipev runs 2 per rank"):
+        PipelineCase(2, 4, "dualpipev", 3)
 
 
-def test_real_interleaved_step_runs_two_chunks_on_each_of_two_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n_layers, stages", [(4, 2), (10, 2), (12, 3)])
+def test_dualpipev_chunks_sit_in_simtrains_v(n_layers: int, stages: int) -> None:
+    """Rank r holds model stages r and 2p - 1 - r (deepseek-ai/DualPipe's V, torch's ``style="v"``), each
+    with the layers simtrain's dualpipev split gives it, in path order."""
+    plan = chunk_layers(n_layers, stages, 2, "dualpipev")
+    assert [[k for k, _ in rank] for rank in plan] == [[r, 2 * stages - 1 - r] for r in range(stages)]
+    by_position = sorted((k, r) for rank in plan for k, r in rank)
+    assert [i for _, r in by_position for i in r] == list(range(n_layers))
+    run = simulate(TINY, [f"model.n_layers={n_layers}", f"hardware.gpus_per_node={stages}", f"layout.pp={stages}",
+                          "layout.schedule=dualpipev", f"train.global_batch_seqs={4 * stages}"])
+    assert run.layout["schedule"] == "dualpipev"
+
+
+@pytest.mark.parametrize("schedule, microbatches, name", [("interleaved_1f1b", 2, "ScheduleInterleaved1F1B"),
+                                                         ("dualpipev", 4, "ScheduleDualPipeV")])
+def test_real_chunked_step_runs_two_chunks_on_each_of_two_ranks(tmp_path: Path, schedule: str, microbatches: int,
+                                                                name: str) -> None:
     config = tmp_path / "tiny4.yaml"
     config.write_text(Path(TINY).read_text().replace("n_layers: 2", "n_layers: 4"))
-    res = measure_pp(str(config), PipelineCase(2, 2, "interleaved_1f1b", 2), steps=2, warmup=1, threads=1,
-                     workdir=tmp_path, timeout_s=120)
-    assert res["implementation"].endswith("(ScheduleInterleaved1F1B)")
+    case = PipelineCase(2, microbatches, schedule, 2)
+    res = measure_pp(str(config), case, steps=2, warmup=1, threads=1, workdir=tmp_path, timeout_s=120)
+    assert res["implementation"].endswith(f"({name})")
     assert res["chunks"] == 2 and res["layers_per_chunk"] == [[1, 1], [1, 1]] and res["layers_per_stage"] == [2, 2]
     assert len(res["step_times_s"]) == 2 and all(t > 0 for t in res["step_times_s"])
     # simtrain simulates the same case on this config
-    run = simulate(str(config), [*PipelineCase(2, 2, "interleaved_1f1b", 2).overrides(2), "hardware.gpus_per_node=2"])
-    assert run.layout["vpp"] == 2 and run.layout["schedule"] == "interleaved_1f1b" and run.step_time_s > 0
+    run = simulate(str(config), [*case.overrides(2), "hardware.gpus_per_node=2"])
+    assert run.layout["schedule"] == schedule and run.step_time_s > 0
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -150,5 +170,5 @@ def test_compare_pp_pools_the_batches_and_simulates_the_case(monkeypatch: pytest
 
 
 def test_an_unknown_schedule_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="'zb'.*1f1b, gpipe, interleaved_1f1b"):
+    with pytest.raises(ValueError, match="'zb'.*1f1b, gpipe, interleaved_1f1b, dualpipev"):
         measure_pp(TINY, PipelineCase(2, 2, "zb"), 1, 1, 1, tmp_path)
