@@ -143,7 +143,18 @@ def test_real_chunked_step_runs_two_chunks_on_each_of_two_ranks(tmp_path: Path, 
     assert run.layout["schedule"] == schedule and run.step_time_s > 0
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_every_schedule_maps_to_torchs_class_and_simtrains_schedule_of_one_name() -> None:
+    from torch.distributed import pipelining
+
+    from calibration.realstep_pp import SCHEDULES
+    from simtrain.plan.schedules import schedule_of
+
+    for name, cls in SCHEDULES.items():
+        assert isinstance(getattr(pipelining, cls), type) and schedule_of(name).kind == name
+
+
+# GPipe runs the same single-chunk path as 1F1B with another class (the test above): one real run covers both
+@pytest.mark.parametrize("schedule", ["1f1b"])
 def test_real_pipelined_step_runs_on_two_ranks(tmp_path: Path, schedule: str) -> None:
     case = PipelineCase(2, 2, schedule)
     res = measure_pp(TINY, case, steps=2, warmup=1, threads=1, workdir=tmp_path, timeout_s=120)
