@@ -85,19 +85,30 @@ def row(config: str, stages: int, schedule: str, microbatches: int, c: Compariso
             "measured_s": c.measured_median_s, "predicted_s": c.predicted_s, "error": c.error,
             "outside": outside(c.predicted_s, halves), "before_after_s": halves,
             "repeatability": max(halves) / min(halves) - 1.0, "steal": [before["steal_fraction"], after["steal_fraction"]],
-            "calibrate_s": calibrate_s, "implementation": c.implementation}
+            "calibrate_s": calibrate_s, "implementation": c.implementation,
+            "busy_measured_s": list(getattr(c, "busy_measured_s", ())),
+            "busy_predicted_s": list(getattr(c, "busy_predicted_s", ()))}
+
+
+def busiest(r: dict[str, Any]) -> str:
+    """The busiest rank's own work in a row (its step less its waits for transfers), measured / predicted."""
+    if not r["busy_measured_s"]:
+        return "-"
+    k = max(range(len(r["busy_measured_s"])), key=lambda i: r["busy_measured_s"][i])
+    return f"{k}: {r['busy_measured_s'][k]:.3f} / {r['busy_predicted_s'][k]:.3f}"
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The table of one run, with the median |error| and median signed error over its rows."""
     lines = [f"# CPU pipeline loop ({meta['date']}, wall clock, one thread per stage)", "",
              "| config | layers | seq | vocab | b | stages | schedule | micro-batches | measured s | predicted s | "
-             "error | outside before/after | before/after | steal |", "|" + "---|" * 14]
+             "error | outside before/after | before/after | steal | busiest rank: busy s measured / predicted |",
+             "|" + "---|" * 15]
     for r in rows:
         lines.append(f"| {r['config']} | {r['layers']} | {r['seq_len']} | {r['vocab']} | {r['micro_batch_size']} | "
                      f"{r['stages']} | {r['schedule']} | {r['microbatches']} | {r['measured_s']:.3f} | "
                      f"{r['predicted_s']:.3f} | {100 * r['error']:+.1f} % | {100 * r['outside']:+.1f} % | "
-                     f"{100 * r['repeatability']:.1f} % | {100 * max(r['steal']):.1f} % |")
+                     f"{100 * r['repeatability']:.1f} % | {100 * max(r['steal']):.1f} % | {busiest(r)} |")
     piped = [r for r in rows if r["stages"] > 1]
     if piped:
         errs = [r["error"] for r in piped]
@@ -107,7 +118,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
               "calibration's own error at that time, which the pipelined cases share.",
               "error: the prediction against the pooled median of the real step measured before and after the "
               "calibration; outside: how far the prediction lies outside the range of those two batches' medians "
-              "(0: inside); before/after: how far apart those medians are (the real step's own repeatability)."]
+              "(0: inside); before/after: how far apart those medians are (the real step's own repeatability); "
+              "busiest rank: the rank with the most work of its own (its step less its waits for transfers, median "
+              "of the batches) against its compute stream in simtrain's trace."]
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -59,9 +60,13 @@ class PipelineCase:
 
 @dataclass(frozen=True)
 class PipelineComparison(Comparison):
-    """A ``Comparison`` of a pipelined step (``processes``: its stages), with the case it ran."""
+    """A ``Comparison`` of a pipelined step (``processes``: its stages), with the case it ran and each rank's
+    busy time, measured (median over the batches; empty where torch's waits could not be timed) and
+    simulated (the rank's compute stream in simtrain's trace), seconds."""
 
     case: PipelineCase | None = None
+    busy_measured_s: tuple[float, ...] = ()
+    busy_predicted_s: tuple[float, ...] = ()
 
 
 def measure_pp(config: str, case: PipelineCase, steps: int, warmup: int, threads: int, workdir: Path,
@@ -97,17 +102,26 @@ def measure_pp_steady(config: str, case: PipelineCase, steps: int, warmup: int, 
     return least_stolen(lambda: measure_pp(config, case, steps, warmup, threads, workdir))
 
 
-def predict_pp(config: str, profile: str, case: PipelineCase) -> float:
-    """simtrain's predicted step time (seconds) of ``config`` pipelined as ``case`` on ``profile``."""
+def predict_pp(config: str, profile: str, case: PipelineCase) -> tuple[float, tuple[float, ...]]:
+    """simtrain's predicted step time of ``config`` pipelined as ``case`` on ``profile`` and each rank's busy
+    time (the compute stream of its trace), seconds."""
     run = read_run(config)
-    return simulate(config, [*case.overrides(run.train.micro_batch_size), f"hardware.profile={profile}"]).step_time_s
+    res = simulate(config, [*case.overrides(run.train.micro_batch_size), f"hardware.profile={profile}"], trace=True)
+    busy = [0.0] * case.stages
+    for e in res.trace:
+        if e.stream == "compute":
+            busy[e.rank] += e.end_s - e.start_s
+    return res.step_time_s, tuple(busy)
 
 
 def compare_pp(config: str, profile: str, case: PipelineCase, measured: list[dict[str, Any]]) -> PipelineComparison:
-    """A PipelineComparison from one or more measurement batches (their wall-clock step times pooled)."""
+    """A PipelineComparison from one or more measurement batches (their wall-clock step times pooled, their
+    ranks' busy times the median over the batches)."""
     times = tuple(t for m in measured for t in m["step_times_s"])
-    return PipelineComparison(case.stages, times, predict_pp(config, profile, case), measured[0]["implementation"],
-                              case)
+    predicted, busy = predict_pp(config, profile, case)
+    per_batch = [m["busy_s_per_rank"] for m in measured if m.get("busy_s_per_rank")]
+    measured_busy = tuple(statistics.median(b[r] for b in per_batch) for r in range(case.stages)) if per_batch else ()
+    return PipelineComparison(case.stages, times, predicted, measured[0]["implementation"], case, measured_busy, busy)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                 case = PipelineCase(args.stages, m, schedule, chunks_of(schedule, args.chunks))
                 c = compare_pp(args.config, args.profile, case,
                                [measure_pp_steady(args.config, case, args.steps, args.warmup, args.threads, Path(tmp))])
+                busy = ", ".join(f"rank {r} {m:.3f}/{p:.3f} s" for r, (m, p) in
+                                 enumerate(zip(c.busy_measured_s, c.busy_predicted_s, strict=False)))
                 print(f"{case.label}: measured {c.measured_median_s:.3f} s (median of {len(c.measured_s)}), "
-                      f"predicted {c.predicted_s:.3f} s, error {100 * c.error:+.1f} % [{c.implementation}]")
+                      f"predicted {c.predicted_s:.3f} s, error {100 * c.error:+.1f} %; busy measured/predicted: "
+                      f"{busy or '-'} [{c.implementation}]")
     return 0
 
 

@@ -13,7 +13,9 @@ chunks per rank placed where simtrain's route places them, ``ScheduleInterleaved
 model stages ``r, r + p, ...``: Megatron's virtual stages, simtrain's ``layout.vpp``) or ``ScheduleDualPipeV``
 (two chunks in a V: rank ``r`` holds model stages ``r`` and ``2p - 1 - r``). One step = the
 schedule's ``step`` over ``--microbatches`` micro-batches, then ``AdamW.step()`` and ``zero_grad()`` on every
-rank; its time is the slowest rank's, between barriers.
+rank; its time is the slowest rank's, between barriers. Each rank's waits for its transfers are timed too
+(``receive_waits``); the rest of its step is its busy time (``busy_s_per_rank``), which simtrain's trace gives
+as the rank's compute stream.
 
     (started as ranks by ``calibration.launch.launch_local(..., module="calibration.realstep_pp")``)
     python -m calibration.realstep_pp --model-json spec.json --seq-len 256 --micro-batch-size 2 \\
@@ -27,6 +29,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +111,45 @@ class LlamaStage(nn.Module):
         return hidden
 
 
+class WaitClock:
+    """Seconds a rank spent waiting for its point-to-point transfers since the last ``reset`` (``seconds``);
+    ``supported`` is False where this torch has no ``_wait_batch_p2p`` to time."""
+
+    def __init__(self, supported: bool) -> None:
+        self.supported = supported
+        self.seconds = 0.0
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+
+
+@contextmanager
+def receive_waits() -> Iterator[WaitClock]:
+    """Time this process's waits inside torch's pipeline schedules: every schedule waits for its receives
+    (and its sends) through ``torch.distributed.pipelining.schedules._wait_batch_p2p``, which is wrapped
+    while the context is open and restored after. What is left of a rank's step is its own work (compute,
+    the optimizer and the schedule's host time): its busy time, to compare with the compute stream of
+    simtrain's trace."""
+    from torch.distributed.pipelining import schedules
+
+    orig = getattr(schedules, "_wait_batch_p2p", None)
+    clock = WaitClock(orig is not None)
+    if orig is None:
+        yield clock
+        return
+
+    def timed(work: Any) -> None:
+        t0 = time.perf_counter()
+        orig(work)
+        clock.seconds += time.perf_counter() - t0
+
+    schedules._wait_batch_p2p = timed
+    try:
+        yield clock
+    finally:
+        schedules._wait_batch_p2p = orig
+
+
 def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatches: int, schedule: str,
                 steps: int, warmup: int, device: torch.device, dtype: torch.dtype, chunks: int = 1) -> dict[str, Any]:
     """``warmup + steps`` pipeline steps of ``microbatches`` micro-batches on this rank's model chunks
@@ -141,22 +184,32 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatch
     gen = torch.Generator().manual_seed(99)
     ids = torch.randint(0, vocab, (micro_batch_size * microbatches, seq_len), generator=gen).to(device)
     first, last = any(k == 0 for k, _ in mine), any(k == n_model_stages - 1 for k, _ in mine)
-    times = []
-    for _ in range(warmup + steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        sched.step(*((ids,) if first else ()), **({"target": ids, "losses": []} if last else {}))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
+    times, waits = [], []
+    with receive_waits() as clock:
+        for _ in range(warmup + steps):
+            dist.barrier()
+            clock.reset()
+            t0 = time.perf_counter()
+            sched.step(*((ids,) if first else ()), **({"target": ids, "losses": []} if last else {}))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+            waits.append(clock.seconds)
     timed = torch.tensor(times[warmup:], dtype=torch.float64)
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
     step_times = timed.tolist()
+    # each rank's own step and waits, per timed step: busy = own step - waits
+    mine = [statistics.median(w for w in waits[warmup:]), statistics.median(t - w for t, w in
+                                                                            zip(times[warmup:], waits[warmup:], strict=True))]
+    per_rank: list[Any] = [None] * stages
+    dist.all_gather_object(per_rank, mine)
     return {"implementation": f"{impl} split by torch.distributed.pipelining ({kind.__name__})",
             "step_times_s": step_times, "median_s": statistics.median(step_times), "stages": stages,
             "chunks": chunks, "microbatches": microbatches, "schedule": schedule, "threads": torch.get_num_threads(),
             "layers_per_stage": [sum(len(r) for _, r in c) for c in chunk_layers(spec.n_layers, stages, chunks, schedule)],
-            "layers_per_chunk": [[len(r) for _, r in c] for c in chunk_layers(spec.n_layers, stages, chunks, schedule)]}
+            "layers_per_chunk": [[len(r) for _, r in c] for c in chunk_layers(spec.n_layers, stages, chunks, schedule)],
+            "wait_s_per_rank": [w for w, _ in per_rank] if clock.supported else None,
+            "busy_s_per_rank": [b for _, b in per_rank] if clock.supported else None}
 
 
 def _parser() -> argparse.ArgumentParser:

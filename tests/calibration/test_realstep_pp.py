@@ -163,19 +163,32 @@ def test_real_pipelined_step_runs_on_two_ranks(tmp_path: Path, schedule: str) ->
     assert res["stages"] == 2 and res["microbatches"] == 2 and res["layers_per_stage"] == [1, 1]
     assert len(res["step_times_s"]) == 2 and all(t > 0 for t in res["step_times_s"])
     assert 0.0 <= res["steal_fraction"] <= 1.0
+    # each rank's step splits into its waits for transfers and its own work, neither longer than the step
+    step = max(res["step_times_s"])
+    for w, b in zip(res["wait_s_per_rank"], res["busy_s_per_rank"], strict=True):
+        assert 0.0 <= w < step and 0.0 < b <= step
 
 
 def test_compare_pp_pools_the_batches_and_simulates_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
 
-    def fake_simulate(config: str, overrides: list[str]) -> Any:
+    def fake_simulate(config: str, overrides: list[str], trace: bool) -> Any:
         seen.append(overrides)
-        return type("R", (), {"step_time_s": 3.0})()
+        ev = type("E", (), {})
+        events = []
+        for rank, stream, start, end in [(0, "compute", 0.0, 1.0), (0, "pp", 1.0, 1.5), (1, "compute", 0.5, 2.5),
+                                         (1, "compute", 2.5, 3.0)]:
+            e = ev()
+            e.rank, e.stream, e.start_s, e.end_s = rank, stream, start, end
+            events.append(e)
+        return type("R", (), {"step_time_s": 3.0, "trace": events})()
 
     monkeypatch.setattr(compare_pp, "simulate", fake_simulate)
-    batches = [{"step_times_s": [1.0, 2.0], "implementation": "x"}, {"step_times_s": [4.0], "implementation": "x"}]
+    batches = [{"step_times_s": [1.0, 2.0], "implementation": "x", "busy_s_per_rank": [0.5, 1.5]},
+               {"step_times_s": [4.0], "implementation": "x", "busy_s_per_rank": [0.7, 1.9]}]
     c = compare_pp.compare_pp(TINY, "prof", PipelineCase(2, 4, "gpipe"), batches)
     assert c.measured_s == (1.0, 2.0, 4.0) and c.measured_median_s == 2.0 and c.error == pytest.approx(0.5)
+    assert c.busy_measured_s == pytest.approx((0.6, 1.7)) and c.busy_predicted_s == (1.0, 2.5)
     assert seen == [["layout.dp=1", "layout.pp=2", "layout.vpp=1", "layout.schedule=gpipe", "train.global_batch_seqs=8",
                      "hardware.profile=prof"]]
 
