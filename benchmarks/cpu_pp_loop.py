@@ -69,7 +69,7 @@ def one_config(config: str, cases: list[PipelineCase], steps: int, warmup: int, 
         rows.append(row(config, 1, "-", 1, compare(config, name, 1, [solo_before, solo_after]), solo_before,
                         solo_after, calibrate_s))
         for case, b, a in zip(cases, before, after, strict=True):
-            schedule = case.schedule + (f" v{case.chunks}" if case.schedule == "interleaved_1f1b" else "")
+            schedule = case.schedule + (f" v{case.vpp}" if case.vpp > 1 else "")
             rows.append(row(config, case.stages, schedule, case.microbatches, compare_pp(config, name, case, [b, a]),
                             b, a, calibrate_s))
     finally:

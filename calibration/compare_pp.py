@@ -6,8 +6,8 @@
 For each case (stages, micro-batches, schedule) the real step (``calibration.realstep_pp``: transformers'
 Llama split into stages, run by ``torch.distributed.pipelining`` over gloo, one process per stage and one
 thread each) is timed, and simtrain simulates the same run with ``layout.pp``, ``layout.schedule`` (and
-``layout.vpp``, the chunks per rank of an interleaved schedule) and a global batch of that many micro-batches on the profile (a CPU profile's node holds the stages'
-processes). Printed: measured median, predicted, and the error (predicted / measured - 1).
+``layout.vpp``, the chunks per rank of an interleaved schedule) and a global batch of that many
+micro-batches on the profile (a CPU profile's node holds the stages' processes). Printed: measured median, predicted, and the error (predicted / measured - 1).
 """
 
 from __future__ import annotations
@@ -46,10 +46,15 @@ class PipelineCase:
             raise ValueError(f"chunks={self.chunks}: {self.schedule} runs {chunks_of(self.schedule, self.chunks)} "
                              f"per rank (several only under {', '.join(CHUNKED)})")
 
+    @property
+    def vpp(self) -> int:
+        """simtrain's ``layout.vpp`` for this case: the chunks of interleaved 1F1B, 1 for the others (DualPipeV
+        places its two chunks itself)."""
+        return self.chunks if self.schedule == "interleaved_1f1b" else 1
+
     def overrides(self, micro_batch_size: int) -> list[str]:
         """simtrain overrides of the config for this case (no data parallelism)."""
-        vpp = self.chunks if self.schedule == "interleaved_1f1b" else 1
-        return ["layout.dp=1", f"layout.pp={self.stages}", f"layout.vpp={vpp}",
+        return ["layout.dp=1", f"layout.pp={self.stages}", f"layout.vpp={self.vpp}",
                 f"layout.schedule={self.schedule}", f"train.global_batch_seqs={self.microbatches * micro_batch_size}"]
 
     @property

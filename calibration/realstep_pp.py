@@ -167,7 +167,8 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatch
     if impl != "transformers.LlamaForCausalLM":
         raise RuntimeError("the pipeline step splits transformers' LlamaForCausalLM; transformers is not installed")
     n_model_stages = stages * chunks
-    mine = chunk_layers(spec.n_layers, stages, chunks, schedule)[rank]
+    plan = chunk_layers(spec.n_layers, stages, chunks, schedule)
+    mine = plan[rank]
     modules = [LlamaStage(full, layers, k == 0, k == n_model_stages - 1).to(device) for k, layers in mine]
     for m in modules:
         m.train()
@@ -199,15 +200,15 @@ def train_steps(spec: ModelSpec, seq_len: int, micro_batch_size: int, microbatch
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
     step_times = timed.tolist()
     # each rank's own step and waits, per timed step: busy = own step - waits
-    mine = [statistics.median(w for w in waits[warmup:]), statistics.median(t - w for t, w in
-                                                                            zip(times[warmup:], waits[warmup:], strict=True))]
+    own = [statistics.median(waits[warmup:]),
+           statistics.median(t - w for t, w in zip(times[warmup:], waits[warmup:], strict=True))]
     per_rank: list[Any] = [None] * stages
-    dist.all_gather_object(per_rank, mine)
+    dist.all_gather_object(per_rank, own)
     return {"implementation": f"{impl} split by torch.distributed.pipelining ({kind.__name__})",
             "step_times_s": step_times, "median_s": statistics.median(step_times), "stages": stages,
             "chunks": chunks, "microbatches": microbatches, "schedule": schedule, "threads": torch.get_num_threads(),
-            "layers_per_stage": [sum(len(r) for _, r in c) for c in chunk_layers(spec.n_layers, stages, chunks, schedule)],
-            "layers_per_chunk": [[len(r) for _, r in c] for c in chunk_layers(spec.n_layers, stages, chunks, schedule)],
+            "layers_per_stage": [sum(len(r) for _, r in c) for c in plan],
+            "layers_per_chunk": [[len(r) for _, r in c] for c in plan],
             "wait_s_per_rank": [w for w, _ in per_rank] if clock.supported else None,
             "busy_s_per_rank": [b for _, b in per_rank] if clock.supported else None}
 
