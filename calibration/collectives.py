@@ -16,9 +16,10 @@ What is measured (rank 0's journal keys make a rerun resume where it stopped):
 - contention (CPU, one node): a GEMM, a copy and an attention kernel at the run's shapes timed on
   rank 0 alone and while the other ranks train (a decoder layer's forward and backward), in
   alternating pairs of windows; the median of the pairs' ratios is the slowdown of compute when the
-  processes share the cores;
-- interference: a GEMM timed on every rank while all-reduces run beside it (``async_op``), against
-  the same GEMM without them (Calculon's processor_usage, reference Notes 2.4).
+  processes share the cores (timed by the thread's CPU time when each rank has a core of its own:
+  ``contention_clock``);
+- interference: the run's GEMM timed on every rank while all-reduces run beside it (``async_op``),
+  against the same GEMM in a window right before each (Calculon's processor_usage, reference Notes 2.4).
 
 Every process group has a timeout (``--timeout-s``): a rank that dies ends the others with an error
 rather than a hang.
@@ -44,6 +45,7 @@ from calibration import ops
 from calibration.device import describe, fingerprint
 from calibration.journal import Journal, measurement_key
 from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
+from calibration.timing import Clock
 from calibration.writer import build_profile, write_profile
 from simtrain.hardware.profile import JOURNAL_FILE, profile_folder
 from simtrain.spec.collective_kinds import CollectiveKind
@@ -71,7 +73,7 @@ class Effort:
     contention_window_s: float = CONTENTION_WINDOW_S
     window_s: float = WINDOW_S
     collective_reps: int = 20  # repetitions of a message under 16 MiB (5 above)
-    interference_rounds: int = 3
+    interference_rounds: int = 7
     interference_cpu_bytes: int = 64 * MiB  # the all-reduce beside the GEMMs on a CPU (256 MiB on GPUs)
 
     @classmethod
@@ -234,8 +236,11 @@ def collective_plan(args: argparse.Namespace, world: int, per_node: int) -> list
     return plan
 
 
-def _windowed(fn: Callable[[], None], ctx: Ctx, deadline: float, during: Callable[[], bool] | None = None) -> float:
-    """Median time of ``fn`` repeated until ``deadline`` (wall clock), or while ``during()`` is true.
+def _windowed(fn: Callable[[], None], ctx: Ctx, deadline: float, during: Callable[[], bool] | None = None,
+              clock: Callable[[], float] = time.perf_counter,
+              reduce: Callable[[list[float]], float] = statistics.median) -> float:
+    """Time of ``fn`` by ``clock`` (seconds; ``reduce`` of the calls' times, their median by default), ``fn``
+    repeated until ``deadline`` (wall clock), or while ``during()`` is true.
 
     Without ``during``, ``fn`` runs at least once: on a loaded machine the window may have passed by the
     time this rank is scheduled again (a short ``--quick`` window read NaN so)."""
@@ -245,11 +250,30 @@ def _windowed(fn: Callable[[], None], ctx: Ctx, deadline: float, during: Callabl
             break
         if time.time() >= deadline and (times or during is not None):
             break
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         ctx.sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) if times else float("nan")
+        times.append(clock() - t0)
+    return reduce(times) if times else float("nan")
+
+
+def contention_clock(ctx: Ctx) -> Clock:
+    """The clock that times the contention windows' kernels: the thread's CPU time when every rank has a
+    core of its own (one compute thread per rank, no more ranks than the CPUs this process may run on),
+    else the wall clock.
+
+    Each rank on its own core, a peer slows a rank's kernels only through the hardware they share (SMT
+    siblings, caches, memory bandwidth), and the thread's CPU time counts that; the time the thread is
+    descheduled is then held by a process outside the run. On this project's 2-vCPU machine one such
+    process turned a 2-rank GEMM factor of 1.00-1.02 (two calibrations in a row) into 1.46 (~1.5: in the
+    shared window three busy threads took turns on two vCPUs) and mispredicted that config's DDP step by
+    +27 %. With more ranks than cores, taking turns is the run's own contention, which only wall time holds."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    own_core = not ctx.cuda and torch.get_num_threads() == 1 and ctx.world <= cpus
+    return Clock.THREAD_CPU if own_core else Clock.WALL
 
 
 def _compute_ops(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Callable[[], None]]:
@@ -269,7 +293,7 @@ def _compute_ops(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[s
 
 
 def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DEFAULT_WORK_SHAPE,
-                       effort: Effort = Effort()) -> dict[str, dict[str, float]]:
+                       effort: Effort = Effort()) -> dict[str, dict[str, Any]]:
     """Per op class: rank 0's time of the class's kernel alone, and while every other rank trains (forward
     and backward of a decoder layer at the run's shapes, ``_background``), and their ratio.
 
@@ -283,6 +307,7 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DE
     (``calibration.steal``) is not counted, and another is run in its place (at most as many again).
     """
     out = {}
+    clock = contention_clock(ctx)
     background = _background(ctx, dtype, shape)
     background()
     for cls, fn in _compute_ops(ctx, dtype, shape).items():
@@ -290,7 +315,7 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DE
         pairs: list[tuple[float, float]] = []
         for _ in range(2 * effort.contention_rounds):
             ticks = cpu_ticks()
-            pair = _contention_pair(ctx, fn, background, effort.contention_window_s)
+            pair = _contention_pair(ctx, fn, background, effort.contention_window_s, clock)
             flag = [pair if steal_fraction(ticks, cpu_ticks()) <= MAX_STEAL_FRACTION else None]
             dist.broadcast_object_list(flag, src=0)  # rank 0's reading decides for every rank
             if flag[0] is not None:
@@ -300,7 +325,7 @@ def measure_contention(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...] = DE
         pairs = pairs or [pair]
         solos, shared = [p[0] for p in pairs], [p[1] for p in pairs]
         out[cls] = {"solo_s": statistics.median(solos), "concurrent_s": statistics.median(shared),
-                    "factor": statistics.median(c / s if s else 1.0 for s, c in pairs)}
+                    "factor": statistics.median(c / s if s else 1.0 for s, c in pairs), "clock": clock.value}
     return out
 
 
@@ -318,9 +343,9 @@ def _background(ctx: Ctx, dtype: torch.dtype, shape: tuple[int, ...]) -> Callabl
 
 
 def _contention_pair(ctx: Ctx, fn: Callable[[], None], background: Callable[[], None],
-                     window_s: float = CONTENTION_WINDOW_S) -> tuple[float, float]:
-    """(rank 0's time of ``fn`` alone, rank 0's time of ``fn`` while the other ranks run ``background``), s;
-    each window lasts ``window_s``.
+                     window_s: float = CONTENTION_WINDOW_S, clock: Clock = Clock.WALL) -> tuple[float, float]:
+    """(rank 0's time of ``fn`` alone, rank 0's time of ``fn`` while the other ranks run ``background``), s,
+    by ``clock`` (``contention_clock``); each window lasts ``window_s`` of wall time.
 
     Rank 0 sets both windows' wall-clock instants before the first (one machine, one clock) and every rank
     sleeps until its turn: a rank waiting inside a gloo collective instead keeps a core busy, which made
@@ -331,10 +356,10 @@ def _contention_pair(ctx: Ctx, fn: Callable[[], None], background: Callable[[], 
     shared_start = solo_start + window_s + 0.02
     shared_end = shared_start + window_s
     _sleep_until(solo_start)
-    solo = _windowed(fn, ctx, solo_start + window_s) if ctx.rank == 0 else 0.0
+    solo = _windowed(fn, ctx, solo_start + window_s, clock=clock.now) if ctx.rank == 0 else 0.0
     _sleep_until(shared_start)
     if ctx.rank == 0:
-        return solo, _windowed(fn, ctx, shared_end)
+        return solo, _windowed(fn, ctx, shared_end, clock=clock.now)
     while time.time() < shared_end:
         background()
     return solo, 0.0
@@ -346,18 +371,27 @@ def _sleep_until(instant: float) -> None:
 
 
 def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: tuple[int, ...],
-                         effort: Effort = Effort()) -> dict[str, float]:
+                         effort: Effort = Effort(), shape: tuple[int, ...] = DEFAULT_WORK_SHAPE) -> dict[str, float]:
     """GEMM time with and without all-reduces of ``comm_bytes`` running beside it (every member of
     ``ranks``), and the all-reduce's own time alone and beside the GEMMs (as DDP's bucket all-reduces
-    run beside the backward): ``slowdown`` of the compute, ``comm_slowdown`` of the collective."""
+    run beside the backward): ``slowdown`` of the compute, ``comm_slowdown`` of the collective.
+
+    The GEMM is the run's MLP up-projection at ``shape`` (``_compute_ops``). Each round times the all-reduce
+    alone, then the GEMMs on every rank for as long without it, then beside it; the slowdown is the median of
+    the rounds' ratios (adjacent windows: a shared machine's drift cancels in each ratio), the GEMM time in a
+    window its mean (the engine slows compute by a rate while a collective is in flight; a thread that takes
+    turns with gloo's makes some GEMMs long and leaves others alone). One base window before all rounds and
+    a 1024^3 GEMM, of which 1-3 ran beside each all-reduce, read slowdowns of 0.0 to 1.05 on one 2-vCPU
+    machine in one hour (seven grid configurations, 2 ranks, 64 MiB)."""
     group = ctx.group(ranks)
-    a = torch.randn(1024, 1024, device=ctx.device, dtype=dtype)
-    gemm = lambda: torch.mm(a, a)  # noqa: E731
+    gemm = _compute_ops(ctx, dtype, shape)["gemm"]
     buf = torch.randn(comm_bytes // 4, device=ctx.device)
     dist.all_reduce(buf, group=group)
+    gemm()
     dist.barrier(group=group)
-    base = _windowed(gemm, ctx, time.time() + effort.window_s)
-    times: list[float] = []
+    bases: list[float] = []
+    withs: list[float] = []
+    ratios: list[float] = []
     alone: list[float] = []
     beside: list[float] = []
     for _ in range(effort.interference_rounds):  # every rank issues the same number of all-reduces
@@ -367,16 +401,21 @@ def measure_interference(ctx: Ctx, dtype: torch.dtype, comm_bytes: int, ranks: t
         ctx.sync()
         alone.append(time.perf_counter() - t0)
         dist.barrier(group=group)
+        base = _windowed(gemm, ctx, time.time() + alone[-1], reduce=statistics.fmean)
+        dist.barrier(group=group)
         t, comm_s = _gemms_beside_all_reduce(ctx, gemm, buf, group)
-        if t == t:
-            times.append(t)
         beside.append(comm_s)
-    with_comm = statistics.median(times) if times else base
-    res = torch.tensor([base, with_comm, statistics.median(alone), statistics.median(beside)], dtype=torch.float64,
-                       device=ctx.device)
+        if t == t and base == base and base > 0:
+            bases.append(base)
+            withs.append(t)
+            ratios.append(t / base)
+    res = torch.tensor([statistics.median(bases) if bases else float("nan"),
+                        statistics.median(withs) if withs else float("nan"),
+                        statistics.median(ratios) if ratios else 1.0,
+                        statistics.median(alone), statistics.median(beside)], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(res, op=dist.ReduceOp.MAX, group=group)
-    b, w, c, cw = res.tolist()
-    return {"gemm_s": b, "gemm_with_comm_s": w, "slowdown": max(w / b - 1.0, 0.0),
+    b, w, ratio, c, cw = res.tolist()
+    return {"gemm_s": b, "gemm_with_comm_s": w, "slowdown": max(ratio - 1.0, 0.0),
             "comm_s": c, "comm_with_gemm_s": cw, "comm_slowdown": max(cw / c - 1.0, 0.0)}
 
 
@@ -390,7 +429,7 @@ def _gemms_beside_all_reduce(ctx: Ctx, gemm: Callable[[], None], buf: torch.Tens
     assert work is not None
     waiter = threading.Thread(target=lambda: (work.wait(), ctx.sync(), finished.append(time.perf_counter())))
     waiter.start()
-    t = _windowed(gemm, ctx, time.time() + 60.0, during=lambda: not finished)
+    t = _windowed(gemm, ctx, time.time() + 60.0, during=lambda: not finished, reduce=statistics.fmean)
     waiter.join()
     return t, finished[0] - t0
 
@@ -485,7 +524,7 @@ def _compute_checks(ctx: Ctx, dtype: torch.dtype, world: int, per_node: int, jou
             continue
         ranks = tuple(range(params["ranks"]))
         if ctx.rank in ranks:
-            res = measure_interference(ctx, dtype, params["comm_bytes"], ranks, effort)
+            res = measure_interference(ctx, dtype, params["comm_bytes"], ranks, effort, shape)
             if journal is not None:
                 journal.add(kind, params, "ok", result=res)
         dist.barrier()

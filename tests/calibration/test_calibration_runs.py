@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -51,6 +52,11 @@ def test_quick_calibration_with_gloo_collectives(tmp_path: Path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = load_profile(str(out))
     assert prof.kind == "cpu" and prof.max_processes == 2 and 2 in prof.contention
+    records = [json.loads(line) for line in (out / "measurements.jsonl").read_text().splitlines()[1:]]
+    clocks = {r["result"]["clock"] for r in records if r.get("kind") == "contention"}
+    assert clocks == {"thread_cpu" if len(os.sched_getaffinity(0)) >= 2 else "wall"}
+    (inter,) = [r["result"] for r in records if r.get("kind") == "interference"]
+    assert inter["gemm_s"] > 0 and inter["gemm_with_comm_s"] > 0 and inter["slowdown"] >= 0
     assert ("all_reduce", 2, 1) in prof.collectives.curves and ("send", 2, 1) in prof.collectives.curves
     data = (out / "profile.yaml").read_text()
     assert "algbw_Bps" in data and "busbw_Bps" in data and "interference" in data and "layer_step" in data
@@ -270,6 +276,60 @@ def test_a_window_missed_under_load_still_times_once() -> None:
     assert len(calls) == 1 and t == t and t >= 0
     untimed = _windowed(lambda: None, Ctx(torch.device("cpu"), 0, 1), time.time() + 5, during=lambda: False)
     assert untimed != untimed  # beside a collective that already ended nothing is timed (NaN, as before)
+
+
+def test_contention_is_timed_by_thread_cpu_only_when_each_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank on a core of its own, a descheduled thread waits for a process outside the run: the thread's CPU
+    time. More ranks than cores (they take turns: the run's own contention), several threads per rank (the
+    thread's CPU time holds one of them) or a GPU: the wall clock."""
+    from calibration import collectives
+    from calibration.collectives import Ctx, contention_clock
+    from calibration.timing import Clock
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(collectives.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(collectives.torch, "get_num_threads", lambda: 1)
+    assert contention_clock(Ctx(cpu, 0, 2)) is Clock.THREAD_CPU
+    assert contention_clock(Ctx(cpu, 0, 4)) is Clock.WALL
+    assert contention_clock(Ctx(torch.device("cuda"), 0, 2)) is Clock.WALL
+    monkeypatch.setattr(collectives.torch, "get_num_threads", lambda: 2)
+    assert contention_clock(Ctx(cpu, 0, 2)) is Clock.WALL
+
+
+def test_a_contention_pair_by_thread_cpu_leaves_out_descheduled_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's windows (one rank: no peer to wait for, the broadcast of the windows' instants is its own): a
+    kernel that sleeps 20 ms, as a thread does while another process holds its core, reads >= 20 ms on the wall
+    clock and ~0 by the thread's CPU time, in both windows."""
+    from calibration import collectives
+    from calibration.collectives import Ctx, _contention_pair
+    from calibration.timing import Clock
+
+    monkeypatch.setattr(collectives.dist, "broadcast_object_list", lambda objects, src: None)
+    ctx = Ctx(torch.device("cpu"), 0, 1)
+
+    def nap() -> None:
+        time.sleep(0.02)
+
+    wall = _contention_pair(ctx, nap, nap, 0.06, Clock.WALL)
+    cpu = _contention_pair(ctx, nap, nap, 0.06, Clock.THREAD_CPU)
+    assert min(wall) >= 0.02 and max(cpu) < 0.005
+
+
+def test_a_window_can_be_summarised_by_its_mean() -> None:
+    """Beside a collective the GEMMs' mean time is the compute's rate (a thread taking turns with gloo's makes
+    some calls long and leaves others alone, which a median would not see)."""
+    from calibration.collectives import Ctx, _windowed
+
+    naps = iter([0.0, 0.0, 0.03] * 10)
+    calls: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        time.sleep(next(naps))
+
+    mean = _windowed(fn, Ctx(torch.device("cpu"), 0, 1), time.time() + 5, during=lambda: len(calls) < 3,
+                     reduce=statistics.fmean)
+    assert len(calls) == 3 and 0.01 <= mean < 0.02
 
 
 def test_thread_cpu_clock_leaves_out_the_time_the_thread_did_not_run() -> None:
