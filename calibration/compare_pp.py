@@ -7,7 +7,8 @@ For each case (stages, micro-batches, schedule) the real step (``calibration.rea
 Llama split into stages, run by ``torch.distributed.pipelining`` over gloo, one process per stage and one
 thread each) is timed, and simtrain simulates the same run with ``layout.pp``, ``layout.schedule`` (and
 ``layout.vpp``, the chunks per rank of an interleaved schedule) and a global batch of that many
-micro-batches on the profile (a CPU profile's node holds the stages' processes). Printed: measured median, predicted, and the error (predicted / measured - 1).
+micro-batches on the profile (a CPU profile's node holds the stages' processes). Printed: measured median,
+predicted, the error (predicted / measured - 1) and each rank's busy time, measured / predicted.
 """
 
 from __future__ import annotations
