@@ -196,22 +196,24 @@ def test_a_dependency_cycle_is_an_error_not_a_hang() -> None:
 
 
 @pytest.mark.parametrize("name", ["tp8", "tp8-full-recompute", "dp8"])  # each has comm-stream collectives
-def test_in_situ_slowdown_stretches_comm_stream_collectives_as_the_engine_does(
+def test_in_situ_slowdown_is_left_out_as_a_lower_bound_of_the_engine(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A calibrated ``comm_in_situ_slowdown`` stretches a collective on its comm stream, not one the
-    compute stream runs in line (``simtrain.engine.inline``): the evaluator follows the engine's rule.
-    (Without the CPU time of the collective calls: these tiny models' steps are bound by it, which hides
-    the comm stream's collectives.)"""
+    """A calibrated ``comm_in_situ_slowdown`` lengthens a comm-stream collective in the engine by the compute
+    that ran beside it, which this evaluator does not know when it places the op: it leaves the stretch out
+    (its times do not move) and stays at or below the engine, which the stretch slows. (Without the CPU
+    time of the collective calls: these tiny models' steps are bound by it, which hides the comm stream's
+    collectives.)"""
     monkeypatch.setattr(host, "C10D_COLLECTIVE_CPU_S", 0.0)
     run = load_config(NO_SHARED_LINK[name])
     setup = _Setup.of(run)
     low = setup.lowered(run)
     base = evaluate(low.programs, setup.grid, setup.topo, setup.cluster.gpu).step_time_s
     gpu = setup.cluster.gpu.model_copy(update={"comm_in_situ_slowdown": 0.4})
+    plain = Engine(low.programs, setup.grid, setup.topo, setup.cluster.gpu).run().step_time_s
     eng = Engine(low.programs, setup.grid, setup.topo, gpu).run()
     res = evaluate(low.programs, setup.grid, setup.topo, gpu)
-    assert res.step_time_s == pytest.approx(eng.step_time_s, rel=1e-9)
-    assert res.step_time_s > base * (1 + 1e-3)
+    assert res.step_time_s == base
+    assert eng.step_time_s > plain * (1 + 1e-3) and res.step_time_s <= eng.step_time_s * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name", ["6g-tp2-cp2-pp2", "6g-tp-outermost"])

@@ -230,29 +230,46 @@ def test_interference_per_link_class() -> None:
         assert _interference(gpu.model_copy(update={"comm_interference_p2p": 0.0}), P2P_CLASS) == 0.0
 
 
-def test_collectives_beside_compute_take_the_in_situ_slowdown_longer() -> None:
-    """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores): every collective of a
-    comm stream (here ZeRO-1's gradient reduce-scatters and parameter all-gathers) lasts (1 + f) x its
-    transfer; blocking in-line ones and compute do not change."""
-    from simtrain.cost.cost_pass import lower
-    from simtrain.cost.costs import ComputeCostModel
-    from simtrain.plan.load import load_config
+def _in_situ_programs(work_b: float) -> list[Program]:
+    """One stage: compute A (1 s), then a DP all-reduce (after A) on its stream beside compute B
+    (``work_b`` s alone)."""
+    p0 = Program(0)
+    a = p0.add(OpKind.COMPUTE, Stream.COMPUTE, "A", duration_s=1.0)
+    p0.add(OpKind.COLLECTIVE, Stream.DP, "ar", category="comm", deps=(a.idx,), coll=ALL_REDUCE, axis="dp",
+           comm_bytes=40e9)
+    if work_b > 0:
+        p0.add(OpKind.COMPUTE, Stream.COMPUTE, "B", duration_s=work_b)
+    return [p0]
 
-    cfg = {"model": {"preset": "llama3-8b", "n_layers": 2}, "hardware": {"node": "dgx-h100", "n_nodes": 1},
-           "layout": {"dp": 8, "zero_stage": 1}, "train": {"seq_len": 1024, "global_batch_seqs": 8}}
-    run = load_config(cfg)
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_collectives_beside_compute_take_the_in_situ_slowdown_longer(symmetric: bool) -> None:
+    """GpuSpec.comm_in_situ_slowdown f (a CPU profile's gloo beside busy cores, measured as the all-reduce's
+    time beside GEMMs over its time alone): a collective on a comm stream lasts its transfer T plus f x
+    the compute that ran beside it. B longer than T: (1 + f) T; B = T / 4 ending inside it: T + f T / 4;
+    no compute beside it (the all-reduce after the backward, before the optimizer): T. Compute is not
+    slowed here (interference 0), so B's own times are exact."""
     cl = build_cluster("dgx-h100", 1)
-    lowered = lower(run, ComputeCostModel(cl.gpu, run.train.precision))
+    quiet = {"comm_interference_nvlink": 0.0, "comm_interference_net": 0.0, "comm_interference_p2p": 0.0}
+    f = 0.5
 
-    def comm_durations(f: float) -> list[tuple[str, float]]:
-        gpu = cl.gpu.model_copy(update={"comm_in_situ_slowdown": f})
-        eng = Engine(lowered.programs, RankGrid(run.layout), Topology(cl), gpu, symmetric=True, trace=True)
+    def span(work_b: float, slowdown: float) -> dict[str, tuple[float, float]]:
+        gpu = cl.gpu.model_copy(update={**quiet, "comm_in_situ_slowdown": slowdown})
+        eng = Engine(_in_situ_programs(work_b), RankGrid(LayoutConfig(dp=8)), Topology(cl), gpu,
+                     symmetric=symmetric)
         eng.run()
-        return [(e.name, e.end_s - e.start_s) for e in eng.trace if e.stream == "dp"]
+        rank0 = min(eng.ranks)
+        return {e.name: (e.start_s, e.end_s) for e in eng.trace if e.rank == rank0}
 
-    alone, beside = comm_durations(0.0), comm_durations(0.5)
-    assert alone and [n for n, _ in alone] == [n for n, _ in beside]
-    assert [d for _, d in beside] == pytest.approx([1.5 * d for _, d in alone], rel=1e-9)
+    ar0, ar1 = span(0.0, 0.0)["ar"]
+    transfer = ar1 - ar0
+    assert ar0 == pytest.approx(1.0) and transfer > 0.1
+    for work_b, beside in ((4.0 * transfer, transfer), (transfer / 4.0, transfer / 4.0), (0.0, 0.0)):
+        got = span(work_b, f)
+        a0, a1 = got["ar"]
+        assert a0 == pytest.approx(1.0) and a1 - a0 == pytest.approx(transfer + f * beside, rel=1e-12)
+        if work_b > 0:
+            assert got["B"] == pytest.approx((1.0, 1.0 + work_b), rel=1e-12)
 
 
 def _overlap_programs(dp_bytes: float, send_bytes: float, work_b: float) -> list[Program]:

@@ -10,9 +10,11 @@ and its ``remote`` op (another stage's program: a pipeline send) have finished, 
 - a host copy: its modelled time;
 - a collective or a send: the time of the same plan the engine uses (``CommPlanner``: algorithm,
   protocol, flows and the weights of the symmetric copies of the stage), on a network carrying
-  nothing else (``network.fluid_duration``, the engine's own offline time of a private op), stretched
-  by ``GpuSpec.comm_in_situ_slowdown`` when it runs on its comm stream beside compute (the engine's
-  rule; a blocking collective its compute stream runs in line, ``simtrain.engine.inline``, is not).
+  nothing else (``network.fluid_duration``, the engine's own offline time of a private op). The engine
+  stretches a comm-stream collective by ``GpuSpec.comm_in_situ_slowdown`` times the compute that ran
+  beside it (a calibrated CPU profile's gloo beside busy cores); this evaluator, which places each
+  stream's ops before it knows what runs beside them, leaves that out as it leaves out the compute's
+  slowdown, so it stays a lower bound of the engine.
 
 Pipeline ordering is the program's own (the lowered schedule's action order and its send/receive
 pairs), so there is no separate schedule formula. Times are a longest path through the DAG, so the
@@ -43,7 +45,6 @@ from simtrain.cost.host import RunAhead
 from simtrain.engine.axes import AXES, _axis
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import RECENT_OPS
-from simtrain.engine.inline import inline_plan
 from simtrain.engine.network import fluid_duration
 from simtrain.engine.prepare import attach_static_memory, group_axes
 from simtrain.engine.steady import ERR_TOL, plan
@@ -170,9 +171,9 @@ class CriticalPathResult:
 
 class CommTimer(Protocol):
     """What times a program's communication ops for ``evaluate``: seconds of collective or send ``op``
-    of ``stage``'s representative alone on the fabric (``in_line``: run by its compute stream)."""
+    of ``stage``'s representative alone on the fabric."""
 
-    def time(self, op: Op, stage: int, in_line: bool) -> float: ...
+    def time(self, op: Op, stage: int) -> float: ...
 
     def on_network(self, op: Op, stage: int) -> bool:
         """Whether ``op``'s flows leave the node through ``stage``'s representative's NIC."""
@@ -186,11 +187,11 @@ class _Comm:
         self.planner, self.gpu, self.reps = planner, gpu, reps
         self._memo: dict[tuple[Any, ...], float] = {}
 
-    def time(self, op: Op, stage: int, in_line: bool) -> float:
+    def time(self, op: Op, stage: int) -> float:
         """Seconds of collective or send ``op`` of ``stage``'s representative, alone on the fabric."""
         assert isinstance(op, CommOp)
         peer = op.peer_stage if isinstance(op, SendOp) else -1
-        key = (stage, op.kind, op.coll, op.axis, op.comm_bytes, peer, in_line)
+        key = (stage, op.kind, op.coll, op.axis, op.comm_bytes, peer)
         t = self._memo.get(key)
         if t is None:
             rank = self.reps[stage]
@@ -199,8 +200,6 @@ class _Comm:
             else:
                 latency, phases, _ = self.planner.collective(op, rank, stage)
             t = latency + sum(fluid_duration(ph, self.planner.capacity) for ph in phases)
-            if op.kind == OpKind.COLLECTIVE and not in_line:  # beside compute on its own stream
-                t *= 1.0 + self.gpu.comm_in_situ_slowdown
             self._memo[key] = t
         return t
 
@@ -241,15 +240,11 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
     ends: list[list[float | None]] = [[None] * len(p.ops) for p in programs]
     starts: list[list[float]] = [[0.0] * len(p.ops) for p in programs]
     queues: list[list[list[Op]]] = []
-    in_line: list[set[int]] = []
     for prog in programs:
         by_stream: dict[Stream, list[Op]] = {}
         for op in prog.ops:
             by_stream.setdefault(op.stream, []).append(op)
         queues.append(list(by_stream.values()))
-        # only a comm-stream collective's stretch tells in-line ones apart (none without calibration)
-        in_line.append({c.idx for pre, _ in inline_plan(prog.ops).values() for c in pre}
-                       if gpu.comm_in_situ_slowdown > 0 else set())
     heads = [[0] * len(q) for q in queues]
     free = [[0.0] * len(q) for q in queues]
     stats = [StageTimes() for _ in range(n)]
@@ -299,7 +294,7 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
                         if type(op) is CostedComputeOp and op.stream == Stream.COMPUTE:
                             dur -= op.host_stall_s - run_ahead[s].stall(op, start - st.last_compute_end_s)
                     else:
-                        dur = comm.time(op, s, op.idx in in_line[s])
+                        dur = comm.time(op, s)
                         if share_nic and op.stream != Stream.COMPUTE and comm.on_network(op, s):
                             dur += _held(on_net[s], q, start, start + dur)
                             spans_q = on_net[s].setdefault(q, ([], []))

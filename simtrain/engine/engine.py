@@ -131,6 +131,10 @@ class Engine(ClassComm):
         """Per rank: the event its running compute op waits on for a change of ``active_comm``."""
         self._rate: dict[int, float] = {r: 1.0 for r in self.ranks}
         """The slowdown a rank's running compute op is timed at while it listens for changes (``_run_slowed``)."""
+        self._computed: dict[int, float] = {r: 0.0 for r in self.ranks}
+        """Per rank: seconds of compute run by ``_run_slowed`` and finished (``_compute_seconds``)."""
+        self._computing: dict[int, float | None] = {r: None for r in self.ranks}
+        """Per rank: the start time of the compute op ``_run_slowed`` is running, None when it runs none."""
         self.rendezvous: dict[Any, tuple[int, simpy.Event]] = {}
         self.executed = 0
         self._comm: dict[int, list[CommEntry | None]] = {}
@@ -289,7 +293,8 @@ class Engine(ClassComm):
             if op.kind == OpKind.COPY:  # a host copy: its own link (PCIe / C2C), no network flows
                 yield env.timeout(cast(CostedCopyOp, op).duration_s)  # costed: checked in __init__
             else:
-                # a collective on a comm stream runs beside this rank's compute (GpuSpec.comm_in_situ_slowdown)
+                # a collective on a comm stream may run beside this rank's compute, which slows it (the part
+                # that did: GpuSpec.comm_in_situ_slowdown, Engine._transfer)
                 stretch = self.gpu.comm_in_situ_slowdown if op.kind != OpKind.SEND else 0.0
                 yield from self._communicate(rank, op, stretch)
             end = env.now
@@ -320,9 +325,6 @@ class Engine(ClassComm):
         """
         env, done, stats, ledger = self.env, self.done[rank], self.stats[rank], self.ledgers[rank]
         need, flops = self._tables[self.stage[rank]].need, self._tables[self.stage[rank]].flops
-        # symmetric mode runs an in-line collective as NCCL on the compute stream (no compute beside it);
-        # full mode keeps the comm stream's in-situ stretch, so its in-line runs change nothing
-        in_line_stretch = 0.0 if self.symmetric else self.gpu.comm_in_situ_slowdown
         extra_load = self.load_factor.get(rank, 1.0) - 1.0  # routed-expert load beyond balanced
         speed = self.speed.get(rank, 1.0)  # x / 1.0 == x: unperturbed ranks keep their exact times
         inline = self._inline.get(rank, {})
@@ -354,7 +356,8 @@ class Engine(ClassComm):
                         t = env.now
                         if c.mem_start:
                             ledger.apply(t, c.mem_start)
-                        yield from self._communicate(rank, c, in_line_stretch)
+                        # no in-situ stretch: the compute stream runs it, so no compute runs beside it
+                        yield from self._communicate(rank, c)
                         end = self._inline_op(rank, c, t, env.now, mem_start=False)
                     if needed:
                         self._fire(rank, c.idx, t)
@@ -475,24 +478,34 @@ class Engine(ClassComm):
         that a collective overlaps."""
         env = self.env
         slow = self._slowdown(rank)
-        t0 = env.now
+        t0 = self._computing[rank] = env.now
         done = env.timeout(work_s * slow)
         while True:
             if slow == 1.0 and self._quiet(rank):  # nothing can start before this op ends
                 yield done
-                return
+                break
             changed = self._change[rank] = env.event()
             self._rate[rank] = slow
             yield either(env, done, changed)
             if self._change[rank] is changed:
                 self._change[rank] = None
             if done.processed or env.now >= t0 + work_s * slow:
-                return
+                break
             now_slow = self._slowdown(rank)
             if now_slow != slow:  # an unchanged rate keeps its end time (no rounding from re-timing)
                 work_s -= (env.now - t0) / slow
                 slow, t0 = now_slow, env.now
                 done = env.timeout(work_s * slow)
+        self._computed[rank] += env.now - cast(float, self._computing[rank])
+        self._computing[rank] = None
+
+    def _compute_seconds(self, rank: int) -> float:
+        """Seconds ``rank``'s compute stream has run compute in ``_run_slowed`` up to now. Every compute op
+        that overlaps a collective in flight runs there (``_compute_stream`` runs ahead of the clock only
+        while no collective is in flight and none can start), so the difference over a transfer is the
+        compute that ran beside it."""
+        start = self._computing[rank]
+        return self._computed[rank] + (self.env.now - start if start is not None else 0.0)
 
     def _comm_changed(self, rank: int) -> None:
         """The set of ``rank``'s collectives in flight changed: re-time its running compute op."""
@@ -524,7 +537,7 @@ class Engine(ClassComm):
 
     def _communicate(self, rank: int, op: Op, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         """Run collective or send ``op`` of ``rank`` (a collective once its whole group has arrived);
-        ``stretch``: its transfer takes (1 + stretch) x as long (in situ beside compute)."""
+        ``stretch``: it lasts ``stretch`` x the compute that ran beside its transfer longer (in situ)."""
         sig = self._sig_of[self.stage[rank]][op.idx]
         latency, phases, cls, private = self._comm[rank][sig]  # type: ignore[misc]
         if self.classes is not None and op.kind == OpKind.SEND:  # a class's send carries its members' flows
@@ -565,7 +578,7 @@ class Engine(ClassComm):
         active = self.active_comm[rank]
         active.append(cls)
         self._comm_changed(rank)
-        start = self.env.now
+        computed = self._compute_seconds(rank)
         if private is not None:
             yield self.env.timeout(private)
         else:
@@ -574,7 +587,9 @@ class Engine(ClassComm):
             for ph in phases:
                 if ph:
                     yield self.net.transfer(ph)
-        if stretch > 0:  # the links are free again; the endpoints are still busy
-            yield self.env.timeout(stretch * (self.env.now - start))
+        if stretch > 0:  # the links are free again; the endpoints are still busy with the compute beside it
+            beside = self._compute_seconds(rank) - computed
+            if beside > 0:
+                yield self.env.timeout(stretch * beside)
         active.remove(cls)
         self._comm_changed(rank)

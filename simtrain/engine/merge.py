@@ -181,6 +181,9 @@ class ClassComm:
     def _comm_changed(self, rank: int) -> None:
         raise NotImplementedError
 
+    def _compute_seconds(self, rank: int) -> float:
+        raise NotImplementedError
+
     def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str,
                   private: float | None = None, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         raise NotImplementedError
@@ -215,7 +218,7 @@ class ClassComm:
         active, env = self.active_comm[rank], self.env
         active.append(cls)
         self._comm_changed(rank)
-        start = env.now
+        computed = self._compute_seconds(rank)
         if private is not None:
             yield env.timeout(private)
         else:
@@ -224,7 +227,9 @@ class ClassComm:
             for i, ph in enumerate(phases):
                 if ph:
                     yield from transfer_all(env, self.net, [e[1][i] for e in entries])
-        if stretch > 0:
-            yield env.timeout(stretch * (env.now - start))
+        if stretch > 0:  # as Engine._transfer: for the compute that ran beside it
+            beside = self._compute_seconds(rank) - computed
+            if beside > 0:
+                yield env.timeout(stretch * beside)
         active.remove(cls)
         self._comm_changed(rank)

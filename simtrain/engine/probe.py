@@ -60,7 +60,7 @@ from simtrain.hardware.hardware import ClusterSpec, GpuSpec
 from simtrain.lower.blocks import BlockBuilder
 from simtrain.lower.layer_plan import LayerPlan, first_layers, recomputed_layers, split_layers
 from simtrain.lower.lowering import _finish_stage, _param_gathers_at_start
-from simtrain.lower.ops import CommOp, Op, OpKind, Program, SendOp, Stream
+from simtrain.lower.ops import CommOp, Op, Program, SendOp, Stream
 from simtrain.lower.stage import _StageLowering
 from simtrain.plan.layout import RankGrid, place
 from simtrain.plan.routing import symmetric_load_factors
@@ -132,11 +132,11 @@ class LineComm:
             lines = self._lines[key] = tuple((c.latency_s, u) for c, u in zip(cands, units, strict=True))
         return lines
 
-    def time(self, op: Op, stage: int, in_line: bool) -> float:
+    def time(self, op: Op, stage: int) -> float:
         """Seconds of ``op`` (a collective or send) of ``stage``'s representative."""
         assert isinstance(op, CommOp) and self.grid is not None
         peer = op.peer_stage if isinstance(op, SendOp) else -1
-        key = (op.coll, op.axis, op.comm_bytes, peer, in_line)
+        key = (op.coll, op.axis, op.comm_bytes, peer)
         t = self._memo.get(key)
         if t is not None:
             return t
@@ -149,8 +149,6 @@ class LineComm:
             group = tuple(place(r) for r in self.grid.group(op.axis, self.reps[0]))
             lines = self.lines(op.coll, group) if len(group) > 1 and op.comm_bytes > 0 else ()
             t = min((lat + u * op.comm_bytes for lat, u in lines), default=0.0)
-            if op.kind == OpKind.COLLECTIVE and not in_line:  # beside compute on its own stream (the engine's rule)
-                t *= 1.0 + self.gpu.comm_in_situ_slowdown
         self._memo[key] = t
         return t
 

@@ -95,7 +95,9 @@ class GpuSpec(BaseModel):
     """Fractional slowdown of a collective that runs while this device computes (a calibrated profile's
     ``summary.comm_in_situ``): on a CPU, gloo's threads share the cores the training step keeps busy, so
     a DDP all-reduce beside the backward takes longer than alone; 0 in the built-in GPU profiles (NCCL
-    runs on its own SMs)."""
+    runs on its own SMs). The engine adds it per second of compute that ran beside the collective (the
+    calibration times the all-reduce beside GEMMs against alone), so one with idle cores beside it, as
+    the last bucket's before the optimizer, takes its time alone."""
     cuda_context_bytes: float = Field(ge=0)
     nccl_buffer_bytes: float = Field(ge=0)
 
