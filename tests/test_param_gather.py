@@ -4,9 +4,11 @@ unit's first forward waiting only for the buckets that carry its parameters (``l
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from simtrain.lower.lowering import lower_program
 from simtrain.lower.ops import ComputeOp, Op
@@ -119,3 +121,26 @@ def test_later_stages_reduce_and_gather_one_bucket() -> None:
     waits = [deps for _, deps in _first_forward_deps(second.ops) if deps]
     assert len(waits) == 1
     assert len(_gathers(first.ops)) > 1
+
+
+def test_torch_ddp_closes_its_first_bucket_at_1_mib() -> None:
+    """PyTorch DDP (the pytorch-eager stack, ``dp.first_bucket_MiB`` 1) closes a step's first gradient bucket at
+    1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``): with 25 MiB buckets, an 8-layer Llama (hidden 256, 4K vocabulary,
+    fp32 gradients) reduces its LM head and final norm alone (4,195,328 bytes: 4096 x 256 + 256 parameters),
+    early in the backward, then the layers and the embedding (27,803,648 bytes), as the real DDP step's buckets
+    read in ``benchmarks/ddp_buckets.py``. Without the first bucket the head waits for the layers (27,804,672
+    bytes: the head and seven layers, which pass 25 MiB with the eighth), and the embedding goes alone; ZeRO-1
+    keeps equal buckets (the rule is DDP's)."""
+    cfg = yaml.safe_load((Path(__file__).parent / "calibration" / "data" / "grid" / "l8-s128-v4k.yaml").read_text())
+    cfg["layout"]["dp"], cfg["train"]["global_batch_seqs"] = 8, 32
+
+    def sizes(stack: Any, **layout: Any) -> list[float]:
+        run = load_config({**cfg, "layout": {**cfg["layout"], **layout}, "train": {**cfg["train"], "stack": stack}})
+        return [op.comm_bytes for op in lower_program(run).programs[0].ops
+                if op.name in ("dp.all_reduce", "dp.reduce_scatter")]
+
+    head = 4096 * 256 + 256
+    total = load_config(cfg).model.param_count()
+    assert sizes("pytorch-eager") == [4.0 * head, 4.0 * (total - head)]
+    assert sizes({"preset": "pytorch-eager", "dp": {"first_bucket_MiB": None}}) == [27804672.0, 4.0 * 4096 * 256]
+    assert sizes("pytorch-eager", zero_stage=1) == [27804672.0, 4.0 * 4096 * 256]

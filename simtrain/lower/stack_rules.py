@@ -67,12 +67,16 @@ MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
 
 
 def dp_bucket_bytes(layout: LayoutConfig, stack: SoftwareStack, bytes_per_param: float, stage: int,
-                    chunk: int) -> float:
+                    chunk: int, first: bool = False) -> float:
     """Bytes per data-parallel bucket of ``stage``'s model ``chunk`` (gradients at ``bytes_per_param``, or the
     bf16 parameters ZeRO-1/2 all-gathers): the layout's ``grad_bucket_MiB`` where set; under the stack's
     Megatron-core bucketing (``SoftwareStack.megatron_buckets``) ``megatron_bucket_params`` (``--ddp-bucket-size``)
     or by default ``max(40M, 1M x dp)`` parameters on the first stage's first chunk and one bucket (infinite) on
-    every other; else ``DEFAULT_BUCKET_MiB``."""
+    every other; else ``DEFAULT_BUCKET_MiB``. ``first``: the chunk's first gradient bucket of the step, which
+    PyTorch DDP closes sooner (``SoftwareStack.ddp_first_bucket_MiB``; DDP without ZeRO only)."""
+    if first and layout.shard_stage == 0 and stack.ddp_first_bucket_MiB is not None:
+        return min(stack.ddp_first_bucket_MiB * MiB,
+                   dp_bucket_bytes(layout, stack, bytes_per_param, stage, chunk))
     if layout.grad_bucket_MiB is not None:
         return layout.grad_bucket_MiB * MiB
     if not stack.megatron_buckets:

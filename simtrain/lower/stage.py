@@ -452,6 +452,8 @@ class BucketFiller:
     is_last_mb: bool
     pending: float = 0.0
     pending_expert: float = 0.0
+    flushed: bool = False
+    """Whether a bucket of this backward has been reduced (the next is no longer the step's first)."""
 
     @property
     def active(self) -> bool:
@@ -466,7 +468,7 @@ class BucketFiller:
         self.pending += params
         self.pending_expert += expert_params
         bucket = dp_bucket_bytes(self.sl.run.layout, self.sl.stack, self._grad_bytes, self.sl.stage,
-                                 self.action.chunk)
+                                 self.action.chunk, first=not self.flushed)
         if (self.pending + self.pending_expert) * self._grad_bytes >= bucket:
             self.flush()
 
@@ -495,6 +497,7 @@ class BucketFiller:
                 self.sl.dp_collective(coll, axis, size, f"dp.{coll}", () if last is None else (last,))
             else:
                 self.sl.deferred.append((coll, size, axis))
+        self.flushed = self.flushed or self.pending + self.pending_expert > 0
         self.pending = self.pending_expert = 0.0
 
 

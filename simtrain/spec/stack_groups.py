@@ -239,6 +239,15 @@ class DataParallelSpec(BaseModel):
     model chunks after the first in the interleaved schedule": ``if pp_rank > 0 or disable_bucketing:
     self.bucket_size = None``, Megatron-LM ``get_model`` passing ``disable_bucketing=(model_chunk_idx > 0)``)
     [src]. Off: ``simtrain.spec.config.DEFAULT_BUCKET_MiB`` everywhere."""
+    first_bucket_MiB: float | None = Field(None, gt=0, le=1e6)
+    """PyTorch DDP's smaller first gradient bucket, MiB: the reducer closes the first bucket of a step
+    (gradients in backward order, so the LM head's and the last layers') once it holds this much, so
+    its all-reduce starts early in the backward; later buckets take the bucket size
+    (``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB, passed with ``bucket_cap_mb`` to
+    ``_compute_bucket_assignment_by_size`` in torch/nn/parallel/distributed.py; in torch 2.13 only where
+    ``bucket_cap_mb`` is left at its default) [src]. Measured on a CPU (``benchmarks/ddp_buckets.py``): the LM
+    head's 4.2 MB of gradients in a bucket of their own, all-reduced beside the layers' backward. None:
+    every bucket the same size. DDP only (ZeRO-0): ZeRO-1/2 and FSDP shard their own way."""
     megatron_bucket_params: int | None = Field(None, gt=0, le=10**13)
     """With ``megatron_buckets``: parameters per bucket on the first stage's first chunk as Megatron-LM's
     ``--ddp-bucket-size`` sets them (``DistributedDataParallelConfig.bucket_size``); later stages and chunks

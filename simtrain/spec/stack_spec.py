@@ -306,6 +306,11 @@ class SoftwareStack(BaseModel):
         return self.dp.grad_passes
 
     @property
+    def ddp_first_bucket_MiB(self) -> float | None:
+        """``dp.first_bucket_MiB``."""
+        return self.dp.first_bucket_MiB
+
+    @property
     def megatron_buckets(self) -> bool:
         """``dp.megatron_buckets``."""
         return self.dp.megatron_buckets
@@ -377,7 +382,7 @@ FLAT_FIELDS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "moe_probs_all_to_all": ("moe", "probs_all_to_all"),
     "grad_dtype": ("dp", "grad_dtype"), "ddp_grad_passes": ("dp", "grad_passes"),
     "foreach_optimizer": ("dp", "foreach_optimizer"), "megatron_buckets": ("dp", "megatron_buckets"),
-    "megatron_bucket_params": ("dp", "megatron_bucket_params"),
+    "megatron_bucket_params": ("dp", "megatron_bucket_params"), "ddp_first_bucket_MiB": ("dp", "first_bucket_MiB"),
     "cpu_launch_s": ("launch", "cpu_launch_s"), "cuda_graphs": ("launch", "cuda_graphs"),
     "moe_token_count_sync": ("launch", "moe_token_count_sync"), "grad_norm_sync": ("launch", "grad_norm_sync"),
     "loss_check_sync": ("launch", "loss_check_sync"), "grouped_gemm_per_expert": ("launch", "grouped_gemm_per_expert"),

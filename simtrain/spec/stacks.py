@@ -276,7 +276,8 @@ def _presets() -> dict[str, SoftwareStack]:
         "FlashAttention-2)",
         norm=EAGER_NORM, rope=EAGER_ROPE, activation=EAGER_ACT, loss=EAGER_LOSS, attention="fa2",
         fp8_recipe="current", cpu_launch_s=8 * US, sequence_parallel=False, eager_loss=True, ddp_grad_passes=3,
-        attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True, torch_fsdp=True))
+        ddp_first_bucket_MiB=1.0, attn_merge=EAGER_CP_MERGE, torch_cp=True, fsdp_flat_grads=True,
+        torch_fsdp=True))
     return out
 
 
