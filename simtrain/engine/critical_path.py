@@ -183,8 +183,8 @@ class CommTimer(Protocol):
 class _Comm:
     """Uncontended times of one program's communication ops, from the engine's plans (memoised)."""
 
-    def __init__(self, planner: CommPlanner, gpu: GpuSpec, reps: Sequence[int]):
-        self.planner, self.gpu, self.reps = planner, gpu, reps
+    def __init__(self, planner: CommPlanner, reps: Sequence[int]):
+        self.planner, self.reps = planner, reps
         self._memo: dict[tuple[Any, ...], float] = {}
 
     def time(self, op: Op, stage: int) -> float:
@@ -234,7 +234,7 @@ def evaluate(programs: Sequence[Program], grid: RankGrid, topo: Fabric, gpu: Gpu
             ``comm`` with ``on_network``. Off: every op alone on the fabric.
     """
     reps = list(representatives or [grid.representative(s) for s in range(len(programs))])
-    comm = comm or _Comm(planner or CommPlanner(topo, gpu, grid, True), gpu, reps)
+    comm = comm or _Comm(planner or CommPlanner(topo, gpu, grid, True), reps)
     loads = load_factor or {}
     n = len(programs)
     ends: list[list[float | None]] = [[None] * len(p.ops) for p in programs]
