@@ -64,13 +64,14 @@ def calibrate(config: str, name: str, clock: Clock, collectives: bool, env: dict
     return time.perf_counter() - t0
 
 
-def one_config(config: str, processes: list[int], clock: Clock, steps: int, warmup: int, work: Path,
+def one_config(config: str, processes: list[int], clock: Clock, steps: dict[int, int], warmup: int, work: Path,
                env: dict[str, str]) -> dict[str, Any]:
-    """Measure, calibrate, measure, compare: one row per process count."""
+    """Measure, calibrate, measure, compare: one row per process count (``steps``: timed steps per batch, per
+    process count)."""
     name = f"grid-{Path(config).stem}"
-    before = {n: measure_steady(config, n, steps, warmup, 1, work) for n in processes}
+    before = {n: measure_steady(config, n, steps[n], warmup, 1, work) for n in processes}
     calibrate_s = calibrate(config, name, clock, max(processes) > 1, env)
-    after = {n: measure_steady(config, n, steps, warmup, 1, work) for n in processes}
+    after = {n: measure_steady(config, n, steps[n], warmup, 1, work) for n in processes}
     os.environ["SIMTRAIN_PROFILES_DIR"] = env["SIMTRAIN_PROFILES_DIR"]
     rows = []
     try:
@@ -103,7 +104,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], meta: dict[str, Any]) -> str:
     """The table of one grid run."""
-    lines = [f"# CPU loop grid ({meta['date']}, {meta['clock']} clock for one process, wall for DDP)", "",
+    lines = [f"# CPU loop grid ({meta['date']}, {meta['clock']} clock for one process, wall for DDP; batches of "
+             f"{meta['steps']} and {meta['ddp_steps']} steps)", "",
              "| config | layers | seq | vocab | q/kv heads | b | processes | measured s | predicted s | error | "
              "before/after | CPU share | steal |", "|" + "---|" * 13]
     for r in rows:
@@ -130,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ddp-configs", nargs="*", default=[], metavar="STEM",
                    help="configs (file stems) that also run on 2 processes when --processes is 1 alone")
     p.add_argument("--clock", choices=[c.value for c in Clock], default=Clock.THREAD_CPU.value)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per batch, one process")
+    # 20-30 % of this VM's DDP steps stall 0.2-2 s (gloo's loopback TCP; benchmarks/ddp_phases.py): a median of
+    # five moved up to 30 % between the batches before and after one calibration
+    p.add_argument("--ddp-steps", type=int, default=15, help="timed steps per batch, two processes")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=str(DEFAULT_OUT), help="output path without suffix (.json and .md are written)")
     p.add_argument("--work", help="keep the profiles and real-step results in this folder (default: a temporary one)")
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "SIMTRAIN_PROFILES_DIR": str(work / "profiles")}
         for config in args.configs:
             procs = sorted({*args.processes, 2}) if Path(config).stem in args.ddp_configs else args.processes
-            res = one_config(config, procs, clock, args.steps, args.warmup, work, env)
+            res = one_config(config, procs, clock, {1: args.steps, 2: args.ddp_steps}, args.warmup, work, env)
             for r in res["rows"]:
                 print(f"{r['config']}: {r['processes']} process(es) measured {r['measured_s']:.3f} s, predicted "
                       f"{r['predicted_s']:.3f} s, error {100 * r['error']:+.1f} %", flush=True)
@@ -157,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 def write_tables(rows: list[dict[str, Any]], clock: Clock, args: argparse.Namespace) -> str:
     """Write OUT.json and OUT.md of the rows so far (atomically); returns the markdown."""
     summ = summary(rows)
-    meta = {"date": time.strftime("%Y-%m-%d"), "clock": clock.value, "steps": args.steps, "warmup": args.warmup}
+    meta = {"date": time.strftime("%Y-%m-%d"), "clock": clock.value, "steps": args.steps, "ddp_steps": args.ddp_steps,
+            "warmup": args.warmup}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out.with_suffix(".json"), json.dumps({**meta, "summary": summ, "rows": rows}, indent=2))
