@@ -5,10 +5,12 @@ steps, compare with simtrain's prediction, and write the table (issue 29 part 5)
     python benchmarks/cpu_loop_grid.py --processes 1 --configs tests/calibration/data/grid/l2-s512-v16k.yaml
     python benchmarks/cpu_loop_grid.py --clock wall                     # elapsed time (a quiet machine)
     python benchmarks/cpu_loop_grid.py --processes 1 --ddp-configs l8-s128-v4k   # DDP on some configs only
+    python benchmarks/cpu_loop_grid.py --processes 2 --out benchmarks/results/cpu_loop_grid_ddp   # DDP only
 
 For each config (``tests/calibration/data/grid/*.yaml``: sequence lengths 128-1,024, vocabularies
 4K-32K, 2-8 layers, 1-8 query heads per KV head) the real step is measured (``calibration.compare.
-measure_steady``: one process, and DDP over gloo on two; one thread each), then ``simtrain calibrate
+measure_steady``: one process, and DDP over gloo on two; one thread each; batches of ``--steps`` and
+``--ddp-steps`` timed steps), then ``simtrain calibrate
 --device cpu --config CONFIG`` makes a fresh profile, then the real step is measured again; the two
 batches are pooled (they bracket the calibration in time) and compared with ``simulate`` on that
 profile. ``--clock thread_cpu`` (the default) times the calibration's kernels and the one-process
