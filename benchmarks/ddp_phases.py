@@ -14,7 +14,8 @@ Modes (one thread per process, as ``calibration.realstep`` runs the CPU loop):
 
 So ``noop - pair`` is the reducer's work and ``ddp - noop`` the gradient all-reduce's cost in the step
 (exposed, and the cores it takes from the backward). Each phase is the median over the steps (after two
-warm-up steps) on the slower rank. With ``--profile`` (a calibrated profile, ``SIMTRAIN_PROFILES_DIR``
+warm-up steps) on the slower rank; the last column is the median over the steps of the slower rank's step,
+as ``calibration.realstep`` (and so the CPU grid) reports a DDP step. With ``--profile`` (a calibrated profile, ``SIMTRAIN_PROFILES_DIR``
 honoured) simtrain's phases for one and two processes are printed too: forward = the end of the last
 forward op, optimizer = from the optimizer op's start to the step's end, backward = the rest. Not a test:
 it prints and exits 0.
@@ -59,6 +60,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 WARMUP = 2
 MODES = ("solo", "pair", "noop", "ddp")
 PHASES = ("forward", "backward", "optimizer", "step")
+COLUMNS = (*PHASES, "step, max of ranks")
 
 
 def _free_port() -> int:
@@ -120,7 +122,11 @@ def measure(config: str, mode: str, steps: int) -> dict[str, float]:
     results = [queue.get() for _ in procs]
     for proc in procs:
         proc.join()
-    return {ph: max(statistics.median(s[i] for s in rows) for _, rows in results) for i, ph in enumerate(PHASES)}
+    out = {ph: max(statistics.median(s[i] for s in rows) for _, rows in results) for i, ph in enumerate(PHASES)}
+    # what calibration.realstep reports for DDP: each step's time on the slower rank, then the median
+    out["step, max of ranks"] = statistics.median(max(steps) for steps in zip(*(
+        [s[3] for s in rows] for _, rows in results), strict=True))
+    return out
 
 
 def predicted(config: str, profile: str, processes: int) -> dict[str, float]:
@@ -135,11 +141,11 @@ def predicted(config: str, profile: str, processes: int) -> dict[str, float]:
     fwd_end = max(e.end_s for e in events if e.category == "fwd")
     opt_start = min((e.start_s for e in events if e.category == "optimizer"), default=res.step_time_s)
     return {"forward": fwd_end, "backward": opt_start - fwd_end, "optimizer": res.step_time_s - opt_start,
-            "step": res.step_time_s}
+            "step": res.step_time_s, "step, max of ranks": res.step_time_s}  # symmetric ranks: the same step
 
 
 def _line(label: str, phases: dict[str, float]) -> str:
-    return f"{label:<22}" + "".join(f"{phases[ph]:>11.3f}" for ph in PHASES)
+    return f"{label:<22}" + "".join(f"{phases[c]:>11.3f}" for c in PHASES) + f"{phases[COLUMNS[-1]]:>20.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--profile", help="a calibrated profile of this CPU to print simtrain's phases from")
     args = p.parse_args(argv)
-    print(f"{'seconds (median)':<22}" + "".join(f"{ph:>11}" for ph in PHASES))
+    print(f"{'seconds (median)':<22}" + "".join(f"{ph:>11}" for ph in PHASES) + "  step, max of ranks")
     for mode in args.modes:
         print(_line(mode, measure(args.config, mode, args.steps)), flush=True)
     if args.profile:
