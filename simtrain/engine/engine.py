@@ -578,7 +578,7 @@ class Engine(ClassComm):
         active = self.active_comm[rank]
         active.append(cls)
         self._comm_changed(rank)
-        computed = self._compute_seconds(rank)
+        computed = self._compute_seconds(rank) if stretch > 0 else 0.0
         if private is not None:
             yield self.env.timeout(private)
         else:
@@ -587,9 +587,8 @@ class Engine(ClassComm):
             for ph in phases:
                 if ph:
                     yield self.net.transfer(ph)
-        if stretch > 0:  # the links are free again; the endpoints are still busy with the compute beside it
-            beside = self._compute_seconds(rank) - computed
-            if beside > 0:
-                yield self.env.timeout(stretch * beside)
+        # the links are free again; the endpoints are still busy with the compute that ran beside it
+        if stretch > 0 and (extra := self._in_situ_s(rank, computed, stretch)) > 0:
+            yield self.env.timeout(extra)
         active.remove(cls)
         self._comm_changed(rank)

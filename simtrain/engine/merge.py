@@ -184,6 +184,12 @@ class ClassComm:
     def _compute_seconds(self, rank: int) -> float:
         raise NotImplementedError
 
+    def _in_situ_s(self, rank: int, computed: float, stretch: float) -> float:
+        """Seconds a comm-stream collective lasts longer for the compute that ran beside its transfer:
+        ``stretch`` (``GpuSpec.comm_in_situ_slowdown``) x the compute ``rank`` ran since ``computed``
+        (its ``_compute_seconds`` when the transfer started)."""
+        return stretch * max(self._compute_seconds(rank) - computed, 0.0)
+
     def _transfer(self, rank: int, latency: float, phases: list[list[tuple[Any, ...]]], cls: str,
                   private: float | None = None, stretch: float = 0.0):  # type: ignore[no-untyped-def]
         raise NotImplementedError
@@ -218,7 +224,7 @@ class ClassComm:
         active, env = self.active_comm[rank], self.env
         active.append(cls)
         self._comm_changed(rank)
-        computed = self._compute_seconds(rank)
+        computed = self._compute_seconds(rank) if stretch > 0 else 0.0
         if private is not None:
             yield env.timeout(private)
         else:
@@ -227,9 +233,7 @@ class ClassComm:
             for i, ph in enumerate(phases):
                 if ph:
                     yield from transfer_all(env, self.net, [e[1][i] for e in entries])
-        if stretch > 0:  # as Engine._transfer: for the compute that ran beside it
-            beside = self._compute_seconds(rank) - computed
-            if beside > 0:
-                yield env.timeout(stretch * beside)
+        if stretch > 0 and (extra := self._in_situ_s(rank, computed, stretch)) > 0:  # as Engine._transfer
+            yield env.timeout(extra)
         active.remove(cls)
         self._comm_changed(rank)
