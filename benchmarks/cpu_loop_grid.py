@@ -83,6 +83,7 @@ def one_config(config: str, processes: list[int], clock: Clock, steps: dict[int,
             halves = [statistics.median(before[n][field]), statistics.median(after[n][field])]
             rows.append({**describe(config), "processes": n, "clock": clock.value if n == 1 else "wall",
                          "measured_s": c.measured_median_s, "predicted_s": c.predicted_s, "error": c.error,
+                         "sync_wait_s": c.sync_wait_s,
                          "before_after_s": halves, "repeatability": max(halves) / min(halves) - 1.0,
                          "cpu_share": [statistics.median(before[n]["cpu_share"]),
                                        statistics.median(after[n]["cpu_share"])],
@@ -108,11 +109,12 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], meta: dict[str, A
     """The table of one grid run."""
     lines = [f"# CPU loop grid ({meta['date']}, {meta['clock']} clock for one process, wall for DDP; batches of "
              f"{meta['steps']} and {meta['ddp_steps']} steps)", "",
-             "| config | layers | seq | vocab | q/kv heads | b | processes | measured s | predicted s | error | "
-             "before/after | CPU share | steal |", "|" + "---|" * 13]
+             "| config | layers | seq | vocab | q/kv heads | b | processes | measured s | predicted s | of which wait | "
+             "error | before/after | CPU share | steal |", "|" + "---|" * 14]
     for r in rows:
         lines.append(f"| {r['config']} | {r['layers']} | {r['seq_len']} | {r['vocab']} | {r['gqa']} | "
                      f"{r['micro_batch_size']} | {r['processes']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
+                     f"{r.get('sync_wait_s', 0.0):.3f} | "
                      f"{100 * r['error']:+.1f} % | {100 * r['repeatability']:.1f} % | "
                      f"{min(r['cpu_share']):.2f} | {100 * max(r['steal']):.1f} % |")
     lines += ["", "| processes | rows | median abs. error | median signed error | worst | within 5 % |",
@@ -122,7 +124,8 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], meta: dict[str, A
                      f"{100 * s['median_signed_error']:+.1f} % | {100 * s['max_abs_error']:.1f} % | "
                      f"{s['within_5pct']}/{s['rows']} |")
     lines += ["", "before/after: how far apart the medians of the real step measured before and after the "
-              "calibration are (the real step's own repeatability); CPU share: the share of the step's wall time "
+              "calibration are (the real step's own repeatability); of which wait: the predicted wait for the slower "
+              "rank (simtrain.engine.sync_wait); CPU share: the share of the step's wall time "
               "the process ran (below 1: other processes held the core); steal: CPU time the hypervisor stole."]
     return "\n".join(lines) + "\n"
 

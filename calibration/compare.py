@@ -28,6 +28,7 @@ from calibration.shapes import read_run
 from calibration.steal import MAX_STEAL_FRACTION, cpu_ticks, steal_fraction
 from calibration.timing import Clock
 from simtrain import simulate
+from simtrain.engine.results import StepResult
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Comparison:
     measured_s: tuple[float, ...]
     predicted_s: float
     implementation: str
+    sync_wait_s: float = 0.0
+    """Of ``predicted_s``, the wait for the slower rank (``simtrain.engine.sync_wait``; 0 for one process)."""
 
     @property
     def measured_median_s(self) -> float:
@@ -121,11 +124,10 @@ def _env(threads: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
-def predict(config: str, profile: str, processes: int) -> float:
-    """simtrain's predicted step time (seconds) of ``config`` with ``processes`` ranks on ``profile``."""
+def predict(config: str, profile: str, processes: int) -> StepResult:
+    """simtrain's predicted step of ``config`` with ``processes`` ranks on ``profile``."""
     run = read_run(config)
-    res = simulate(config, [*run_overrides(processes, run.train.micro_batch_size), f"hardware.profile={profile}"])
-    return res.step_time_s
+    return simulate(config, [*run_overrides(processes, run.train.micro_batch_size), f"hardware.profile={profile}"])
 
 
 def step_times_field(clock: Clock, processes: int) -> str:
@@ -145,7 +147,9 @@ def compare(config: str, profile: str, processes: int, measured: list[dict[str, 
     """
     field = step_times_field(clock, processes)
     times = tuple(t for m in measured for t in m[field])
-    return Comparison(processes, times, predict(config, profile, processes), measured[0]["implementation"])
+    res = predict(config, profile, processes)
+    return Comparison(processes, times, res.step_time_s, measured[0]["implementation"],
+                      res.breakdown_s.get("sync_wait", 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -384,8 +384,7 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
     if kind == "layer_step":
         return bench_layer_step(ctx, target, p["pass"] == "bwd"), {}
     if kind == "in_step":
-        return None, {"kernels": in_fresh_process(target, _DTYPE_NAMES[ctx.dtype], ctx.timer.settings.clock,
-                                                  torch.get_num_threads())}
+        return None, in_fresh_process(target, _DTYPE_NAMES[ctx.dtype], ctx.timer.settings.clock, torch.get_num_threads())
     if kind == "layer_memory":
         return None, layer_memory(ctx, target)
     raise ValueError(f"unknown measurement kind {kind!r}")

@@ -117,11 +117,18 @@ def wgrad_share(model: nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor,
     return statistics.median(shares)
 
 
-def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THREAD_CPU, steps: int = 5,
-                    warmup: int = 2, device: torch.device | None = None) -> dict[str, dict[str, Any]]:
-    """{simtrain kernel: Stats dict over the timed steps}, seconds of ``clock`` per step: the embedding,
-    LM head and loss (forward and backward) and ``optimizer.step`` (``AdamW.step()`` and ``zero_grad``)
-    of plain training steps, from the clock stamps of ``_Stamps`` (``instep.kernel_seconds``)."""
+#: Timed steps of ``measure_in_step`` per round: the kernels' medians, and the whole steps whose spread,
+#: pooled over the calibration's rounds (three on a CPU), gives ``summary.step_jitter``
+#: (``calibration.writer.step_jitter``)
+STEPS = 11
+
+
+def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THREAD_CPU, steps: int = STEPS,
+                    warmup: int = 2, device: torch.device | None = None) -> dict[str, Any]:
+    """``kernels``: {simtrain kernel: Stats dict over the timed steps}, seconds of ``clock`` per step: the
+    embedding, LM head and loss (forward and backward) and ``optimizer.step`` (``AdamW.step()`` and
+    ``zero_grad``) of plain training steps, from the clock stamps of ``_Stamps``
+    (``instep.kernel_seconds``); ``step_s``: each whole step's seconds (forward to ``zero_grad``)."""
     device = device or torch.device("cpu")
     m = target.model
     torch.manual_seed(1234)
@@ -149,11 +156,12 @@ def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THR
     for t in taken:
         for kernel, s in kernel_seconds(t, share).items():
             per_step[kernel].append(s)
-    return {k: summarize(v).to_dict() for k, v in sorted(per_step.items()) if statistics.median(v) > 0}
+    kernels = {k: summarize(v).to_dict() for k, v in sorted(per_step.items()) if statistics.median(v) > 0}
+    return {"kernels": kernels, "step_s": [t["optimized"] - t["start"] for t in taken]}
 
 
 def in_fresh_process(target: Target, dtype: str, clock: Clock, threads: int, timeout_s: float = 900.0,
-                     ) -> dict[str, dict[str, Any]]:
+                     ) -> dict[str, Any]:
     """``measure_in_step`` in a new Python process: the allocator state of a training process.
 
     Why a new process: glibc raises its mmap threshold to the size of each mmapped block freed (up
@@ -170,7 +178,7 @@ def in_fresh_process(target: Target, dtype: str, clock: Clock, threads: int, tim
                           env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"in-step measurement failed: {proc.stderr.strip()[-1000:]}")
-    out: dict[str, dict[str, Any]] = json.loads(proc.stdout)
+    out: dict[str, Any] = json.loads(proc.stdout)
     return out
 
 

@@ -36,6 +36,10 @@ def _stat_cols(r: dict[str, Any]) -> list[Any]:
 
 
 STAT_COLUMNS = ["median_s", "p25_s", "p75_s", "repeats", "status"]
+#: A normal distribution's inter-quartile range in standard deviations (2 x 0.6745)
+IQR_PER_SIGMA = 1.349
+#: Fewest pooled whole steps ``step_jitter`` takes a spread from (quartiles of fewer are mostly noise)
+MIN_JITTER_STEPS = 8
 
 
 def _tables(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -176,6 +180,24 @@ def _summary(by_kind: dict[str, list[dict[str, Any]]], header: dict[str, Any]) -
     return s
 
 
+def step_jitter(records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """``summary.step_jitter`` from the ok ``in_step`` records' whole steps (``instep_measure``: one
+    record per round), each step over its round's median (a drift between rounds is not jitter) and
+    pooled: ``cv`` = their inter-quartile range / 1.349 (the normal's; a robust standard deviation: one
+    long step must not stand for the spread), ``median_s`` (the rounds' median), ``sigma_s`` = cv x
+    median_s, ``steps``; None with fewer than ``MIN_JITTER_STEPS`` steps (journals before them)."""
+    rounds = [r["result"]["step_s"] for r in records
+              if r["kind"] == "in_step" and r["status"] == "ok" and r.get("result", {}).get("step_s")]
+    medians = [statistics.median(xs) for xs in rounds]
+    pooled = [x / m for xs, m in zip(rounds, medians, strict=True) if m > 0 for x in xs]
+    if len(pooled) < MIN_JITTER_STEPS:
+        return None
+    q = statistics.quantiles(pooled, n=4, method="inclusive")
+    cv = (q[2] - q[0]) / IQR_PER_SIGMA
+    median = statistics.median(medians)
+    return {"median_s": median, "sigma_s": cv * median, "cv": cv, "steps": len(pooled)}
+
+
 def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
     """The profile (see ``simtrain/hardware/profile.py``) from a journal's header and records."""
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -187,6 +209,9 @@ def build_profile(name: str, header: dict[str, Any], records: list[dict[str, Any
         else:
             by_kind[r["kind"]].append(r)
     summary = _summary(by_kind, header)  # figures not measured (e.g. a collectives-only run) are null
+    jitter = step_jitter(records)
+    if jitter is not None:
+        summary["step_jitter"] = jitter
     profile = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "name": name,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -101,6 +101,8 @@ def render_summary(r: StepResult) -> str:
     if bd.get("offload", 0.0) > 0:
         lines.append(f"    CPU offload waits {bd['offload']:.4f} s")
     lines.append(f"    other       {bd['other']:.4f} s")
+    if bd.get("sync_wait", 0.0) > 0:  # a calibrated profile's step jitter (simtrain.engine.sync_wait)
+        lines.append(f"    wait for the slowest rank {bd['sync_wait']:.4f} s")
     lines.append("  memory per pipeline stage (peak, capacity):")
     for m in r.memory:
         verdict = "fits" if m.fits else "DOES NOT FIT"

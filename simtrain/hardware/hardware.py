@@ -98,6 +98,10 @@ class GpuSpec(BaseModel):
     runs on its own SMs). The engine adds it per second of compute that ran beside the collective (the
     calibration times the all-reduce beside GEMMs against alone), so one with idle cores beside it, as
     the last bucket's before the optimizer, takes its time alone."""
+    step_time_cv: float = Field(default=0.0, ge=0, le=0.5)
+    """Coefficient of variation of one rank's training-step time from step to step (standard deviation /
+    median, dimensionless; a calibrated profile's ``summary.step_jitter.cv``): synchronised ranks wait
+    for the slowest each step (``simtrain.engine.sync_wait``); 0 in the built-in GPU profiles."""
     cuda_context_bytes: float = Field(ge=0)
     nccl_buffer_bytes: float = Field(ge=0)
 

@@ -15,8 +15,9 @@ File format (``schema: simtrain-calibrated-profile``, ``schema_version: 1``; YAM
   ``memory_Bps`` (copy bandwidth), ``launch_s`` (smallest op), attention and memory-op throughput,
   ``host_copy_Bps`` (device <-> pinned host copies, the slower direction: CPU activation offloading),
   ``in_situ`` (a layer step measured whole over the sum of its kernels measured alone),
-  ``comm_interference`` (GEMM slowdown while a collective runs: ``intra``/``inter`` node), and on a
-  CPU ``contention`` (slowdown per op class when ``N`` processes share the machine).
+  ``comm_interference`` (GEMM slowdown while a collective runs: ``intra``/``inter`` node), on a
+  CPU ``contention`` (slowdown per op class when ``N`` processes share the machine), and
+  ``step_jitter`` (``median_s``, ``sigma_s``, ``cv``, ``steps``: the spread of whole training steps).
 - ``fits``: the fitted cost functions (``simtrain/hardware/calibrated.py`` documents how each is evaluated):
   ``gemm`` (parametric model), ``attention.fwd|bwd`` and ``memory_ops.<kind>`` curves
   (``x``, ``t_s``, ``a_s``, ``rate``, residuals), ``collectives`` (one curve per collective, ranks, nodes).
@@ -220,6 +221,9 @@ def parse_profile(data: Any, file: str) -> CalibratedProfile:
     for key in ("peak_flops_per_s", "memory_Bps", "launch_s", "host_copy_Bps"):  # null: not measured
         if summary.get(key) is not None:
             r.number(summary, key, "summary", minimum=0.0, strict=key != "launch_s")
+    jitter = r.optional_mapping(summary, "step_jitter", "summary.")
+    if jitter is not None:
+        r.number(jitter, "cv", "summary.step_jitter")
     memory = r.number(device, "memory_bytes", "device", minimum=0.0, strict=True)
     threads = device.get("threads_per_process", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -511,7 +515,16 @@ def _measured_fractions(s: dict[str, Any], peak: float, memory_Bps: float,
             "memory_op_efficiency": frac(s.get("memory_op_Bps"), memory_Bps, defaults[2]),
             "comm_interference_nvlink": min(max(float(intra or 0.0), 0.0), 0.99),
             "comm_interference_net": min(max(float(net or 0.0), 0.0), 0.99),
-            "comm_in_situ_slowdown": max(float(comm_in_situ or 0.0), 0.0)}
+            "comm_in_situ_slowdown": max(float(comm_in_situ or 0.0), 0.0),
+            "step_time_cv": _step_time_cv(s)}
+
+
+def _step_time_cv(s: dict[str, Any]) -> float:
+    """``summary.step_jitter.cv`` (the spread of the calibrated stack's whole steps, ``calibration.writer``),
+    clamped to GpuSpec's range; 0 when not measured."""
+    jitter = s.get("step_jitter") or {}
+    cv: Any = jitter.get("cv") if isinstance(jitter, dict) else None
+    return min(float(cv), 0.5) if _positive(cv) else 0.0
 
 
 def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:

@@ -217,7 +217,8 @@ def config_diff(a: RunConfig, b: RunConfig) -> list[FieldDiff]:
 
 
 _BREAKDOWN = (("compute", "compute"), ("bubble", "pipeline bubble"), ("stage_imbalance", "stage imbalance"),
-              ("optimizer", "optimizer"), ("offload", "CPU offload waits"), ("other", "other"))
+              ("optimizer", "optimizer"), ("offload", "CPU offload waits"), ("other", "other"),
+              ("sync_wait", "wait for the slowest rank"))
 
 
 def metric_rows(a: StepResult, b: StepResult) -> list[Row]:

@@ -38,7 +38,7 @@ BREAKDOWN = (("compute_s", "compute"), ("bubble_s", "bubble"), ("stage_imbalance
              ("exposed_tp_s", "exposed TP"),
              ("exposed_cp_s", "exposed CP"), ("exposed_ep_s", "exposed EP"), ("exposed_dp_s", "exposed DP"),
              ("exposed_pp_s", "exposed PP"), ("offload_s", "CPU offload waits"), ("optimizer_s", "optimizer"),
-             ("other_s", "other"))
+             ("other_s", "other"), ("sync_wait_s", "wait for the slowest rank"))
 MEMORY_PARTS = ("weights", "grads", "optimizer", "fp8_weights", "activations", "comm_buffers", "pp_buffers",
                 "workspace", "context", "fragmentation")
 TABLE_ROWS = 20

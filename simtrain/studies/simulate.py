@@ -24,10 +24,11 @@ from simtrain.engine.prepare import group_axes as _group_axes
 from simtrain.engine.records import EngineResult, RankStats
 from simtrain.engine.results import StageMemory, StepResult
 from simtrain.engine.steady import SteadyPlan, affine_at, extrapolate, plan
+from simtrain.engine.sync_wait import sync_wait_s
 from simtrain.hardware.fabric.perturb import gpu_speeds, perturb
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.fabric.wiring import fabric_of
-from simtrain.hardware.hardware import ClusterSpec
+from simtrain.hardware.hardware import ClusterSpec, GpuSpec
 from simtrain.hardware.profile import compute_calibration, run_cluster
 from simtrain.lower.flops import model_flops_per_step
 from simtrain.lower.layer_plan import microbatches
@@ -224,7 +225,7 @@ def _variability(step: _Step, steady: SteadyPlan | None, nominal_s: float) -> di
         drawn = replace(step, speed=variability.rank_speeds(step.grid, speeds, step.symmetric, reps))
         outcome = _steady_state(drawn, steady) if run.sim.steady_state and steady else None
         res = outcome[0] if outcome is not None else drawn.engine_run(run.train)[1]
-        times.append(res.step_time_s)
+        times.append(res.step_time_s + _sync_wait(res, step.cluster.gpu, step.grid.world_size))
         slowest.append(float(speeds.min()))
     return variability.summary(spec, run.sim.seed, nominal_s, times, slowest)
 
@@ -295,12 +296,21 @@ def _compute_s(st: RankStats) -> float:
     return st.busy["fwd"] + st.busy["bwd"] + st.busy["recompute"]
 
 
-def _breakdown(st: RankStats, step: float, max_compute_s: float) -> dict[str, Any]:
+def _sync_wait(res: EngineResult, gpu: GpuSpec, world_size: int) -> float:
+    """Seconds the step waits for its slowest rank beyond the engine's step of identical ranks
+    (``simtrain.engine.sync_wait``): the jitter of the critical rank's compute and optimizer seconds over
+    the ranks that meet at the step's synchronisations (all of them: the gradients' reduction)."""
+    st = res.stats[res.critical_rank()]
+    return sync_wait_s(gpu.step_time_cv, _compute_s(st) + st.busy["optimizer"], world_size)
+
+
+def _breakdown(st: RankStats, step: float, max_compute_s: float, sync_wait: float = 0.0) -> dict[str, Any]:
     """Where the critical rank's step went (seconds). Its waits for pipeline inputs are split in two:
     ``stage_imbalance``, the part a slower rank's extra compute explains (max_compute_s - its own
     compute: in 1F1B's steady state every stage runs at the slowest one's pace, so a lighter stage idles
     that much over the step), and ``bubble``, the rest (the schedule's fill and drain). ``offload``: its
-    waits for CPU activation offload/reload copies (``simtrain.lower.offload``)."""
+    waits for CPU activation offload/reload copies (``simtrain.lower.offload``). ``step`` is the engine's;
+    ``sync_wait`` (``_sync_wait``) comes on top of it."""
     compute = _compute_s(st)
     exposed = {a: st.exposed.get(a, 0.0) for a in AXES}
     tail = max(step - max(st.last_compute_end_s, 0.0), 0.0)
@@ -312,12 +322,14 @@ def _breakdown(st: RankStats, step: float, max_compute_s: float) -> dict[str, An
     known = compute + st.busy["optimizer"] + sum(exposed.values()) + st.bubble_s + offload
     return {"compute": compute, "exposed_comm": exposed, "bubble": st.bubble_s - imbalance,
             "stage_imbalance": imbalance, "offload": offload, "optimizer": st.busy["optimizer"],
-            "other": max(step - known, 0.0)}
+            "other": max(step - known, 0.0), "sync_wait": sync_wait}
 
 
 def _result(run: RunConfig, mode: str, microbatches: int, res: EngineResult, cluster: ClusterSpec,
             grid: RankGrid, closed: list[float]) -> StepResult:
-    step = res.step_time_s
+    critical = res.critical_rank()
+    wait = _sync_wait(res, cluster.gpu, grid.world_size)
+    step = res.step_time_s + wait
     n = cluster.n_gpus
     tokens = run.train.global_batch_seqs_resolved * run.train.seq_len
     peak = cluster.gpu.bf16_flops_per_s  # MFU against the dense BF16 peak whatever the precision (README)
@@ -325,14 +337,14 @@ def _result(run: RunConfig, mode: str, microbatches: int, res: EngineResult, clu
     per_stage_flops = [max(res.stats[r].flops for r in res.ranks if grid.stage_of(r) == s)
                        for s in range(run.layout.pp)]
     hw_per_gpu = sum(per_stage_flops) / run.layout.pp
-    critical = res.critical_rank()
     max_compute_s = max(_compute_s(res.stats[r]) for r in res.ranks)
     memory = _stage_memory(run, res, grid, cluster.gpu.hbm_bytes, closed)
     return StepResult(
         name=run.name, mode=mode, step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
         model_tflops_per_gpu=model_flops / step / n / 1e12, hardware_tflops_per_gpu=hw_per_gpu / step / 1e12,
         mfu=model_flops / (step * n * peak), hfu=hw_per_gpu / (step * peak), n_gpus=n, global_batch_tokens=tokens,
-        microbatches=microbatches, breakdown_s=_breakdown(res.stats[critical], step, max_compute_s), memory=memory,
+        microbatches=microbatches, memory=memory,
+        breakdown_s=_breakdown(res.stats[critical], res.step_time_s, max_compute_s, wait),
         fits=all(m.fits for m in memory), layout=run.layout.model_dump(mode="json"),
         ops_executed=res.ops_executed, trace=res.trace, stage_of={r: grid.stage_of(r) for r in res.ranks},
     )

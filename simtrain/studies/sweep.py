@@ -224,7 +224,7 @@ def result_columns(r: StepResult) -> Row:
         "mfu": r.mfu, "hfu": r.hfu, "compute_s": float(bd["compute"]), "bubble_s": float(bd["bubble"]),
         "stage_imbalance_s": float(bd["stage_imbalance"]), "offload_s": float(bd.get("offload", 0.0)),
         "exposed_comm_s": sum(exposed.values()), **exposed, "optimizer_s": float(bd["optimizer"]),
-        "other_s": float(bd["other"]), "peak_memory_bytes": peak, "capacity_bytes": capacity,
+        "other_s": float(bd["other"]), "sync_wait_s": float(bd.get("sync_wait", 0.0)), "peak_memory_bytes": peak, "capacity_bytes": capacity,
         "memory_headroom_bytes": capacity - peak, "fits": r.fits, "memory_json": memory_json(r),
         **variability_columns(r),
     }
