@@ -30,6 +30,8 @@ import numpy as np
 #: maximum of 10^9 draws lies near 6; the trapezoid rule's error is below 1e-9 there)
 _X = np.linspace(-12.0, 12.0, 9601)
 _CDF = 0.5 * (1.0 + np.array([math.erf(x / math.sqrt(2.0)) for x in _X]))
+_X.setflags(write=False)
+_CDF.setflags(write=False)
 
 
 def expected_max(n: int) -> float:
