@@ -19,7 +19,8 @@ import torch.nn.functional as F  # noqa: N812
 
 from calibration import ops
 from calibration.instep import in_step_applies
-from calibration.instep_measure import in_fresh_process
+from calibration.instep_measure import QUICK_IN_STEP_STEPS, in_fresh_process
+from calibration.instep_measure import STEPS as IN_STEP_STEPS
 from calibration.journal import Journal, measurement_key
 from calibration.saved import SavedTensorCounter
 from calibration.shapes import (
@@ -280,6 +281,10 @@ class PlanSettings:
     copy_bytes: tuple[int, ...]
     rounds: int = 1
     optimizer_after_step: bool = False  # time the optimizer, LM head, loss and embedding in a training step (CPUs)
+    in_step_steps: int = IN_STEP_STEPS
+    """Timed training steps per round of the in-step measurement (``calibration.instep_measure``); the
+    whole steps' spread needs ``calibration.writer.MIN_JITTER_STEPS`` pooled, so ``--quick`` (one round
+    of 5) measures no step jitter."""
 
     @classmethod
     def for_device(cls, kind: str, quick: bool = False) -> PlanSettings:
@@ -291,7 +296,8 @@ class PlanSettings:
             return cls((256, 1024, 4096) if quick else (256, 1024, 4096, 16384),
                        tuple(MiB * 4**i for i in range(4 if quick else 6)), 1)
         return cls((128, 512) if quick else (128, 512, 2048), tuple(MiB * 4**i for i in range(3 if quick else 4)),
-                   1 if quick else 3, optimizer_after_step=True)
+                   1 if quick else 3, optimizer_after_step=True,
+                   in_step_steps=QUICK_IN_STEP_STEPS if quick else IN_STEP_STEPS)
 
 
 def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
@@ -308,7 +314,7 @@ def compute_plan(target: Target, settings: PlanSettings) -> list[Measurement]:
     exact += [Measurement("layer_step", {"pass": p, **target.describe()}) for p in ("fwd", "bwd")]
     in_step = settings.optimizer_after_step and in_step_applies(target)
     if in_step:
-        exact.append(Measurement("in_step", target.describe()))
+        exact.append(Measurement("in_step", target.describe(), {"steps": settings.in_step_steps}))
     memory = list(_memory_plan(target, calls.memory_bytes, settings.optimizer_after_step, in_step))
     exact += [m for m in memory if m.extra["at_target"]]
     grid = [m for m in memory if not m.extra["at_target"]]
@@ -384,7 +390,8 @@ def run_measurement(ctx: Context, meas: Measurement, target: Target) -> tuple[St
     if kind == "layer_step":
         return bench_layer_step(ctx, target, p["pass"] == "bwd"), {}
     if kind == "in_step":
-        return None, in_fresh_process(target, _DTYPE_NAMES[ctx.dtype], ctx.timer.settings.clock, torch.get_num_threads())
+        return None, in_fresh_process(target, _DTYPE_NAMES[ctx.dtype], ctx.timer.settings.clock, torch.get_num_threads(),
+                                      steps=int(meas.extra.get("steps", IN_STEP_STEPS)))
     if kind == "layer_memory":
         return None, layer_memory(ctx, target)
     raise ValueError(f"unknown measurement kind {kind!r}")

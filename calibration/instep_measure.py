@@ -121,6 +121,8 @@ def wgrad_share(model: nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor,
 #: pooled over the calibration's rounds (three on a CPU), gives ``summary.step_jitter``
 #: (``calibration.writer.step_jitter``)
 STEPS = 11
+#: ``--quick``'s (one round): the kernels' medians only, as before the step jitter (CI time)
+QUICK_IN_STEP_STEPS = 5
 
 
 def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THREAD_CPU, steps: int = STEPS,
@@ -161,7 +163,7 @@ def measure_in_step(target: Target, dtype: torch.dtype, clock: Clock = Clock.THR
 
 
 def in_fresh_process(target: Target, dtype: str, clock: Clock, threads: int, timeout_s: float = 900.0,
-                     ) -> dict[str, Any]:
+                     steps: int = STEPS) -> dict[str, Any]:
     """``measure_in_step`` in a new Python process: the allocator state of a training process.
 
     Why a new process: glibc raises its mmap threshold to the size of each mmapped block freed (up
@@ -173,9 +175,9 @@ def in_fresh_process(target: Target, dtype: str, clock: Clock, threads: int, tim
     """
     spec = json.dumps({"model_spec": target.model.model_dump(mode="json"), **target.describe()})
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    proc = subprocess.run([sys.executable, "-m", "calibration.instep_measure", "--dtype", dtype, "--clock", clock.value,
-                           "--threads", str(threads)], input=spec, capture_output=True, text=True, timeout=timeout_s,
-                          env=env)
+    cmd = [sys.executable, "-m", "calibration.instep_measure", "--dtype", dtype, "--clock", clock.value,
+           "--threads", str(threads), "--steps", str(steps)]
+    proc = subprocess.run(cmd, input=spec, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"in-step measurement failed: {proc.stderr.strip()[-1000:]}")
     out: dict[str, Any] = json.loads(proc.stdout)
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--clock", choices=[c.value for c in Clock], default=Clock.THREAD_CPU.value)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=STEPS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = Target.from_header(json.loads(sys.stdin.read()))
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         print("calibration.instep_measure: no model_spec in the target", file=sys.stderr)
         return 2
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    print(json.dumps(measure_in_step(target, dtype, Clock(args.clock))))
+    print(json.dumps(measure_in_step(target, dtype, Clock(args.clock), steps=args.steps)))
     return 0
 
 

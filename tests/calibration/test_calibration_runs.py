@@ -388,14 +388,21 @@ def test_cpu_plan_times_the_head_loss_and_optimizer_inside_training_steps() -> N
     training process, ``calibration.instep_measure``); GPU plans and targets ``EagerLlama`` does not
     run (TP shards) do without it."""
     from calibration.instep import IN_STEP_GEMMS, IN_STEP_MEMORY_OPS, in_step_applies
-    from calibration.instep_measure import STEPS, in_fresh_process
+    from calibration.instep_measure import QUICK_IN_STEP_STEPS, STEPS, in_fresh_process
     from calibration.timing import Clock
+    from calibration.writer import MIN_JITTER_STEPS
 
     run = read_run(TINY)
     target = Target(run.model, seq_len=run.train.seq_len, micro_batch_size=run.train.micro_batch_size)
     cpu = compute_plan(target, PlanSettings.for_device("cpu", quick=True))
     gpu = compute_plan(target, PlanSettings.for_device("cuda", quick=True))
     assert [m.kind for m in cpu].count("in_step") == 1 and "in_step" not in [m.kind for m in gpu]
+    # --quick times 5 steps in its one round (no step jitter: calibration.writer.MIN_JITTER_STEPS); a full CPU
+    # calibration 11 in each of three rounds, 33 whole steps behind summary.step_jitter
+    full = compute_plan(target, PlanSettings.for_device("cpu"))
+    assert [m.extra["steps"] for m in cpu if m.kind == "in_step"] == [QUICK_IN_STEP_STEPS]
+    assert [m.extra["steps"] for m in full if m.kind == "in_step"] == [STEPS] * 3
+    assert QUICK_IN_STEP_STEPS < MIN_JITTER_STEPS <= 3 * STEPS
     # the whole model's optimizer comes from the in-step measurement, not a second after-step benchmark
     assert [m.params["layers"] for m in cpu if m.kind == "optimizer"] == [1]
     assert in_step_applies(target) and not in_step_applies(Target(run.model, tp=2))
