@@ -225,7 +225,8 @@ def _variability(step: _Step, steady: SteadyPlan | None, nominal_s: float) -> di
         drawn = replace(step, speed=variability.rank_speeds(step.grid, speeds, step.symmetric, reps))
         outcome = _steady_state(drawn, steady) if run.sim.steady_state and steady else None
         res = outcome[0] if outcome is not None else drawn.engine_run(run.train)[1]
-        times.append(res.step_time_s + _sync_wait(res, step.cluster.gpu, step.grid.world_size))
+        wait = _sync_wait(res.stats[res.critical_rank()], step.cluster.gpu, step.grid.world_size)
+        times.append(res.step_time_s + wait)
         slowest.append(float(speeds.min()))
     return variability.summary(spec, run.sim.seed, nominal_s, times, slowest)
 
@@ -296,11 +297,10 @@ def _compute_s(st: RankStats) -> float:
     return st.busy["fwd"] + st.busy["bwd"] + st.busy["recompute"]
 
 
-def _sync_wait(res: EngineResult, gpu: GpuSpec, world_size: int) -> float:
+def _sync_wait(st: RankStats, gpu: GpuSpec, world_size: int) -> float:
     """Seconds the step waits for its slowest rank beyond the engine's step of identical ranks
-    (``simtrain.engine.sync_wait``): the jitter of the critical rank's compute and optimizer seconds over
-    the ranks that meet at the step's synchronisations (all of them: the gradients' reduction)."""
-    st = res.stats[res.critical_rank()]
+    (``simtrain.engine.sync_wait``): the jitter of the critical rank's (``st``) compute and optimizer seconds
+    over the ranks that meet at the step's synchronisations (all of them: the gradients' reduction)."""
     return sync_wait_s(gpu.step_time_cv, _compute_s(st) + st.busy["optimizer"], world_size)
 
 
@@ -328,7 +328,7 @@ def _breakdown(st: RankStats, step: float, max_compute_s: float, sync_wait: floa
 def _result(run: RunConfig, mode: str, microbatches: int, res: EngineResult, cluster: ClusterSpec,
             grid: RankGrid, closed: list[float]) -> StepResult:
     critical = res.critical_rank()
-    wait = _sync_wait(res, cluster.gpu, grid.world_size)
+    wait = _sync_wait(res.stats[critical], cluster.gpu, grid.world_size)
     step = res.step_time_s + wait
     n = cluster.n_gpus
     tokens = run.train.global_batch_seqs_resolved * run.train.seq_len
