@@ -127,7 +127,8 @@ def compare_pp(config: str, profile: str, case: PipelineCase, measured: list[dic
     predicted, busy = predict_pp(config, profile, case)
     per_batch = [m["busy_s_per_rank"] for m in measured if m.get("busy_s_per_rank")]
     measured_busy = tuple(statistics.median(b[r] for b in per_batch) for r in range(case.stages)) if per_batch else ()
-    return PipelineComparison(case.stages, times, predicted, measured[0]["implementation"], case, measured_busy, busy)
+    return PipelineComparison(case.stages, times, predicted, measured[0]["implementation"], case=case,
+                              busy_measured_s=measured_busy, busy_predicted_s=busy)
 
 
 def main(argv: list[str] | None = None) -> int:
