@@ -115,3 +115,12 @@ def test_builtin_gpus_have_no_jitter() -> None:
     from simtrain.hardware.load import list_gpus, load_gpu
 
     assert all(load_gpu(name).step_time_cv == 0.0 for name in list_gpus())
+
+
+def test_cli_prints_the_wait_for_the_slowest_rank(profiles_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _profile_with_jitter(profiles_dir, "jit-cli", [1.0 + 0.01 * k for k in range(-10, 11)])
+    two = ["--set", "hardware.profile=jit-cli", "--set", "layout.dp=2", "--set", "train.global_batch_seqs=4"]
+    assert main(["simulate", CPU_CONFIG, *two]) == 0
+    assert "wait for the slowest rank" in capsys.readouterr().out
+    assert main(["simulate", CPU_CONFIG, "--set", "hardware.profile=jit-cli"]) == 0  # one process: no wait
+    assert "wait for the slowest rank" not in capsys.readouterr().out
