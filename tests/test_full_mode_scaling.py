@@ -80,7 +80,7 @@ def test_full_mode_fast_paths_change_nothing(monkeypatch: pytest.MonkeyPatch, sl
 
 
 def test_gc_is_restored_after_the_run() -> None:
-    """The collector is off only while the event loop runs."""
+    """The collector is off only while a step is lowered and simulated (``gc_paused``)."""
     assert gc.isenabled()
     simulate(CASE, mode="full")
     assert gc.isenabled()

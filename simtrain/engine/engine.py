@@ -21,7 +21,6 @@ it simulates one rank per class of alike ranks instead, every flow still on the 
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict, deque
 from typing import Any, cast
 
@@ -31,6 +30,7 @@ from simtrain.cost.host import RunAhead
 from simtrain.engine.axes import _axis, _axis_of, _interference, charge_stream
 from simtrain.engine.comm_planner import CommPlanner
 from simtrain.engine.done import DoneEvents, either
+from simtrain.engine.gc_pause import gc_paused
 from simtrain.engine.inline import Guard, Inline, in_line_costs
 from simtrain.engine.merge import ClassComm, CommEntry, NotAlike, rank_classes
 from simtrain.engine.network import FlowNetwork, fluid_duration
@@ -247,19 +247,15 @@ class Engine(ClassComm):
                     self.env.process(self._comm_stream(r, stream, ops))
         # The simulation makes no reference cycles of note, but millions of live objects (events, flows,
         # timelines): each of the collector's full passes walks them all, a cost per event that grows
-        # with the rank count. Off while the loop runs; reference counting still frees everything.
-        collect = gc.isenabled()
-        gc.disable()
+        # with the rank count. Off while the loop runs (``gc_paused``); reference counting still frees everything.
         try:
-            self.env.run()
+            with gc_paused():
+                self.env.run()
         except NotAlike as e:  # members of a class differ: the merged run proves nothing, so run every rank
             res = Engine(**self._args, merge=False).run()  # type: ignore[arg-type]
             res.notes.append(f"full mode simulated every rank: ranks alike in program, speed and groups did not "
                              f"behave alike on the fabric ({e}), so they could not be simulated once per class")
             return res
-        finally:
-            if collect:
-                gc.enable()
         step = max(s.end_s for s in self.stats.values())
         res = EngineResult(step, self.ranks, self.stats, self.ledgers, self.trace, self.executed,
                            self.planner.plans, self.notes)

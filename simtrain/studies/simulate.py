@@ -19,6 +19,7 @@ from simtrain.engine import invariants
 from simtrain.engine.axes import AXES
 from simtrain.engine.comm_planner import CommPlanner, symmetry_violation
 from simtrain.engine.engine import Engine
+from simtrain.engine.gc_pause import gc_paused
 from simtrain.engine.prepare import attach_static_memory as _attach_static_memory
 from simtrain.engine.prepare import group_axes as _group_axes
 from simtrain.engine.records import EngineResult, RankStats
@@ -81,9 +82,11 @@ def simulate(config: RunConfig | dict[str, Any] | str | Path, overrides: list[st
         raise ConfigError(problem("sim.variability", run.sim.variability.model_dump(),
                                   "no variability with a whatif (a what-if compares one perturbed step with the "
                                   "nominal one): drop sim.variability, or the whatif section"))
-    if run.whatif.active:  # the step with and without the perturbations (simtrain.studies.whatif)
-        return _whatif(run, mode, trace, error_table, fabric)
-    return _simulate(run, mode, trace, error_table, fabric)[0]
+    # lowering and costing a long step makes millions of objects too: no collector passes over them (gc_pause)
+    with gc_paused():
+        if run.whatif.active:  # the step with and without the perturbations (simtrain.studies.whatif)
+            return _whatif(run, mode, trace, error_table, fabric)
+        return _simulate(run, mode, trace, error_table, fabric)[0]
 
 
 def _whatif(run: RunConfig, mode: str | None, trace: bool, error_table: str | Path | None,
