@@ -102,6 +102,10 @@ class GpuSpec(BaseModel):
     """Coefficient of variation of one rank's training-step time from step to step (standard deviation /
     median, dimensionless; a calibrated profile's ``summary.step_jitter.cv``): synchronised ranks wait
     for the slowest each step (``simtrain.engine.sync_wait``); 0 in the built-in GPU profiles."""
+    step_time_ref_s: float = Field(default=0.0, ge=0, le=1e6)
+    """Seconds of the step ``step_time_cv`` was measured on (a calibrated profile's
+    ``summary.step_jitter.median_s``): work longer or shorter than it jitters by the square root of the
+    ratio (``simtrain.engine.sync_wait``); 0: the cv applies to any work as it is."""
     cuda_context_bytes: float = Field(ge=0)
     nccl_buffer_bytes: float = Field(ge=0)
 

@@ -224,6 +224,8 @@ def parse_profile(data: Any, file: str) -> CalibratedProfile:
     jitter = r.optional_mapping(summary, "step_jitter", "summary.")
     if jitter is not None:
         r.number(jitter, "cv", "summary.step_jitter")
+        if jitter.get("median_s") is not None:
+            r.number(jitter, "median_s", "summary.step_jitter", strict=True)
     memory = r.number(device, "memory_bytes", "device", minimum=0.0, strict=True)
     threads = device.get("threads_per_process", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -516,7 +518,7 @@ def _measured_fractions(s: dict[str, Any], peak: float, memory_Bps: float,
             "comm_interference_nvlink": min(max(float(intra or 0.0), 0.0), 0.99),
             "comm_interference_net": min(max(float(net or 0.0), 0.0), 0.99),
             "comm_in_situ_slowdown": max(float(comm_in_situ or 0.0), 0.0),
-            "step_time_cv": _step_time_cv(s)}
+            "step_time_cv": _step_time_cv(s), "step_time_ref_s": _step_time_ref_s(s)}
 
 
 def _step_time_cv(s: dict[str, Any]) -> float:
@@ -525,6 +527,14 @@ def _step_time_cv(s: dict[str, Any]) -> float:
     jitter = s.get("step_jitter") or {}
     cv: Any = jitter.get("cv") if isinstance(jitter, dict) else None
     return min(float(cv), 0.5) if _positive(cv) else 0.0
+
+
+def _step_time_ref_s(s: dict[str, Any]) -> float:
+    """``summary.step_jitter.median_s``: the length of the steps the cv was measured on; 0 when not given
+    (the cv then applies to any work as it is, ``simtrain.engine.sync_wait``)."""
+    jitter = s.get("step_jitter") or {}
+    ref: Any = jitter.get("median_s") if isinstance(jitter, dict) else None
+    return min(float(ref), 1e6) if _positive(ref) else 0.0
 
 
 def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:

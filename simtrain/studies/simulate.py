@@ -304,7 +304,7 @@ def _sync_wait(st: RankStats, gpu: GpuSpec, world_size: int) -> float:
     """Seconds the step waits for its slowest rank beyond the engine's step of identical ranks
     (``simtrain.engine.sync_wait``): the jitter of the critical rank's (``st``) compute and optimizer seconds
     over the ranks that meet at the step's synchronisations (all of them: the gradients' reduction)."""
-    return sync_wait_s(gpu.step_time_cv, _compute_s(st) + st.busy["optimizer"], world_size)
+    return sync_wait_s(gpu.step_time_cv, _compute_s(st) + st.busy["optimizer"], world_size, gpu.step_time_ref_s)
 
 
 def _breakdown(st: RankStats, step: float, max_compute_s: float, sync_wait: float = 0.0) -> dict[str, Any]:

@@ -52,6 +52,21 @@ def test_sync_wait_is_the_jitter_times_the_order_statistic() -> None:
     assert statistics.fmean(draws) - 2.0 == pytest.approx(sync_wait_s(0.05, 2.0, 2), rel=0.02)
 
 
+def test_work_longer_than_the_measured_step_jitters_by_the_square_root() -> None:
+    """sigma = cv x sqrt(ref x W): the measured step's own spread at W = ref, and k steps' worth of work
+    (independent increments) sqrt(k) times it, not k times."""
+    ref, cv = 0.5, 0.04
+    assert sync_wait_s(cv, ref, 2, ref) == pytest.approx(sync_wait_s(cv, ref, 2))  # the measured step itself
+    assert sync_wait_s(cv, 4 * ref, 8, ref) == pytest.approx(2.0 * sync_wait_s(cv, ref, 8, ref))
+    assert sync_wait_s(cv, ref / 4, 8, ref) == pytest.approx(0.5 * sync_wait_s(cv, ref, 8, ref))
+    # Monte-Carlo: a rank's work is k measured steps of independent jitter; the slower of two such ranks
+    rng = random.Random(11)
+    k = 4
+    slower = [max(sum(rng.gauss(ref, cv * ref) for _ in range(k)), sum(rng.gauss(ref, cv * ref) for _ in range(k)))
+              for _ in range(100_000)]
+    assert statistics.fmean(slower) - k * ref == pytest.approx(sync_wait_s(cv, k * ref, 2, ref), rel=0.03)
+
+
 def _in_step(i: int, steps: list[float]) -> dict[str, Any]:
     return {"key": f"in_step|{i}", "kind": "in_step", "params": {"round": i}, "status": "ok", "stats": {},
             "result": {"kernels": {}, "step_s": steps}}
@@ -91,9 +106,12 @@ def test_profile_step_jitter_reaches_the_gpu_spec_and_the_two_process_step(profi
     quiet = simulate(CPU_CONFIG, ["hardware.profile=still", "layout.dp=2", "train.global_batch_seqs=4"])
     assert one.breakdown_s["sync_wait"] == 0.0  # one process waits for no one
     assert quiet.breakdown_s["sync_wait"] == 0.0
+    gpu = cluster_of(load_config(CPU_CONFIG, ["hardware.profile=jit"])).gpu
+    assert gpu.step_time_ref_s > 0
+    assert gpu.step_time_ref_s == pytest.approx(load_profile("jit").summary["step_jitter"]["median_s"])
     bd = two.breakdown_s
     work = bd["compute"] + bd["optimizer"]
-    assert bd["sync_wait"] == pytest.approx(cv * work / math.sqrt(math.pi))
+    assert bd["sync_wait"] == pytest.approx(cv * math.sqrt(gpu.step_time_ref_s * work) / math.sqrt(math.pi))
     # everything but the wait is the engine's step of identical ranks (the zero-spread profile's)
     assert two.step_time_s == pytest.approx(quiet.step_time_s + bd["sync_wait"])
     assert two.tokens_per_s == pytest.approx(quiet.tokens_per_s * quiet.step_time_s / two.step_time_s)
@@ -105,6 +123,10 @@ def test_bad_step_jitter_is_a_clear_error(profiles_dir: Path, capsys: pytest.Cap
     data["summary"]["step_jitter"]["cv"] = -0.2
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(ConfigError, match=r"summary\.step_jitter\.cv"):
+        load_profile("bad")
+    data["summary"]["step_jitter"].update(cv=0.02, median_s=0.0)  # the measured step's length must be > 0
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"summary\.step_jitter\.median_s"):
         load_profile("bad")
     assert main(["simulate", CPU_CONFIG, "--set", "hardware.profile=bad"]) == 2
     assert "Traceback" not in capsys.readouterr().err
