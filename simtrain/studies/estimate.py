@@ -25,6 +25,7 @@ from functools import lru_cache
 
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.probe import LineComm, evaluate_layout, schedule_actions
+from simtrain.engine.sync_wait import sync_wait_s
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import ClusterSpec
 from simtrain.hardware.profile import compute_calibration
@@ -76,6 +77,9 @@ class Estimate:
     mfu: float
     ep_s: float = 0.0
     """Exposed MoE dispatch/combine (EP) and expert-TP communication."""
+    sync_wait_s: float = 0.0
+    """The wait for the slowest of the world's jittering ranks (``simtrain.engine.sync_wait``, as ``simulate``
+    adds it): 0 on the built-in GPU profiles."""
 
     @property
     def peak_bytes(self) -> float:
@@ -90,7 +94,8 @@ class Estimate:
     def components(self) -> dict[str, float]:
         """Where the estimated time goes, seconds, by cause (compute, bubble, comm per axis, optimizer)."""
         return {"compute": self.compute_s, "bubble": self.bubble_s, "tp/cp comm": self.tp_s, "ep comm": self.ep_s,
-                "pp comm": self.pp_s, "dp comm": self.dp_s, "optimizer": self.optimizer_s}
+                "pp comm": self.pp_s, "dp comm": self.dp_s, "optimizer": self.optimizer_s,
+                "wait for the slowest rank": self.sync_wait_s}
 
 
 @dataclass(slots=True)
@@ -297,8 +302,12 @@ class Estimator:
         flops = model_flops_per_step(self.model, train.seq_len, seqs * train.seq_len)
         peak = self.cluster.gpu.bf16_flops_per_s  # MFU against the dense BF16 peak, as simulate reports it
         mem = self.stage_memory(layout, train, m)
-        return Estimate(r.step_time_s, r.compute_s, r.bubble_s, r.tp_s, 0.0, r.dp_s, r.optimizer_s, mem,
-                        self.cluster.gpu.hbm_bytes, flops / (r.step_time_s * self.cluster.n_gpus * peak), r.ep_s)
+        gpu = self.cluster.gpu
+        # the critical stage's compute and optimizer jitter over every rank of the world, as simulate's step
+        wait = sync_wait_s(gpu.step_time_cv, r.compute_s + r.optimizer_s, layout.world_size, gpu.step_time_ref_s)
+        step = r.step_time_s + wait
+        return Estimate(step, r.compute_s, r.bubble_s, r.tp_s, 0.0, r.dp_s, r.optimizer_s, mem,
+                        gpu.hbm_bytes, flops / (step * self.cluster.n_gpus * peak), r.ep_s, wait)
 
 
 def _layer_run(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> RunConfig:

@@ -64,7 +64,8 @@ CAUSE = {"compute": "compute", "bubble": "bubble", "stage imbalance": "bubble", 
          "tp comm": "communication",
          "tp/cp comm": "communication",
          "dp comm": "communication", "pp comm": "communication", "cp comm": "communication",
-         "ep comm": "communication", "CPU offload": "CPU offload", "other": "other"}
+         "ep comm": "communication", "CPU offload": "CPU offload", "other": "other",
+         "wait for the slowest rank": "rank jitter"}
 
 
 @dataclass(slots=True)
@@ -286,7 +287,7 @@ def _sim_components(row: dict[str, Any]) -> dict[str, float]:
             "tp comm": row["exposed_tp_s"],
             "dp comm": row["exposed_dp_s"], "pp comm": row["exposed_pp_s"], "cp comm": row["exposed_cp_s"],
             "ep comm": row["exposed_ep_s"], "CPU offload": row.get("offload_s", 0.0), "optimizer": row["optimizer_s"],
-            "other": row["other_s"]}
+            "other": row["other_s"], "wait for the slowest rank": row.get("sync_wait_s", 0.0)}
 
 
 def _why(mine: dict[str, float], best: dict[str, float], total: float, best_total: float, what: str) -> tuple[str, str]:

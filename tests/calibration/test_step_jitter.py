@@ -117,6 +117,23 @@ def test_profile_step_jitter_reaches_the_gpu_spec_and_the_two_process_step(profi
     assert two.tokens_per_s == pytest.approx(quiet.tokens_per_s * quiet.step_time_s / two.step_time_s)
 
 
+def test_the_search_estimate_waits_as_the_simulation_does(profiles_dir: Path) -> None:
+    """The layout search's estimate adds the same wait (critical stage's compute and optimizer, the world's
+    ranks), so a jittering CPU profile ranks layouts on the step simulate reports; none on a GPU profile."""
+    from simtrain.studies.estimate import Estimator
+
+    _profile_with_jitter(profiles_dir, "jit-est", [1.0 + 0.01 * k for k in range(-10, 11)])
+    run = load_config(CPU_CONFIG, ["hardware.profile=jit-est", "layout.dp=2", "train.global_batch_seqs=4"])
+    gpu = cluster_of(run).gpu
+    est = Estimator(run.model, cluster_of(run), run.sim.fragmentation_ratio).estimate(run.layout, run.train)
+    assert est.sync_wait_s > 0
+    assert est.sync_wait_s == pytest.approx(sync_wait_s(gpu.step_time_cv, est.compute_s + est.optimizer_s, 2,
+                                                       gpu.step_time_ref_s))
+    assert est.components()["wait for the slowest rank"] == est.sync_wait_s
+    big = load_config(str(Path(__file__).resolve().parents[2] / "examples" / "llama3_70b_h100.yaml"))
+    assert Estimator(big.model, cluster_of(big)).estimate(big.layout, big.train).sync_wait_s == 0.0
+
+
 def test_bad_step_jitter_is_a_clear_error(profiles_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _profile_with_jitter(profiles_dir, "bad", [1.0 + 0.01 * k for k in range(10)])
     data = yaml.safe_load(path.read_text())
