@@ -37,6 +37,8 @@ import math
 
 import numpy as np
 
+from simtrain.hardware.hardware import GpuSpec
+
 #: Integration grid of ``expected_max``: standard-normal quantiles from -12 to 12 in steps of 1/400 (the
 #: maximum of 10^9 draws lies near 6; the trapezoid rule's error is below 1e-9 there)
 _X = np.linspace(-12.0, 12.0, 9601)
@@ -73,3 +75,10 @@ def sync_wait_s(cv: float, work_s: float, ranks: int, ref_s: float = 0.0) -> flo
         return 0.0
     sigma = cv * math.sqrt(ref_s * work_s) if ref_s > 0.0 else cv * work_s
     return sigma * expected_max(ranks)
+
+
+def rank_wait_s(gpu: GpuSpec, work_s: float, ranks: int) -> float:
+    """``sync_wait_s`` with ``gpu``'s measured jitter (``step_time_cv`` on steps of ``step_time_ref_s``) for a
+    rank's ``work_s`` seconds of compute and optimizer over ``ranks`` ranks: what ``simulate`` and the search's
+    estimate add to a step."""
+    return sync_wait_s(gpu.step_time_cv, work_s, ranks, gpu.step_time_ref_s)

@@ -518,23 +518,20 @@ def _measured_fractions(s: dict[str, Any], peak: float, memory_Bps: float,
             "comm_interference_nvlink": min(max(float(intra or 0.0), 0.0), 0.99),
             "comm_interference_net": min(max(float(net or 0.0), 0.0), 0.99),
             "comm_in_situ_slowdown": max(float(comm_in_situ or 0.0), 0.0),
-            "step_time_cv": _step_time_cv(s), "step_time_ref_s": _step_time_ref_s(s)}
+            **_step_jitter(s)}
 
 
-def _step_time_cv(s: dict[str, Any]) -> float:
-    """``summary.step_jitter.cv`` (the spread of the calibrated stack's whole steps, ``calibration.writer``),
-    clamped to GpuSpec's range; 0 when not measured."""
+def _step_jitter(s: dict[str, Any]) -> dict[str, float]:
+    """GpuSpec's jitter fields from ``summary.step_jitter`` (``calibration.writer``): ``step_time_cv``, its
+    ``cv`` (the spread of the calibrated stack's whole steps), and ``step_time_ref_s``, its ``median_s`` (the
+    length of the steps the cv was measured on, ``simtrain.engine.sync_wait``); each clamped to GpuSpec's
+    range, 0 when not measured."""
     jitter = s.get("step_jitter") or {}
-    cv: Any = jitter.get("cv") if isinstance(jitter, dict) else None
-    return min(float(cv), 0.5) if _positive(cv) else 0.0
-
-
-def _step_time_ref_s(s: dict[str, Any]) -> float:
-    """``summary.step_jitter.median_s``: the length of the steps the cv was measured on; 0 when not given
-    (the cv then applies to any work as it is, ``simtrain.engine.sync_wait``)."""
-    jitter = s.get("step_jitter") or {}
-    ref: Any = jitter.get("median_s") if isinstance(jitter, dict) else None
-    return min(float(ref), 1e6) if _positive(ref) else 0.0
+    jitter = jitter if isinstance(jitter, dict) else {}
+    cv: Any = jitter.get("cv")
+    ref: Any = jitter.get("median_s")
+    return {"step_time_cv": min(float(cv), 0.5) if _positive(cv) else 0.0,
+            "step_time_ref_s": min(float(ref), 1e6) if _positive(ref) else 0.0}
 
 
 def _cuda_cluster(prof: CalibratedProfile, hw: HardwareConfig) -> ClusterSpec:

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from simtrain.cost.costs import ComputeCostModel
 from simtrain.engine.probe import LineComm, evaluate_layout, schedule_actions
-from simtrain.engine.sync_wait import sync_wait_s
+from simtrain.engine.sync_wait import rank_wait_s
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.hardware import ClusterSpec
 from simtrain.hardware.profile import compute_calibration
@@ -302,12 +302,11 @@ class Estimator:
         flops = model_flops_per_step(self.model, train.seq_len, seqs * train.seq_len)
         peak = self.cluster.gpu.bf16_flops_per_s  # MFU against the dense BF16 peak, as simulate reports it
         mem = self.stage_memory(layout, train, m)
-        gpu = self.cluster.gpu
         # the critical stage's compute and optimizer jitter over every rank of the world, as simulate's step
-        wait = sync_wait_s(gpu.step_time_cv, r.compute_s + r.optimizer_s, layout.world_size, gpu.step_time_ref_s)
+        wait = rank_wait_s(self.cluster.gpu, r.compute_s + r.optimizer_s, layout.world_size)
         step = r.step_time_s + wait
         return Estimate(step, r.compute_s, r.bubble_s, r.tp_s, 0.0, r.dp_s, r.optimizer_s, mem,
-                        gpu.hbm_bytes, flops / (step * self.cluster.n_gpus * peak), r.ep_s, wait)
+                        self.cluster.gpu.hbm_bytes, flops / (step * self.cluster.n_gpus * peak), r.ep_s, wait)
 
 
 def _layer_run(model: ModelSpec, layout: LayoutConfig, train: TrainConfig) -> RunConfig:

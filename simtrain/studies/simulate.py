@@ -25,7 +25,7 @@ from simtrain.engine.prepare import group_axes as _group_axes
 from simtrain.engine.records import EngineResult, RankStats
 from simtrain.engine.results import StageMemory, StepResult
 from simtrain.engine.steady import SteadyPlan, affine_at, extrapolate, plan
-from simtrain.engine.sync_wait import sync_wait_s
+from simtrain.engine.sync_wait import rank_wait_s
 from simtrain.hardware.fabric.perturb import gpu_speeds, perturb
 from simtrain.hardware.fabric.protocol import Fabric
 from simtrain.hardware.fabric.wiring import fabric_of
@@ -304,7 +304,7 @@ def _sync_wait(st: RankStats, gpu: GpuSpec, world_size: int) -> float:
     """Seconds the step waits for its slowest rank beyond the engine's step of identical ranks
     (``simtrain.engine.sync_wait``): the jitter of the critical rank's (``st``) compute and optimizer seconds
     over the ranks that meet at the step's synchronisations (all of them: the gradients' reduction)."""
-    return sync_wait_s(gpu.step_time_cv, _compute_s(st) + st.busy["optimizer"], world_size, gpu.step_time_ref_s)
+    return rank_wait_s(gpu, _compute_s(st) + st.busy["optimizer"], world_size)
 
 
 def _breakdown(st: RankStats, step: float, max_compute_s: float, sync_wait: float = 0.0) -> dict[str, Any]:
